@@ -1,0 +1,500 @@
+//! A small client for the parts of Consul's HTTP API that the semaphore uses:
+//! sessions and KV, with blocking queries. It knows HTTP and Consul's answers,
+//! not the semaphore: callers decide what a status means for them.
+
+use std::time::Duration;
+
+use base64::Engine as _;
+use serde::Deserialize;
+use ureq::http;
+use ureq::RequestExt as _;
+
+use crate::duration;
+use crate::semaphore::Entry;
+
+/// Connect timeout: Consul agents run next to their clients, so a connection
+/// that takes longer than this is not coming.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Budget for a call that does not block on the server.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Slack on top of a blocking query's wait: Consul adds up to wait/16 of
+/// jitter, and the answer still has to travel.
+const BLOCKING_SLACK: Duration = Duration::from_secs(5);
+
+/// Where and how to reach Consul. TLS settings will join these.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsulConfig {
+    /// `http://host:port`, without a trailing slash.
+    pub base_url: String,
+    pub token: Option<String>,
+    pub datacenter: Option<String>,
+}
+
+impl ConsulConfig {
+    /// Reads an address the way the consul CLI does: `http://host:port` or a
+    /// bare `host:port`.
+    pub fn parse_address(address: &str) -> Result<String, String> {
+        let address = address.trim().trim_end_matches('/');
+        if address.is_empty() {
+            return Err(
+                "the Consul address is empty: set --http-addr or CONSUL_HTTP_ADDR to host:port"
+                    .into(),
+            );
+        }
+        let rest = match address.split_once("://") {
+            None => address,
+            Some(("http", rest)) => rest,
+            Some(("https", _)) => {
+                return Err(format!(
+                    "https addresses are not supported yet ('{address}'): reach the agent over http on loopback"
+                ))
+            }
+            Some((scheme, _)) => {
+                return Err(format!(
+                    "unsupported scheme '{scheme}' in Consul address '{address}': use http://host:port or host:port"
+                ))
+            }
+        };
+        if rest.is_empty() || rest.contains('/') {
+            return Err(format!(
+                "invalid Consul address '{address}': use http://host:port or host:port"
+            ));
+        }
+        Ok(format!("http://{rest}"))
+    }
+}
+
+/// How a call failed, sorted by what the caller can do about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConsulError {
+    /// No answer, or a 5xx: worth retrying (the agent may be restarting, or
+    /// the cluster may have no leader for a moment).
+    Transient(String),
+    /// 403: the token lacks a permission. Retrying will not help.
+    Denied(String),
+    /// Any other answer the call did not expect.
+    Rejected { status: u16, body: String },
+}
+
+impl std::fmt::Display for ConsulError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConsulError::Transient(why) => write!(f, "{why}"),
+            ConsulError::Denied(why) => write!(f, "permission denied: {why}"),
+            ConsulError::Rejected { status, body } => {
+                write!(f, "Consul answered {status}: {}", body.trim())
+            }
+        }
+    }
+}
+
+/// An answer with its status, `X-Consul-Index`, and body.
+struct Reply {
+    status: u16,
+    index: Option<u64>,
+    body: Vec<u8>,
+}
+
+/// What a session renewal found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Renewal {
+    Renewed,
+    /// Consul no longer knows the session (404): it was invalidated.
+    Gone,
+}
+
+/// A listing of a prefix and the index to block on next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listing {
+    pub index: u64,
+    pub entries: Vec<Entry>,
+}
+
+/// How a read may be served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Consistency {
+    /// Any server may answer (the default; cheap, maybe a little stale).
+    Default,
+    /// The leader confirms it is still the leader: no stale answers.
+    Consistent,
+}
+
+/// Options for creating a session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionSpec {
+    pub name: String,
+    pub ttl: Duration,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct RawEntry {
+    key: String,
+    flags: u64,
+    value: Option<String>,
+    session: Option<String>,
+    create_index: u64,
+    modify_index: u64,
+}
+
+#[derive(Deserialize)]
+struct CreatedSession {
+    #[serde(rename = "ID")]
+    id: String,
+}
+
+/// What a contender key acquisition found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Acquire {
+    Held,
+    /// Another session holds the key, or it is in its lock-delay.
+    Refused,
+    /// Consul does not know the session: it was invalidated.
+    UnknownSession,
+}
+
+/// A Consul HTTP API client. Cheap to clone: clones share connections.
+#[derive(Clone)]
+pub struct Client {
+    agent: ureq::Agent,
+    config: ConsulConfig,
+    call_timeout: Duration,
+}
+
+impl Client {
+    pub fn new(config: ConsulConfig) -> Client {
+        let agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_connect(Some(CONNECT_TIMEOUT))
+            .user_agent(concat!("consem/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .into();
+        Client {
+            agent,
+            config,
+            call_timeout: CALL_TIMEOUT,
+        }
+    }
+
+    /// The same client with a shorter budget for each non-blocking call, for
+    /// clean-up that must finish in time.
+    pub fn with_call_timeout(&self, timeout: Duration) -> Client {
+        Client {
+            call_timeout: timeout.min(CALL_TIMEOUT),
+            ..self.clone()
+        }
+    }
+
+    pub fn base_url(&self) -> &str {
+        &self.config.base_url
+    }
+
+    /// `PUT /v1/session/create` with behaviour `delete` (our keys vanish with
+    /// the session) and no lock-delay (a new contender never waits for an old
+    /// one's key name).
+    pub fn create_session(&self, spec: &SessionSpec) -> Result<String, ConsulError> {
+        let body = serde_json::json!({
+            "Name": spec.name,
+            "TTL": duration::to_go(spec.ttl),
+            "Behavior": "delete",
+            "LockDelay": "0s",
+        });
+        let reply = self.call(
+            http::Method::PUT,
+            "/v1/session/create",
+            &[],
+            Some(body.to_string().into_bytes()),
+            self.call_timeout,
+        )?;
+        let reply = expect_ok(reply)?;
+        let created: CreatedSession = decode_json(&reply.body, "session create")?;
+        Ok(created.id)
+    }
+
+    /// `PUT /v1/session/renew/<id>`.
+    pub fn renew_session(&self, id: &str) -> Result<Renewal, ConsulError> {
+        let path = format!("/v1/session/renew/{}", encode_path(id));
+        let reply = self.call(http::Method::PUT, &path, &[], None, self.call_timeout)?;
+        if reply.status == 404 {
+            return Ok(Renewal::Gone);
+        }
+        expect_ok(reply).map(|_| Renewal::Renewed)
+    }
+
+    /// `PUT /v1/session/destroy/<id>`; Consul answers `true` even for an
+    /// unknown session.
+    pub fn destroy_session(&self, id: &str) -> Result<(), ConsulError> {
+        let path = format!("/v1/session/destroy/{}", encode_path(id));
+        let reply = self.call(http::Method::PUT, &path, &[], None, self.call_timeout)?;
+        expect_ok(reply).map(|_| ())
+    }
+
+    /// `GET /v1/kv/<prefix>/?recurse`, optionally blocking until the index
+    /// moves past `index` or `wait` passes. Entry names are relative to
+    /// `<prefix>/`. A missing prefix is an empty listing.
+    pub fn list(
+        &self,
+        prefix: &str,
+        consistency: Consistency,
+        block: Option<(u64, Duration)>,
+    ) -> Result<Listing, ConsulError> {
+        let dir = format!("{prefix}/");
+        let path = format!("/v1/kv/{}", encode_path(&dir));
+        let mut query = vec![("recurse", String::new())];
+        if consistency == Consistency::Consistent {
+            query.push(("consistent", String::new()));
+        }
+        let timeout = match block {
+            Some((index, wait)) if index > 0 => {
+                query.push(("index", index.to_string()));
+                query.push(("wait", duration::to_go(wait)));
+                wait + wait / 16 + BLOCKING_SLACK
+            }
+            _ => self.call_timeout,
+        };
+        let reply = self.call(http::Method::GET, &path, &query, None, timeout)?;
+        let index = reply.index.ok_or_else(|| {
+            ConsulError::Transient("Consul's answer has no X-Consul-Index header".into())
+        })?;
+        if reply.status == 404 {
+            return Ok(Listing {
+                index,
+                entries: Vec::new(),
+            });
+        }
+        let reply = expect_ok(reply)?;
+        let raw: Vec<RawEntry> = decode_json(&reply.body, "KV listing")?;
+        let entries = raw
+            .into_iter()
+            .filter_map(|e| {
+                let name = e.key.strip_prefix(&dir)?.to_string();
+                let value = match e.value {
+                    None => Vec::new(),
+                    Some(text) => base64::engine::general_purpose::STANDARD
+                        .decode(text)
+                        .ok()?,
+                };
+                Some(Entry {
+                    name,
+                    value,
+                    flags: e.flags,
+                    session: e.session.filter(|s| !s.is_empty()),
+                    create_index: e.create_index,
+                    modify_index: e.modify_index,
+                })
+            })
+            .collect();
+        Ok(Listing { index, entries })
+    }
+
+    /// `PUT /v1/kv/<key>?acquire=<session>&flags=...`.
+    pub fn acquire(
+        &self,
+        key: &str,
+        session: &str,
+        value: Vec<u8>,
+        flags: u64,
+    ) -> Result<Acquire, ConsulError> {
+        let query = [
+            ("acquire", session.to_string()),
+            ("flags", flags.to_string()),
+        ];
+        match self.write_bool(http::Method::PUT, key, &query, Some(value)) {
+            Ok(true) => Ok(Acquire::Held),
+            Ok(false) => Ok(Acquire::Refused),
+            // Consul answers 500 `invalid session "<id>"` for a session it
+            // does not know; that is news about the session, not an outage.
+            Err(ConsulError::Transient(why)) if why.contains("invalid session") => {
+                Ok(Acquire::UnknownSession)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `PUT /v1/kv/<key>?cas=<index>&flags=...`: true when written (0 creates).
+    pub fn put_cas(
+        &self,
+        key: &str,
+        value: Vec<u8>,
+        cas: u64,
+        flags: u64,
+    ) -> Result<bool, ConsulError> {
+        let query = [("cas", cas.to_string()), ("flags", flags.to_string())];
+        self.write_bool(http::Method::PUT, key, &query, Some(value))
+    }
+
+    /// `DELETE /v1/kv/<key>`, with `?cas=<index>` when given.
+    pub fn delete(&self, key: &str, cas: Option<u64>) -> Result<bool, ConsulError> {
+        let query: Vec<(&str, String)> = cas.map(|c| ("cas", c.to_string())).into_iter().collect();
+        self.write_bool(http::Method::DELETE, key, &query, None)
+    }
+
+    fn write_bool(
+        &self,
+        method: http::Method,
+        key: &str,
+        query: &[(&str, String)],
+        body: Option<Vec<u8>>,
+    ) -> Result<bool, ConsulError> {
+        let path = format!("/v1/kv/{}", encode_path(key));
+        let reply = expect_ok(self.call(method, &path, query, body, self.call_timeout)?)?;
+        decode_json(&reply.body, "KV write")
+    }
+
+    fn call(
+        &self,
+        method: http::Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<Vec<u8>>,
+        timeout: Duration,
+    ) -> Result<Reply, ConsulError> {
+        let mut url = format!("{}{}", self.config.base_url, path);
+        let mut separator = '?';
+        let dc = self.config.datacenter.as_ref().map(|dc| ("dc", dc.clone()));
+        for (name, value) in query
+            .iter()
+            .map(|(n, v)| (*n, v))
+            .chain(dc.iter().map(|(n, v)| (*n, v)))
+        {
+            url.push(separator);
+            url.push_str(name);
+            if !value.is_empty() {
+                url.push('=');
+                url.push_str(&encode_query_value(value));
+            }
+            separator = '&';
+        }
+        let mut request = http::Request::builder().method(method).uri(&url);
+        if let Some(token) = &self.config.token {
+            request = request.header("X-Consul-Token", token);
+        }
+        let result = match body {
+            Some(body) => request
+                .body(body)
+                .map_err(|e| ConsulError::Transient(format!("cannot build request to {url}: {e}")))?
+                .with_agent(&self.agent)
+                .configure()
+                .timeout_global(Some(timeout))
+                .build()
+                .run(),
+            None => request
+                .body(())
+                .map_err(|e| ConsulError::Transient(format!("cannot build request to {url}: {e}")))?
+                .with_agent(&self.agent)
+                .configure()
+                .timeout_global(Some(timeout))
+                .build()
+                .run(),
+        };
+        let mut response = result.map_err(|e| {
+            ConsulError::Transient(format!(
+                "cannot reach Consul at {}: {e}",
+                self.config.base_url
+            ))
+        })?;
+        let status = response.status().as_u16();
+        let index = response
+            .headers()
+            .get("X-Consul-Index")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok());
+        let body = response
+            .body_mut()
+            .with_config()
+            .limit(MAX_BODY)
+            .read_to_vec()
+            .map_err(|e| {
+                ConsulError::Transient(format!(
+                    "lost Consul's answer from {}: {e}",
+                    self.config.base_url
+                ))
+            })?;
+        Ok(Reply {
+            status,
+            index,
+            body,
+        })
+    }
+}
+
+/// The largest answer read: a prefix listing with the biggest `.lock` Consul
+/// allows (512 KiB, base64-encoded) and many contender keys fits well within.
+const MAX_BODY: u64 = 16 * 1024 * 1024;
+
+fn expect_ok(reply: Reply) -> Result<Reply, ConsulError> {
+    let body = || String::from_utf8_lossy(&reply.body).trim().to_string();
+    match reply.status {
+        200 => Ok(reply),
+        403 => Err(ConsulError::Denied(body())),
+        500..=599 => Err(ConsulError::Transient(format!(
+            "Consul answered {}: {}",
+            reply.status,
+            body()
+        ))),
+        status => Err(ConsulError::Rejected {
+            status,
+            body: body(),
+        }),
+    }
+}
+
+fn decode_json<T: serde::de::DeserializeOwned>(body: &[u8], what: &str) -> Result<T, ConsulError> {
+    serde_json::from_slice(body).map_err(|e| {
+        ConsulError::Transient(format!(
+            "Consul's answer to the {what} is not what it should be: {e}"
+        ))
+    })
+}
+
+/// Percent-encodes a KV key for a URL path: everything but unreserved
+/// characters and `/` is encoded, so spaces, `?`, `#`, `%` and non-ASCII
+/// characters reach Consul as part of the key.
+pub fn encode_path(key: &str) -> String {
+    encode(key, |b| b == b'/')
+}
+
+fn encode_query_value(value: &str) -> String {
+    encode(value, |_| false)
+}
+
+fn encode(text: &str, keep: impl Fn(u8) -> bool) -> String {
+    let mut out = String::with_capacity(text.len());
+    for &byte in text.as_bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') || keep(byte) {
+            out.push(byte as char);
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodes_keys_for_urls() {
+        assert_eq!(encode_path("service/db/.lock"), "service/db/.lock");
+        assert_eq!(encode_path("a b?c#d%e"), "a%20b%3Fc%23d%25e");
+        assert_eq!(encode_path("jobs/é"), "jobs/%C3%A9");
+    }
+
+    #[test]
+    fn reads_addresses_like_the_consul_cli() {
+        assert_eq!(
+            ConsulConfig::parse_address("127.0.0.1:8500"),
+            Ok("http://127.0.0.1:8500".to_string())
+        );
+        assert_eq!(
+            ConsulConfig::parse_address("http://consul.local:8500/"),
+            Ok("http://consul.local:8500".to_string())
+        );
+        assert!(ConsulConfig::parse_address("ftp://x:1").is_err());
+        assert!(ConsulConfig::parse_address("").is_err());
+        assert!(ConsulConfig::parse_address("http://host:1/path").is_err());
+    }
+}

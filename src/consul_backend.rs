@@ -1,0 +1,645 @@
+//! The semaphore recipe run against Consul: a session renewed in the
+//! background, a contender key, `.lock` written with CAS, blocking queries to
+//! wait and to watch, and a release that leaves nothing behind.
+//!
+//! Threads: the contender (acquire, then watch) and the renewer are helpers;
+//! `release` runs on the caller's thread. Helpers make every write through
+//! [`ConsulSemaphore::guarded`], which refuses once release has begun and lets
+//! release wait for a write in flight, so a CAS won while shutting down is
+//! seen and undone.
+
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime};
+
+use crate::backend::{BackendError, Contend, Notify, SlotBackend, SlotEvent};
+use crate::consul::{Acquire, Client, Consistency, ConsulError, Renewal, SessionSpec};
+use crate::report;
+use crate::semaphore::{self, Decision, ReleaseStep, Snapshot, SEMAPHORE_FLAGS};
+
+/// How long one blocking query may wait on the server. The caller's deadline
+/// and signals do not depend on it (release wakes the query by writing).
+const BLOCKING_WAIT: Duration = Duration::from_secs(60);
+
+/// First pause after a failed call; doubles up to [`MAX_BACKOFF`], so that an
+/// error loop never spins.
+const FIRST_BACKOFF: Duration = Duration::from_millis(200);
+const MAX_BACKOFF: Duration = Duration::from_secs(3);
+
+/// Pause between renewal attempts after a failed one.
+const RENEW_RETRY: Duration = Duration::from_secs(1);
+
+/// Attempts at the `.lock` CAS when releasing, against concurrent writers.
+const RELEASE_CAS_ATTEMPTS: u32 = 8;
+
+/// What a run asks of the semaphore.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub prefix: String,
+    pub limit: u32,
+    pub ttl: Duration,
+    pub session_name: String,
+    /// Describes this contender to operators (host, pid, command, start).
+    pub contender_value: Vec<u8>,
+    /// Consecutive transient failures tolerated while holding.
+    pub monitor_retry: u32,
+}
+
+#[derive(Default)]
+struct Shared {
+    session: Option<String>,
+    holding: bool,
+    fence: Option<u64>,
+    closing: bool,
+    writes_in_flight: u32,
+    renewer_started: bool,
+}
+
+/// A semaphore on one Consul prefix, for one run.
+pub struct ConsulSemaphore {
+    client: Client,
+    settings: Settings,
+    shared: Mutex<Shared>,
+    /// Signalled when `closing` is set or a guarded write ends.
+    changed: Condvar,
+    /// Where the renewer reports a loss; set by `contend`.
+    loss_notify: OnceLock<Notify>,
+}
+
+/// Why contending stopped without a slot.
+enum Stop {
+    /// `--try` found no free slot.
+    NoSlot,
+    /// Release began: nothing more to report.
+    Closing,
+    Failed(BackendError),
+}
+
+impl ConsulSemaphore {
+    pub fn new(client: Client, settings: Settings) -> ConsulSemaphore {
+        ConsulSemaphore {
+            client,
+            settings,
+            shared: Mutex::new(Shared::default()),
+            changed: Condvar::new(),
+            loss_notify: OnceLock::new(),
+        }
+    }
+
+    fn shared(&self) -> MutexGuard<'_, Shared> {
+        self.shared.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn closing(&self) -> bool {
+        self.shared().closing
+    }
+
+    fn key(&self, name: &str) -> String {
+        format!("{}/{name}", self.settings.prefix)
+    }
+
+    /// Runs a write unless release has begun; `record` stores what it
+    /// created while release still waits for it.
+    fn guarded<T>(
+        &self,
+        write: impl FnOnce() -> T,
+        record: impl FnOnce(&mut Shared, &T),
+    ) -> Option<T> {
+        {
+            let mut shared = self.shared();
+            if shared.closing {
+                return None;
+            }
+            shared.writes_in_flight += 1;
+        }
+        let outcome = write();
+        let mut shared = self.shared();
+        record(&mut shared, &outcome);
+        shared.writes_in_flight -= 1;
+        self.changed.notify_all();
+        Some(outcome)
+    }
+
+    /// Sleeps for `pause`, or less if release begins. True if it did.
+    fn pause(&self, pause: Duration) -> bool {
+        let shared = self.shared();
+        let (shared, _) = self
+            .changed
+            .wait_timeout_while(shared, pause, |s| !s.closing)
+            .unwrap_or_else(|e| e.into_inner());
+        shared.closing
+    }
+
+    // ---- acquiring ------------------------------------------------------
+
+    /// The contender thread: acquire, report, then watch until the slot goes.
+    fn contend_thread(self: Arc<Self>, mode: Contend, notify: Notify) {
+        match self.acquire(mode) {
+            Ok((fence, index)) => {
+                {
+                    let mut shared = self.shared();
+                    shared.holding = true;
+                    shared.fence = Some(fence);
+                }
+                report::event(
+                    "acquired",
+                    &[("prefix", &self.settings.prefix), ("fence", &fence)],
+                );
+                notify(SlotEvent::Acquired { fence });
+                if let Some(reason) = self.watch(index) {
+                    if !self.closing() {
+                        notify(SlotEvent::Lost(reason));
+                    }
+                }
+            }
+            Err(Stop::NoSlot) => notify(SlotEvent::NoSlot),
+            Err(Stop::Closing) => {}
+            Err(Stop::Failed(error)) => notify(SlotEvent::Failed(error)),
+        }
+    }
+
+    /// Joins the semaphore and loops until a slot is ours. Returns the fence
+    /// and the index to watch from.
+    fn acquire(self: &Arc<Self>, mode: Contend) -> Result<(u64, u64), Stop> {
+        let limit = self.settings.limit;
+        let mut outage = Outage::new(self.settings.ttl);
+        let mut session = self.join(&mut outage, None)?;
+        let mut index = 0;
+        // After a won CAS, or a stale read that shows us holding, the next
+        // read is consistent: the fence and the watch start from the truth.
+        let mut confirm = false;
+        let mut announced_wait = false;
+        loop {
+            if self.closing() {
+                return Err(Stop::Closing);
+            }
+            // 1. Read the prefix, blocking on the last index once we wait.
+            let consistency = if confirm {
+                Consistency::Consistent
+            } else {
+                Consistency::Default
+            };
+            let block = (index > 0).then_some((index, BLOCKING_WAIT));
+            let listing = match self.client.list(&self.settings.prefix, consistency, block) {
+                Ok(listing) => listing,
+                Err(error) => {
+                    outage.failed(self, error)?;
+                    index = 0;
+                    continue;
+                }
+            };
+            outage.recovered();
+            // Consul's rule: an index that went backwards (a restarted agent,
+            // a new leader) means starting over from 0.
+            index = if listing.index < index {
+                0
+            } else {
+                listing.index
+            };
+            let snapshot = Snapshot::from_entries(listing.entries);
+
+            // 2. Decide: hold, take a slot, wait, or rejoin.
+            let decision = semaphore::decide(&snapshot, &session, limit).map_err(|conflict| {
+                Stop::Failed(BackendError::Conflict(format!(
+                    "{}/.lock {conflict}; consem leaves it untouched",
+                    self.settings.prefix
+                )))
+            })?;
+            match decision {
+                Decision::Holding if confirm => {
+                    let fence = snapshot.lock.as_ref().map_or(0, |lock| lock.modify_index);
+                    return Ok((fence, index));
+                }
+                Decision::Holding => {
+                    confirm = true;
+                    index = 0;
+                }
+                Decision::SessionLost => {
+                    report::event(
+                        "rejoining",
+                        &[
+                            ("prefix", &self.settings.prefix),
+                            ("reason", &"our contender key is gone"),
+                        ],
+                    );
+                    session = self.join(&mut outage, Some(session))?;
+                    index = 0;
+                    confirm = false;
+                }
+                Decision::Full { holders } => {
+                    confirm = false;
+                    if mode == Contend::Try {
+                        return Err(Stop::NoSlot);
+                    }
+                    if !announced_wait {
+                        announced_wait = true;
+                        report::event(
+                            "waiting",
+                            &[
+                                ("prefix", &self.settings.prefix),
+                                ("holders", &holders.join(",")),
+                            ],
+                        );
+                    }
+                }
+                Decision::Take { value, cas } => {
+                    // 3. Take a slot with CAS; whatever the answer, re-read at
+                    // once: a lost race means the state moved, and a lost
+                    // answer may hide a win.
+                    let key = self.key(semaphore::LOCK_KEY_NAME);
+                    let written = self
+                        .guarded(
+                            || self.client.put_cas(&key, value, cas, SEMAPHORE_FLAGS),
+                            |_, _| {},
+                        )
+                        .ok_or(Stop::Closing)?;
+                    match written {
+                        Ok(true) => confirm = true,
+                        Ok(false) => {}
+                        Err(error) => outage.failed(self, error)?,
+                    }
+                    index = 0;
+                }
+            }
+        }
+    }
+
+    /// Makes sure we have a live session and hold our contender key. `lost`
+    /// is the session whose key vanished, if any: it is reused while Consul
+    /// still knows it, and replaced otherwise.
+    fn join(self: &Arc<Self>, outage: &mut Outage, lost: Option<String>) -> Result<String, Stop> {
+        let mut session = lost;
+        loop {
+            let id = match session.take() {
+                Some(id) => id,
+                None => self.create_session(outage)?,
+            };
+            let acquired = self
+                .guarded(
+                    || {
+                        self.client.acquire(
+                            &self.key(&id),
+                            &id,
+                            self.settings.contender_value.clone(),
+                            SEMAPHORE_FLAGS,
+                        )
+                    },
+                    |_, _| {},
+                )
+                .ok_or(Stop::Closing)?;
+            match acquired {
+                Ok(Acquire::Held) => {
+                    outage.recovered();
+                    return Ok(id);
+                }
+                // Our session no longer exists: make a new one.
+                Ok(Acquire::UnknownSession) => {}
+                Ok(Acquire::Refused) => {
+                    return Err(Stop::Failed(BackendError::Conflict(format!(
+                        "the contender key {} is held by another session",
+                        self.key(&id)
+                    ))))
+                }
+                Err(error) => {
+                    outage.failed(self, error)?;
+                    session = Some(id);
+                }
+            }
+        }
+    }
+
+    fn create_session(self: &Arc<Self>, outage: &mut Outage) -> Result<String, Stop> {
+        let spec = SessionSpec {
+            name: self.settings.session_name.clone(),
+            ttl: self.settings.ttl,
+        };
+        loop {
+            let created = self
+                .guarded(
+                    || self.client.create_session(&spec),
+                    |shared, created| {
+                        if let Ok(id) = created {
+                            shared.session = Some(id.clone());
+                        }
+                    },
+                )
+                .ok_or(Stop::Closing)?;
+            match created {
+                Ok(id) => {
+                    report::event(
+                        "session-created",
+                        &[("session", &id), ("ttl", &crate::duration::human(spec.ttl))],
+                    );
+                    self.start_renewer();
+                    return Ok(id);
+                }
+                Err(error) => outage.failed(self, error)?,
+            }
+        }
+    }
+
+    // ---- holding --------------------------------------------------------
+
+    /// Watches the prefix with consistent blocking reads while the child
+    /// runs. Returns why the slot is lost, or `None` if release began.
+    fn watch(&self, mut index: u64) -> Option<String> {
+        let session = self.shared().session.clone()?;
+        let mut failures = 0u32;
+        let mut backoff = FIRST_BACKOFF;
+        loop {
+            if self.closing() {
+                return None;
+            }
+            let block = Some((index, BLOCKING_WAIT));
+            match self
+                .client
+                .list(&self.settings.prefix, Consistency::Consistent, block)
+            {
+                Ok(listing) => {
+                    failures = 0;
+                    backoff = FIRST_BACKOFF;
+                    index = if listing.index < index {
+                        0
+                    } else {
+                        listing.index
+                    };
+                    let snapshot = Snapshot::from_entries(listing.entries);
+                    if let Err(loss) =
+                        semaphore::check_holding(&snapshot, &session, self.settings.limit)
+                    {
+                        return (!self.closing()).then(|| loss.to_string());
+                    }
+                }
+                Err(ConsulError::Denied(why)) => {
+                    return Some(format!("Consul denied reading the prefix: {why}"));
+                }
+                Err(error) => {
+                    failures += 1;
+                    if failures > self.settings.monitor_retry {
+                        return Some(format!(
+                            "cannot watch the slot: {error} ({failures} failures in a row, --monitor-retry is {})",
+                            self.settings.monitor_retry
+                        ));
+                    }
+                    report::event("watch-retry", &[("failures", &failures), ("error", &error)]);
+                    if self.pause(backoff) {
+                        return None;
+                    }
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                }
+            }
+        }
+    }
+
+    /// Starts the renewer once a session exists. It renews at TTL/2 whatever
+    /// the other threads are blocked on, and stops when release begins.
+    fn start_renewer(self: &Arc<Self>) {
+        {
+            let mut shared = self.shared();
+            if shared.renewer_started {
+                return;
+            }
+            shared.renewer_started = true;
+        }
+        let this = Arc::clone(self);
+        thread::Builder::new()
+            .name("consem-renew".into())
+            .spawn(move || this.renew_loop())
+            .expect("cannot start the session renewal thread");
+    }
+
+    fn renew_loop(&self) {
+        let ttl = self.settings.ttl;
+        let mut renewed: Option<(String, Instant)> = None;
+        let mut next_pause = ttl / 2;
+        while !self.pause(next_pause) {
+            let Some(session) = self.shared().session.clone() else {
+                continue;
+            };
+            // A new session (after a rejoin) starts its own clock.
+            let last_ok = match &renewed {
+                Some((id, at)) if *id == session => *at,
+                _ => Instant::now(),
+            };
+            match self.client.renew_session(&session) {
+                Ok(Renewal::Renewed) => {
+                    renewed = Some((session, Instant::now()));
+                    next_pause = ttl / 2;
+                }
+                Ok(Renewal::Gone) => {
+                    self.report_loss_if_holding(
+                        "Consul invalidated our session (renewal answered 404)",
+                    );
+                    renewed = Some((session, Instant::now()));
+                    next_pause = ttl / 2;
+                }
+                Err(error) => {
+                    if last_ok.elapsed() > ttl {
+                        self.report_loss_if_holding(&format!(
+                            "cannot renew the session for longer than its TTL: {error}"
+                        ));
+                    }
+                    renewed = Some((session, last_ok));
+                    next_pause = RENEW_RETRY;
+                }
+            }
+        }
+    }
+
+    fn report_loss_if_holding(&self, reason: &str) {
+        let holding = {
+            let shared = self.shared();
+            shared.holding && !shared.closing
+        };
+        if holding {
+            if let Some(notify) = self.loss_notify.get() {
+                notify(SlotEvent::Lost(reason.to_string()));
+            }
+        }
+    }
+}
+
+/// Tracks consecutive failures while joining or waiting: the first contact
+/// fails at once (a wrong address should say so now), later outages are
+/// retried with backoff for up to one session TTL, after which the session
+/// is gone anyway.
+struct Outage {
+    ttl: Duration,
+    ever_reached: bool,
+    since: Option<Instant>,
+    backoff: Duration,
+}
+
+impl Outage {
+    fn new(ttl: Duration) -> Outage {
+        Outage {
+            ttl,
+            ever_reached: false,
+            since: None,
+            backoff: FIRST_BACKOFF,
+        }
+    }
+
+    fn recovered(&mut self) {
+        self.ever_reached = true;
+        self.since = None;
+        self.backoff = FIRST_BACKOFF;
+    }
+
+    /// Waits before the next attempt, or ends the run.
+    fn failed(&mut self, semaphore: &ConsulSemaphore, error: ConsulError) -> Result<(), Stop> {
+        let give_up = |e: ConsulError| {
+            match e {
+            ConsulError::Denied(why) => Stop::Failed(BackendError::Denied(format!(
+                "Consul refused the request (403): {why}; the token needs session write and key write on the prefix"
+            ))),
+            other => Stop::Failed(BackendError::Unavailable(other.to_string())),
+        }
+        };
+        if !matches!(error, ConsulError::Transient(_)) || !self.ever_reached {
+            return Err(give_up(error));
+        }
+        let since = *self.since.get_or_insert_with(Instant::now);
+        if since.elapsed() > self.ttl {
+            return Err(give_up(error));
+        }
+        report::event("retry", &[("error", &error)]);
+        if semaphore.pause(self.backoff) {
+            return Err(Stop::Closing);
+        }
+        self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+        Ok(())
+    }
+}
+
+impl SlotBackend for ConsulSemaphore {
+    fn contend(self: Arc<Self>, mode: Contend, notify: Notify) {
+        let _ = self.loss_notify.set(Arc::clone(&notify));
+        thread::Builder::new()
+            .name("consem-contend".into())
+            .spawn(move || self.contend_thread(mode, notify))
+            .expect("cannot start the semaphore thread");
+    }
+
+    fn release(&self, budget: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + budget;
+        // Stop the helpers' writes and let one in flight land, so that what
+        // it created is known.
+        let session = {
+            let mut shared = self.shared();
+            shared.closing = true;
+            self.changed.notify_all();
+            let (mut shared, _) = self
+                .changed
+                .wait_timeout_while(shared, budget, |s| s.writes_in_flight > 0)
+                .unwrap_or_else(|e| e.into_inner());
+            shared.holding = false;
+            shared.session.take()
+        };
+        let Some(session) = session else {
+            return Ok(());
+        };
+        let remaining = || {
+            deadline
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(100))
+        };
+        let mut problems = Vec::new();
+
+        // 1. Leave `.lock`: take ourselves out, or delete it if we are the last.
+        let lock_key = self.key(semaphore::LOCK_KEY_NAME);
+        for attempt in 1..=RELEASE_CAS_ATTEMPTS {
+            let client = self.client.with_call_timeout(remaining());
+            let listing = match client.list(&self.settings.prefix, Consistency::Consistent, None) {
+                Ok(listing) => listing,
+                Err(error) => {
+                    problems.push(format!("reading {}: {error}", self.settings.prefix));
+                    break;
+                }
+            };
+            let snapshot = Snapshot::from_entries(listing.entries);
+            let written = match semaphore::plan_release(&snapshot, &session, self.settings.limit) {
+                ReleaseStep::Nothing => break,
+                ReleaseStep::Rewrite { value, cas } => {
+                    client.put_cas(&lock_key, value, cas, SEMAPHORE_FLAGS)
+                }
+                ReleaseStep::Delete { cas } => client.delete(&lock_key, Some(cas)),
+            };
+            match written {
+                Ok(true) => break,
+                Ok(false) if attempt < RELEASE_CAS_ATTEMPTS && Instant::now() < deadline => {
+                    continue
+                }
+                Ok(false) => {
+                    problems.push(format!(
+                        "{lock_key} kept changing; the next contender prunes us"
+                    ));
+                    break;
+                }
+                Err(error) => {
+                    problems.push(format!("updating {lock_key}: {error}"));
+                    break;
+                }
+            }
+        }
+
+        // 2. Delete the contender key, 3. destroy the session.
+        let client = self.client.with_call_timeout(remaining());
+        if let Err(error) = client.delete(&self.key(&session), None) {
+            problems.push(format!("deleting {}: {error}", self.key(&session)));
+        }
+        let client = self.client.with_call_timeout(remaining());
+        if let Err(error) = client.destroy_session(&session) {
+            problems.push(format!(
+                "destroying session {session}: {error}; Consul drops it within {}",
+                crate::duration::human(self.settings.ttl * 2)
+            ));
+        }
+        report::event(
+            "released",
+            &[("prefix", &self.settings.prefix), ("session", &session)],
+        );
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems.join("; "))
+        }
+    }
+
+    fn child_env(&self) -> Vec<(String, String)> {
+        let shared = self.shared();
+        vec![
+            ("CONSEM_PREFIX".into(), self.settings.prefix.clone()),
+            ("CONSEM_LIMIT".into(), self.settings.limit.to_string()),
+            (
+                "CONSEM_SESSION".into(),
+                shared.session.clone().unwrap_or_default(),
+            ),
+            (
+                "CONSEM_FENCE".into(),
+                shared.fence.unwrap_or_default().to_string(),
+            ),
+            ("CONSUL_LOCK_HELD".into(), "true".into()),
+        ]
+    }
+}
+
+/// The value of our contender key: who we are, for operators reading the KV
+/// store (`consem status` shows it).
+pub fn contender_value(command: &[String]) -> Vec<u8> {
+    let mut shown = command.join(" ");
+    if shown.len() > 1024 {
+        let cut = (0..=1024)
+            .rev()
+            .find(|&i| shown.is_char_boundary(i))
+            .unwrap_or(0);
+        shown.truncate(cut);
+    }
+    serde_json::to_vec(&serde_json::json!({
+        "Host": crate::sys::hostname(),
+        "Pid": std::process::id(),
+        "Command": shown,
+        "Started": report::timestamp(SystemTime::now()),
+    }))
+    .expect("a JSON value always encodes")
+}

@@ -1,0 +1,115 @@
+//! Durations as operators write them (`500ms`, `15s`, `2m`, `1h30m`), and as
+//! Consul expects them in its API (Go duration strings).
+
+use std::time::Duration;
+
+/// Parses a Go-style duration: one or more `<number><unit>` parts, units
+/// `ms`, `s`, `m`, `h` (and `us`, `ns` for completeness); fractions allowed.
+/// A bare `0` is zero; any other number needs a unit, so that `15` is not
+/// silently read as 15 nanoseconds or 15 hours.
+pub fn parse(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    if text == "0" {
+        return Ok(Duration::ZERO);
+    }
+    if text.is_empty() {
+        return Err("empty duration: write it like 500ms, 15s, 2m or 1h30m".into());
+    }
+    let mut total = 0f64;
+    let mut rest = text;
+    while !rest.is_empty() {
+        let number_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let (number, after) = rest.split_at(number_len);
+        let unit_len = after
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(after.len());
+        let (unit, after) = after.split_at(unit_len);
+        let value: f64 = number.parse().map_err(|_| {
+            format!("invalid duration '{text}': write it like 500ms, 15s, 2m or 1h30m")
+        })?;
+        let seconds_per_unit = match unit {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            "" => {
+                return Err(format!(
+                    "duration '{text}' has no unit: write it like 500ms, 15s, 2m or 1h30m"
+                ))
+            }
+            other => {
+                return Err(format!(
+                    "unknown unit '{other}' in duration '{text}': use ms, s, m or h"
+                ))
+            }
+        };
+        total += value * seconds_per_unit;
+        rest = after;
+    }
+    Duration::try_from_secs_f64(total).map_err(|_| format!("duration '{text}' is out of range"))
+}
+
+/// Formats a duration for Consul's API (a Go duration string) in whole
+/// milliseconds, which every Consul version accepts.
+pub fn to_go(duration: Duration) -> String {
+    format!("{}ms", duration.as_millis())
+}
+
+/// Formats a duration for people: `15s`, `1m30s`, `250ms`.
+pub fn human(duration: Duration) -> String {
+    let millis = duration.as_millis();
+    if millis < 1000 {
+        return format!("{millis}ms");
+    }
+    let seconds = duration.as_secs();
+    let (h, m, s) = (seconds / 3600, seconds / 60 % 60, seconds % 60);
+    let mut out = String::new();
+    if h > 0 {
+        out.push_str(&format!("{h}h"));
+    }
+    if m > 0 {
+        out.push_str(&format!("{m}m"));
+    }
+    if s > 0 || out.is_empty() {
+        out.push_str(&format!("{s}s"));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_usual_forms() {
+        assert_eq!(parse("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse("15s"), Ok(Duration::from_secs(15)));
+        assert_eq!(parse("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse("0"), Ok(Duration::ZERO));
+        assert_eq!(parse("1m0.5s"), Ok(Duration::from_millis(60_500)));
+    }
+
+    #[test]
+    fn refuses_what_is_ambiguous_or_wrong() {
+        assert!(parse("15").unwrap_err().contains("no unit"));
+        assert!(parse("").is_err());
+        assert!(parse("5x").unwrap_err().contains("unknown unit 'x'"));
+        assert!(parse("s").is_err());
+        assert!(parse("1..2s").is_err());
+        assert!(parse("-5s").is_err());
+    }
+
+    #[test]
+    fn formats_for_consul_and_people() {
+        assert_eq!(to_go(Duration::from_secs(15)), "15000ms");
+        assert_eq!(human(Duration::from_secs(90)), "1m30s");
+        assert_eq!(human(Duration::from_millis(250)), "250ms");
+        assert_eq!(human(Duration::from_secs(3600)), "1h");
+    }
+}

@@ -1,0 +1,187 @@
+//! Settings for a run, validated: what clap cannot check alone (the prefix,
+//! the token sources) is checked here, with messages that say how to fix it.
+
+use std::ffi::OsString;
+use std::path::Path;
+use std::time::Duration;
+
+use crate::backend::Contend;
+use crate::cli::{ConsulArgs, RunArgs};
+use crate::consul::ConsulConfig;
+
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub prefix: String,
+    pub limit: u32,
+    pub mode: Contend,
+    pub timeout: Option<Duration>,
+    pub no_slot_exit_code: u8,
+    pub ttl: Duration,
+    pub kill_grace: Duration,
+    pub monitor_retry: u32,
+    pub session_name: String,
+    pub verbose: bool,
+    pub consul: ConsulConfig,
+    pub command: Vec<OsString>,
+}
+
+impl RunOptions {
+    pub fn from_args(
+        args: RunArgs,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<RunOptions, String> {
+        let prefix = normalize_prefix(&args.prefix)?;
+        let shown_command = args
+            .command
+            .iter()
+            .map(|a| a.to_string_lossy())
+            .collect::<Vec<_>>()
+            .join(" ");
+        let session_name = args
+            .name
+            .unwrap_or_else(|| format!("consem: {shown_command} at {prefix}"));
+        Ok(RunOptions {
+            prefix,
+            limit: args.limit,
+            mode: if args.try_once {
+                Contend::Try
+            } else {
+                Contend::Wait
+            },
+            timeout: args.timeout,
+            no_slot_exit_code: args.no_slot_exit_code,
+            ttl: args.ttl,
+            kill_grace: args.kill_grace,
+            monitor_retry: args.monitor_retry,
+            session_name,
+            verbose: args.verbose,
+            consul: consul_config(args.consul, env)?,
+            command: args.command,
+        })
+    }
+}
+
+/// Trims leading and trailing `/`; an empty prefix would put the semaphore
+/// at the root of the KV store.
+pub fn normalize_prefix(prefix: &str) -> Result<String, String> {
+    let trimmed = prefix.trim_matches('/');
+    if trimmed.is_empty() {
+        return Err(format!(
+            "--prefix '{prefix}' is empty once '/' are trimmed: name a KV prefix such as service/db"
+        ));
+    }
+    Ok(trimmed.to_string())
+}
+
+/// Resolves the connection settings. Token sources, strongest first:
+/// `--token`, `--token-file`, `CONSUL_HTTP_TOKEN`, `CONSUL_HTTP_TOKEN_FILE`.
+fn consul_config(
+    args: ConsulArgs,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<ConsulConfig, String> {
+    let base_url = ConsulConfig::parse_address(&args.http_addr)?;
+    let non_empty = |v: Option<String>| v.filter(|s| !s.trim().is_empty());
+    let token = if let Some(token) = non_empty(args.token) {
+        Some(token)
+    } else if let Some(path) = args.token_file {
+        Some(read_token_file(&path, "--token-file")?)
+    } else if let Some(token) = non_empty(env("CONSUL_HTTP_TOKEN")) {
+        Some(token)
+    } else if let Some(path) = non_empty(env("CONSUL_HTTP_TOKEN_FILE")) {
+        Some(read_token_file(Path::new(&path), "CONSUL_HTTP_TOKEN_FILE")?)
+    } else {
+        None
+    };
+    Ok(ConsulConfig {
+        base_url,
+        token,
+        datacenter: non_empty(args.datacenter),
+    })
+}
+
+fn read_token_file(path: &Path, source: &str) -> Result<String, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        format!(
+            "cannot read the token file {} ({source}): {e}",
+            path.display()
+        )
+    })?;
+    let token = text.trim();
+    if token.is_empty() {
+        return Err(format!(
+            "the token file {} ({source}) is empty: put the ACL token in it",
+            path.display()
+        ));
+    }
+    Ok(token.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser as _;
+
+    fn parse(extra: &[&str], env: &[(&str, &str)]) -> Result<RunOptions, String> {
+        let mut line = vec!["consem", "run", "--limit", "2"];
+        line.extend_from_slice(extra);
+        line.extend_from_slice(&["--", "echo", "hi"]);
+        let crate::cli::Command::Run(args) =
+            crate::cli::Cli::try_parse_from(&line).unwrap().command;
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        RunOptions::from_args(args, |name| {
+            env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+        })
+    }
+
+    #[test]
+    fn trims_the_prefix_and_refuses_an_empty_one() {
+        assert_eq!(
+            parse(&["--prefix", "/service/db/"], &[]).unwrap().prefix,
+            "service/db"
+        );
+        assert!(parse(&["--prefix", "//"], &[])
+            .unwrap_err()
+            .contains("empty"));
+    }
+
+    #[test]
+    fn names_the_session_after_the_command() {
+        let options = parse(&["--prefix", "jobs"], &[]).unwrap();
+        assert_eq!(options.session_name, "consem: echo hi at jobs");
+    }
+
+    #[test]
+    fn token_precedence_follows_the_consul_cli() {
+        let dir = std::env::temp_dir().join(format!("consem-token-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("token");
+        std::fs::write(&file, "from-file\n").unwrap();
+        let file = file.to_str().unwrap();
+        let token = |extra: &[&str], env: &[(&str, &str)]| {
+            let mut args = vec!["--prefix", "p"];
+            args.extend_from_slice(extra);
+            parse(&args, env).unwrap().consul.token
+        };
+        let env = [
+            ("CONSUL_HTTP_TOKEN", "from-env"),
+            ("CONSUL_HTTP_TOKEN_FILE", file),
+        ];
+        assert_eq!(token(&["--token", "flag"], &env).as_deref(), Some("flag"));
+        assert_eq!(
+            token(&["--token-file", file], &env).as_deref(),
+            Some("from-file")
+        );
+        assert_eq!(token(&[], &env).as_deref(), Some("from-env"));
+        assert_eq!(token(&[], &env[1..]).as_deref(), Some("from-file"));
+        assert_eq!(token(&[], &[]), None);
+        let missing = parse(
+            &["--prefix", "p", "--token-file", "/nonexistent/token"],
+            &[],
+        );
+        assert!(missing.unwrap_err().contains("/nonexistent/token"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

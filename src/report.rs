@@ -1,0 +1,99 @@
+//! What consem says on stderr. Quiet by default: errors and warnings only;
+//! `-v` adds one line per lifecycle event, in a stable, greppable format:
+//!
+//! `2026-11-22T10:04:05.123Z consem[4242] acquired prefix=service/db fence=57`
+//!
+//! consem never writes to stdout: it belongs to the child.
+
+use std::io::Write as _;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+static VERBOSE: AtomicBool = AtomicBool::new(false);
+
+pub fn set_verbose(on: bool) {
+    VERBOSE.store(on, Ordering::Relaxed);
+}
+
+/// A lifecycle event, shown with `-v`: a word for what happened, then
+/// `key=value` details.
+pub fn event(what: &str, details: &[(&str, &dyn std::fmt::Display)]) {
+    if !VERBOSE.load(Ordering::Relaxed) {
+        return;
+    }
+    let mut line = format!(
+        "{} consem[{}] {what}",
+        timestamp(SystemTime::now()),
+        std::process::id()
+    );
+    for (key, value) in details {
+        let value = value.to_string();
+        if value.is_empty() || value.contains(char::is_whitespace) || value.contains('"') {
+            line.push_str(&format!(" {key}={value:?}"));
+        } else {
+            line.push_str(&format!(" {key}={value}"));
+        }
+    }
+    write_line(&line);
+}
+
+/// An error that ends the run.
+pub fn error(message: &str) {
+    write_line(&format!("consem: error: {message}"));
+}
+
+/// Something the user should know that does not change the exit code.
+pub fn warning(message: &str) {
+    write_line(&format!("consem: warning: {message}"));
+}
+
+fn write_line(line: &str) {
+    // One write per line, so that lines from threads never interleave.
+    let mut stderr = std::io::stderr().lock();
+    let _ = stderr.write_all(format!("{line}\n").as_bytes());
+}
+
+/// RFC 3339 UTC with milliseconds.
+pub fn timestamp(at: SystemTime) -> String {
+    let since_epoch = at.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = since_epoch.as_secs();
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    let (year, month, day) = civil_from_days(days as i64);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60,
+        since_epoch.subsec_millis()
+    )
+}
+
+/// Days since 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's
+/// algorithm), so that timestamps need no date crate.
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn formats_utc_timestamps() {
+        assert_eq!(timestamp(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
+        let at = UNIX_EPOCH + Duration::from_millis(1_795_305_991_123);
+        assert_eq!(timestamp(at), "2026-11-22T00:06:31.123Z");
+        let leap = UNIX_EPOCH + Duration::from_secs(951_782_400);
+        assert_eq!(timestamp(leap), "2000-02-29T00:00:00.000Z");
+    }
+}

@@ -1,0 +1,569 @@
+//! The semaphore's decisions, free of I/O: decode and encode `.lock`, prune
+//! dead holders, decide whether to take a slot, check that a slot is still
+//! held, and plan the release. The layout is the one `consul lock -n N` and
+//! the Go API's `Semaphore` write, so consem shares a prefix with them:
+//!
+//! - `<prefix>/<session>`: a contender key, held by its session;
+//! - `<prefix>/.lock`: `{"Limit":N,"Holders":{"<session>":true,...}}`, no session.
+//!
+//! Both carry [`SEMAPHORE_FLAGS`].
+
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value};
+
+/// The Go API's semaphore flag value; peers check it to recognise the layout.
+pub const SEMAPHORE_FLAGS: u64 = 0xe0f69a2baa414de0;
+
+/// The name of the key that records the limit and the holders.
+pub const LOCK_KEY_NAME: &str = ".lock";
+
+/// The highest `--limit`: 1024 holders in map form take about 45 KiB, a tenth
+/// of Consul's 512 KiB value limit, leaving room for foreign entries.
+pub const MAX_LIMIT: u32 = 1024;
+
+/// One key under the prefix, as read from Consul.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// The part of the key after `<prefix>/`.
+    pub name: String,
+    pub value: Vec<u8>,
+    pub flags: u64,
+    pub session: Option<String>,
+    pub create_index: u64,
+    pub modify_index: u64,
+}
+
+/// How `.lock` spells its holders; written back the way it was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HoldersForm {
+    /// `{"<session>":true}`: what `consul lock` and the Go API write.
+    Map,
+    /// `["<session>"]`: what Consul's semaphore guide shows.
+    List,
+}
+
+/// The decoded value of `.lock`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockRecord {
+    pub limit: u32,
+    /// Holder sessions, without duplicates, in the order found.
+    pub holders: Vec<String>,
+    pub form: HoldersForm,
+}
+
+/// Why a `.lock` cannot be used: consem reports it and never overwrites it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Conflict {
+    ForeignFlags(u64),
+    LimitMismatch { found: u32, ours: u32 },
+    Undecodable(String),
+}
+
+impl std::fmt::Display for Conflict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Conflict::ForeignFlags(flags) => write!(
+                f,
+                "has Flags {flags}, not the semaphore flag {SEMAPHORE_FLAGS}: it belongs to another tool"
+            ),
+            Conflict::LimitMismatch { found, ours } => write!(
+                f,
+                "has Limit {found} but --limit is {ours}: every contender on a prefix must use the same limit"
+            ),
+            Conflict::Undecodable(why) => write!(f, "is not a semaphore record ({why})"),
+        }
+    }
+}
+
+impl LockRecord {
+    pub fn new(limit: u32) -> LockRecord {
+        LockRecord {
+            limit,
+            holders: Vec::new(),
+            form: HoldersForm::Map,
+        }
+    }
+
+    pub fn holds(&self, session: &str) -> bool {
+        self.holders.iter().any(|h| h == session)
+    }
+}
+
+/// Decodes a `.lock` value. Holders may be a map of booleans (entries set to
+/// `false` are not holders), a list of strings, null, or missing.
+pub fn decode_lock(value: &[u8]) -> Result<LockRecord, Conflict> {
+    let undecodable = |why: &str| Conflict::Undecodable(why.to_string());
+    let text = std::str::from_utf8(value).map_err(|_| undecodable("not UTF-8"))?;
+    let json: Value =
+        serde_json::from_str(text).map_err(|e| Conflict::Undecodable(format!("not JSON: {e}")))?;
+    let object = json
+        .as_object()
+        .ok_or_else(|| undecodable("not a JSON object"))?;
+    let limit = match object.get("Limit") {
+        Some(Value::Number(n)) => n
+            .as_u64()
+            .filter(|&l| l >= 1)
+            .and_then(|l| u32::try_from(l).ok())
+            .ok_or_else(|| Conflict::Undecodable(format!("Limit {n} is not a positive count")))?,
+        _ => return Err(undecodable("no numeric Limit")),
+    };
+    let mut holders: Vec<String> = Vec::new();
+    let mut add = |id: &str| {
+        if !holders.iter().any(|h| h == id) {
+            holders.push(id.to_string());
+        }
+    };
+    let form = match object.get("Holders") {
+        None | Some(Value::Null) => HoldersForm::Map,
+        Some(Value::Object(map)) => {
+            for (id, held) in map {
+                match held {
+                    Value::Bool(true) => add(id),
+                    Value::Bool(false) => {}
+                    _ => return Err(undecodable("a Holders entry is not true or false")),
+                }
+            }
+            HoldersForm::Map
+        }
+        Some(Value::Array(list)) => {
+            for id in list {
+                add(id
+                    .as_str()
+                    .ok_or_else(|| undecodable("a Holders entry is not a string"))?);
+            }
+            HoldersForm::List
+        }
+        Some(_) => return Err(undecodable("Holders is neither a map nor a list")),
+    };
+    Ok(LockRecord {
+        limit,
+        holders,
+        form,
+    })
+}
+
+/// `.lock` as written: `Limit` first, as the Go API's struct orders it.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct EncodedLock {
+    limit: u32,
+    holders: Value,
+}
+
+/// Encodes a `.lock` value in the record's form (map keys sorted, as Go's
+/// encoder writes them).
+pub fn encode_lock(record: &LockRecord) -> Vec<u8> {
+    let holders = match record.form {
+        HoldersForm::Map => Value::Object(
+            record
+                .holders
+                .iter()
+                .map(|h| (h.clone(), Value::Bool(true)))
+                .collect::<Map<String, Value>>(),
+        ),
+        HoldersForm::List => Value::Array(
+            record
+                .holders
+                .iter()
+                .map(|h| Value::String(h.clone()))
+                .collect(),
+        ),
+    };
+    serde_json::to_vec(&EncodedLock {
+        limit: record.limit,
+        holders,
+    })
+    .expect("a JSON value always encodes")
+}
+
+/// What one listing of `<prefix>/` holds, as the decisions need it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    /// `.lock`, if present, with its ModifyIndex for the CAS.
+    pub lock: Option<Entry>,
+    /// Direct children of the prefix other than `.lock`, by name.
+    pub contenders: BTreeMap<String, Entry>,
+}
+
+impl Snapshot {
+    /// Sorts a listing of `<prefix>/` into `.lock` and contender keys; keys
+    /// nested deeper belong to nobody here and are ignored.
+    pub fn from_entries(entries: Vec<Entry>) -> Snapshot {
+        let mut lock = None;
+        let mut contenders = BTreeMap::new();
+        for entry in entries {
+            if entry.name == LOCK_KEY_NAME {
+                lock = Some(entry);
+            } else if !entry.name.is_empty() && !entry.name.contains('/') {
+                contenders.insert(entry.name.clone(), entry);
+            }
+        }
+        Snapshot { lock, contenders }
+    }
+
+    /// A session is alive while its contender key exists and is held by it.
+    pub fn is_live(&self, session: &str) -> bool {
+        self.contenders
+            .get(session)
+            .is_some_and(|e| e.session.as_deref() == Some(session))
+    }
+
+    /// Decodes `.lock` and checks that it is a semaphore record with our
+    /// limit. `None` when there is no `.lock` yet.
+    pub fn lock_record(&self, limit: u32) -> Result<Option<LockRecord>, Conflict> {
+        let Some(entry) = &self.lock else {
+            return Ok(None);
+        };
+        if entry.flags != SEMAPHORE_FLAGS {
+            return Err(Conflict::ForeignFlags(entry.flags));
+        }
+        let record = decode_lock(&entry.value)?;
+        if record.limit != limit {
+            return Err(Conflict::LimitMismatch {
+                found: record.limit,
+                ours: limit,
+            });
+        }
+        Ok(Some(record))
+    }
+
+    /// The ModifyIndex to CAS `.lock` against; 0 creates it.
+    fn lock_cas(&self) -> u64 {
+        self.lock.as_ref().map_or(0, |e| e.modify_index)
+    }
+}
+
+/// Drops holders whose contender key is gone or no longer held by them.
+pub fn prune(record: &LockRecord, snapshot: &Snapshot) -> LockRecord {
+    LockRecord {
+        holders: record
+            .holders
+            .iter()
+            .filter(|h| snapshot.is_live(h))
+            .cloned()
+            .collect(),
+        ..record.clone()
+    }
+}
+
+/// What a contender should do after reading the prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// We are already in Holders (an earlier CAS won even if its answer was lost).
+    Holding,
+    /// Write `value` to `.lock` with `?cas=<cas>` to take a slot.
+    Take { value: Vec<u8>, cas: u64 },
+    /// Every slot is held by a live holder: wait for a change.
+    Full { holders: Vec<String> },
+    /// Our own contender key is gone: our session was invalidated.
+    SessionLost,
+}
+
+/// Decides whether `me` can take a slot. Pure: the same snapshot always gives
+/// the same decision.
+pub fn decide(snapshot: &Snapshot, me: &str, limit: u32) -> Result<Decision, Conflict> {
+    let record = snapshot
+        .lock_record(limit)?
+        .unwrap_or_else(|| LockRecord::new(limit));
+    if !snapshot.is_live(me) {
+        return Ok(Decision::SessionLost);
+    }
+    if record.holds(me) {
+        return Ok(Decision::Holding);
+    }
+    let mut pruned = prune(&record, snapshot);
+    if pruned.holders.len() >= limit as usize {
+        return Ok(Decision::Full {
+            holders: pruned.holders,
+        });
+    }
+    pruned.holders.push(me.to_string());
+    Ok(Decision::Take {
+        value: encode_lock(&pruned),
+        cas: snapshot.lock_cas(),
+    })
+}
+
+/// Why a held slot counts as lost.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Loss {
+    ContenderGone,
+    NotInHolders,
+    LockGone,
+    LockChanged(Conflict),
+}
+
+impl std::fmt::Display for Loss {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Loss::ContenderGone => write!(f, "our contender key is gone (session invalidated)"),
+            Loss::NotInHolders => write!(f, "our session was removed from the holders"),
+            Loss::LockGone => write!(f, "the .lock key was deleted"),
+            Loss::LockChanged(conflict) => write!(f, "the .lock key changed: it {conflict}"),
+        }
+    }
+}
+
+/// Checks, while holding, that the slot is still ours.
+pub fn check_holding(snapshot: &Snapshot, me: &str, limit: u32) -> Result<(), Loss> {
+    if !snapshot.is_live(me) {
+        return Err(Loss::ContenderGone);
+    }
+    match snapshot.lock_record(limit) {
+        Err(conflict) => Err(Loss::LockChanged(conflict)),
+        Ok(None) => Err(Loss::LockGone),
+        Ok(Some(record)) if record.holds(me) => Ok(()),
+        Ok(Some(_)) => Err(Loss::NotInHolders),
+    }
+}
+
+/// The `.lock` write that takes `me` out of the semaphore.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReleaseStep {
+    /// Write the holders without us (dead ones pruned too) with `?cas=`.
+    Rewrite { value: Vec<u8>, cas: u64 },
+    /// Nobody else is left: delete `.lock` with `?cas=`, so an idle prefix is
+    /// empty, as `consul lock` leaves it.
+    Delete { cas: u64 },
+    /// Nothing to write: we are not a holder and others still use the prefix,
+    /// or `.lock` is missing or not ours to touch.
+    Nothing,
+}
+
+/// Plans the `.lock` part of leaving the semaphore.
+pub fn plan_release(snapshot: &Snapshot, me: &str, limit: u32) -> ReleaseStep {
+    let Ok(Some(record)) = snapshot.lock_record(limit) else {
+        return ReleaseStep::Nothing;
+    };
+    let mut remaining = prune(&record, snapshot);
+    remaining.holders.retain(|h| h != me);
+    let others_contend = snapshot.contenders.keys().any(|name| name != me);
+    let cas = snapshot.lock_cas();
+    if remaining.holders.is_empty() && !others_contend {
+        ReleaseStep::Delete { cas }
+    } else if record.holds(me) {
+        ReleaseStep::Rewrite {
+            value: encode_lock(&remaining),
+            cas,
+        }
+    } else {
+        ReleaseStep::Nothing
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: &str = "aaaaaaaa-0000-0000-0000-000000000001";
+    const B: &str = "bbbbbbbb-0000-0000-0000-000000000002";
+    const C: &str = "cccccccc-0000-0000-0000-000000000003";
+
+    fn contender(session: &str, index: u64) -> Entry {
+        Entry {
+            name: session.to_string(),
+            value: Vec::new(),
+            flags: SEMAPHORE_FLAGS,
+            session: Some(session.to_string()),
+            create_index: index,
+            modify_index: index,
+        }
+    }
+
+    fn lock(value: &str, modify_index: u64) -> Entry {
+        Entry {
+            name: LOCK_KEY_NAME.to_string(),
+            value: value.as_bytes().to_vec(),
+            flags: SEMAPHORE_FLAGS,
+            session: None,
+            create_index: 1,
+            modify_index,
+        }
+    }
+
+    fn snapshot(entries: Vec<Entry>) -> Snapshot {
+        Snapshot::from_entries(entries)
+    }
+
+    #[test]
+    fn decodes_map_list_null_and_missing_holders() {
+        let map = decode_lock(br#"{"Limit":2,"Holders":{"a":true,"b":false}}"#).unwrap();
+        assert_eq!(map.holders, vec!["a"]);
+        assert_eq!(map.form, HoldersForm::Map);
+        let list = decode_lock(br#"{"Limit":3,"Holders":["a","b","a"]}"#).unwrap();
+        assert_eq!(list.holders, vec!["a", "b"]);
+        assert_eq!(list.form, HoldersForm::List);
+        assert!(decode_lock(br#"{"Limit":1,"Holders":null}"#)
+            .unwrap()
+            .holders
+            .is_empty());
+        assert!(decode_lock(br#"{"Limit":1}"#).unwrap().holders.is_empty());
+    }
+
+    #[test]
+    fn refuses_what_is_not_a_record() {
+        for bad in [
+            &b"garbage"[..],
+            b"\xff\xfe",
+            b"[]",
+            br#"{"Holders":{}}"#,
+            br#"{"Limit":0,"Holders":{}}"#,
+            br#"{"Limit":-2,"Holders":{}}"#,
+            br#"{"Limit":"2","Holders":{}}"#,
+            br#"{"Limit":2,"Holders":{"a":1}}"#,
+            br#"{"Limit":2,"Holders":[1]}"#,
+            br#"{"Limit":2,"Holders":"a"}"#,
+        ] {
+            assert!(
+                matches!(decode_lock(bad), Err(Conflict::Undecodable(_))),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn encodes_in_the_form_found() {
+        let mut record = decode_lock(br#"{"Limit":2,"Holders":["a"]}"#).unwrap();
+        record.holders.push("b".into());
+        assert_eq!(encode_lock(&record), br#"{"Limit":2,"Holders":["a","b"]}"#);
+        let record = LockRecord {
+            limit: 2,
+            holders: vec!["x".into()],
+            form: HoldersForm::Map,
+        };
+        assert_eq!(encode_lock(&record), br#"{"Limit":2,"Holders":{"x":true}}"#);
+        assert_eq!(decode_lock(&encode_lock(&record)).unwrap(), record);
+    }
+
+    #[test]
+    fn takes_a_free_slot_creating_the_lock() {
+        let snap = snapshot(vec![contender(A, 5)]);
+        assert_eq!(
+            decide(&snap, A, 2).unwrap(),
+            Decision::Take {
+                value: br#"{"Limit":2,"Holders":{"aaaaaaaa-0000-0000-0000-000000000001":true}}"#
+                    .to_vec(),
+                cas: 0
+            }
+        );
+    }
+
+    #[test]
+    fn waits_when_live_holders_fill_the_limit() {
+        let value = format!(r#"{{"Limit":2,"Holders":{{"{A}":true,"{B}":true}}}}"#);
+        let snap = snapshot(vec![
+            lock(&value, 9),
+            contender(A, 5),
+            contender(B, 6),
+            contender(C, 7),
+        ]);
+        assert_eq!(
+            decide(&snap, C, 2).unwrap(),
+            Decision::Full {
+                holders: vec![A.to_string(), B.to_string()]
+            }
+        );
+    }
+
+    #[test]
+    fn prunes_dead_holders_to_make_room() {
+        // B's key is gone and A's key lost its session: both are dead.
+        let value = format!(r#"{{"Limit":2,"Holders":["{A}","{B}"]}}"#);
+        let mut released = contender(A, 5);
+        released.session = None;
+        let snap = snapshot(vec![lock(&value, 9), released, contender(C, 7)]);
+        assert_eq!(
+            decide(&snap, C, 2).unwrap(),
+            Decision::Take {
+                value: format!(r#"{{"Limit":2,"Holders":["{C}"]}}"#).into_bytes(),
+                cas: 9
+            }
+        );
+    }
+
+    #[test]
+    fn reports_conflicts_instead_of_writing() {
+        let mut foreign = lock(r#"{"Limit":2,"Holders":{}}"#, 3);
+        foreign.flags = 0;
+        let snap = snapshot(vec![foreign, contender(A, 5)]);
+        assert_eq!(decide(&snap, A, 2), Err(Conflict::ForeignFlags(0)));
+        let snap = snapshot(vec![
+            lock(r#"{"Limit":3,"Holders":{}}"#, 3),
+            contender(A, 5),
+        ]);
+        assert_eq!(
+            decide(&snap, A, 2),
+            Err(Conflict::LimitMismatch { found: 3, ours: 2 })
+        );
+        let snap = snapshot(vec![lock("garbage", 3), contender(A, 5)]);
+        assert!(matches!(decide(&snap, A, 2), Err(Conflict::Undecodable(_))));
+        assert_eq!(plan_release(&snap, A, 2), ReleaseStep::Nothing);
+    }
+
+    #[test]
+    fn recognises_a_won_cas_and_a_lost_session() {
+        let value = format!(r#"{{"Limit":1,"Holders":{{"{A}":true}}}}"#);
+        let snap = snapshot(vec![lock(&value, 9), contender(A, 5)]);
+        assert_eq!(decide(&snap, A, 1).unwrap(), Decision::Holding);
+        let snap = snapshot(vec![lock(&value, 9)]);
+        assert_eq!(decide(&snap, A, 1).unwrap(), Decision::SessionLost);
+    }
+
+    #[test]
+    fn checks_a_held_slot() {
+        let value = format!(r#"{{"Limit":2,"Holders":{{"{A}":true}}}}"#);
+        let held = snapshot(vec![lock(&value, 9), contender(A, 5)]);
+        assert_eq!(check_holding(&held, A, 2), Ok(()));
+        let evicted = snapshot(vec![
+            lock(r#"{"Limit":2,"Holders":{}}"#, 10),
+            contender(A, 5),
+        ]);
+        assert_eq!(check_holding(&evicted, A, 2), Err(Loss::NotInHolders));
+        let gone = snapshot(vec![lock(&value, 9)]);
+        assert_eq!(check_holding(&gone, A, 2), Err(Loss::ContenderGone));
+        let no_lock = snapshot(vec![contender(A, 5)]);
+        assert_eq!(check_holding(&no_lock, A, 2), Err(Loss::LockGone));
+        let overwritten = snapshot(vec![lock("x", 11), contender(A, 5)]);
+        assert!(matches!(
+            check_holding(&overwritten, A, 2),
+            Err(Loss::LockChanged(_))
+        ));
+    }
+
+    #[test]
+    fn release_rewrites_while_others_remain_and_deletes_when_last() {
+        let value = format!(r#"{{"Limit":2,"Holders":{{"{A}":true,"{B}":true}}}}"#);
+        let both = snapshot(vec![lock(&value, 9), contender(A, 5), contender(B, 6)]);
+        assert_eq!(
+            plan_release(&both, A, 2),
+            ReleaseStep::Rewrite {
+                value: format!(r#"{{"Limit":2,"Holders":{{"{B}":true}}}}"#).into_bytes(),
+                cas: 9
+            }
+        );
+        // B is dead (its key is gone): A is the last one out.
+        let last = snapshot(vec![lock(&value, 9), contender(A, 5)]);
+        assert_eq!(plan_release(&last, A, 2), ReleaseStep::Delete { cas: 9 });
+        // A waiter that never held a slot leaves .lock alone while B holds.
+        let holder_b = format!(r#"{{"Limit":2,"Holders":{{"{B}":true}}}}"#);
+        let waiting = snapshot(vec![lock(&holder_b, 9), contender(A, 5), contender(B, 6)]);
+        assert_eq!(plan_release(&waiting, A, 2), ReleaseStep::Nothing);
+        // Another contender that is still waiting keeps .lock in place.
+        let only_me = format!(r#"{{"Limit":2,"Holders":{{"{A}":true}}}}"#);
+        let queued = snapshot(vec![lock(&only_me, 9), contender(A, 5), contender(C, 7)]);
+        assert!(matches!(
+            plan_release(&queued, A, 2),
+            ReleaseStep::Rewrite { .. }
+        ));
+    }
+
+    #[test]
+    fn ignores_nested_keys() {
+        let mut nested = contender(B, 6);
+        nested.name = format!("sub/{B}");
+        let snap = snapshot(vec![contender(A, 5), nested]);
+        assert_eq!(snap.contenders.len(), 1);
+    }
+}

@@ -1,0 +1,232 @@
+//! Runs the child while the slot is held, whatever the backend. One event
+//! loop on the main thread takes what the backend, the signal handler and the
+//! child's waiter report, in the order it happens.
+
+use std::ffi::OsString;
+use std::process::{Command, ExitStatus};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use signal_hook::consts::signal::{SIGHUP, SIGINT, SIGKILL, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2};
+use signal_hook::iterator::Signals;
+
+use crate::backend::{BackendError, Contend, Notify, SlotBackend, SlotEvent};
+use crate::{report, sys};
+
+/// Signals consem handles: while waiting, the first four end the wait; while
+/// the child runs, all are passed on to it.
+const HANDLED_SIGNALS: [i32; 6] = [SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2];
+
+/// Time for leaving the semaphore after an interrupted wait: the user asked
+/// to stop, so consem exits within about a second even if Consul stalls (the
+/// session then expires by itself).
+const RELEASE_BUDGET_WAITING: Duration = Duration::from_secs(1);
+
+/// Time for leaving the semaphore after the child ends.
+const RELEASE_BUDGET_DONE: Duration = Duration::from_secs(10);
+
+/// How long to wait for a SIGKILLed child to be reaped.
+const KILL_WAIT: Duration = Duration::from_secs(5);
+
+/// What to run and how to wait for the slot.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub command: Vec<OsString>,
+    pub mode: Contend,
+    pub timeout: Option<Duration>,
+    pub kill_grace: Duration,
+}
+
+/// How a run ended; `main` maps each to an exit code.
+#[derive(Debug)]
+pub enum Outcome {
+    /// The child ran and ended by itself (or by a signal passed on to it).
+    ChildExited(ExitStatus),
+    /// No slot within the timeout, or none free for `--try`.
+    NoSlot,
+    /// A signal ended the wait.
+    Interrupted(i32),
+    /// The slot was lost while the child ran; the child was stopped.
+    SlotLost,
+    Failed(BackendError),
+    /// The command could not be started.
+    SpawnFailed(std::io::Error),
+}
+
+enum Event {
+    Slot(SlotEvent),
+    Signal(i32),
+    ChildExited(ExitStatus),
+}
+
+/// Acquires a slot, runs the command while it is held, and leaves the
+/// semaphore on every way out.
+pub fn run(backend: Arc<dyn SlotBackend>, plan: &Plan) -> Outcome {
+    let (events, inbox) = mpsc::channel();
+    // Handlers go in before the first request, so that no signal is missed.
+    forward_signals(events.clone());
+    let started = Instant::now();
+    let notify: Notify = {
+        let events = events.clone();
+        Arc::new(move |event| {
+            let _ = events.send(Event::Slot(event));
+        })
+    };
+    Arc::clone(&backend).contend(plan.mode, notify);
+
+    let deadline = plan.timeout.map(|t| started + t);
+    match wait_for_slot(&inbox, deadline) {
+        Ok(()) => {}
+        Err(outcome) => {
+            leave(&*backend, RELEASE_BUDGET_WAITING);
+            return outcome;
+        }
+    }
+    let outcome = run_child(&*backend, plan, events, &inbox);
+    leave(&*backend, RELEASE_BUDGET_DONE);
+    outcome
+}
+
+fn forward_signals(events: Sender<Event>) {
+    let mut signals = Signals::new(HANDLED_SIGNALS).expect("cannot install signal handlers");
+    thread::Builder::new()
+        .name("consem-signals".into())
+        .spawn(move || {
+            for signal in signals.forever() {
+                if events.send(Event::Signal(signal)).is_err() {
+                    break;
+                }
+            }
+        })
+        .expect("cannot start the signal thread");
+}
+
+/// Waits for the backend to hold a slot. Any other end is the outcome.
+fn wait_for_slot(inbox: &Receiver<Event>, deadline: Option<Instant>) -> Result<(), Outcome> {
+    loop {
+        let event = match deadline {
+            None => inbox.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            Some(deadline) => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    report::event("timed-out", &[]);
+                    return Err(Outcome::NoSlot);
+                }
+                inbox.recv_timeout(left)
+            }
+        };
+        match event {
+            Ok(Event::Slot(SlotEvent::Acquired { .. })) => return Ok(()),
+            Ok(Event::Slot(SlotEvent::NoSlot)) => return Err(Outcome::NoSlot),
+            Ok(Event::Slot(SlotEvent::Failed(error))) => return Err(Outcome::Failed(error)),
+            Ok(Event::Slot(SlotEvent::Lost(reason))) => {
+                return Err(Outcome::Failed(BackendError::Unavailable(reason)))
+            }
+            Ok(Event::Signal(signal)) if [SIGINT, SIGTERM, SIGHUP, SIGQUIT].contains(&signal) => {
+                report::event("interrupted", &[("signal", &signal)]);
+                return Err(Outcome::Interrupted(signal));
+            }
+            Ok(Event::Signal(signal)) => report::event("signal-ignored", &[("signal", &signal)]),
+            Ok(Event::ChildExited(_)) => {}
+            // The deadline passed: the loop's top decides.
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => {
+                unreachable!("the event loop holds a sender")
+            }
+        }
+    }
+}
+
+fn run_child(
+    backend: &dyn SlotBackend,
+    plan: &Plan,
+    events: Sender<Event>,
+    inbox: &Receiver<Event>,
+) -> Outcome {
+    let mut command = Command::new(&plan.command[0]);
+    command.args(&plan.command[1..]).envs(backend.child_env());
+    let take_terminal = sys::we_own_the_terminal();
+    sys::prepare_child(&mut command, take_terminal);
+    let mut child = match command.spawn() {
+        Ok(child) => child,
+        Err(error) => return Outcome::SpawnFailed(error),
+    };
+    let group = child.id();
+    if take_terminal {
+        // The child does the same before exec; doing it here too closes the
+        // race where it reads the terminal before it is the foreground.
+        sys::give_terminal_to(group);
+    }
+    report::event("started", &[("pid", &group)]);
+    thread::Builder::new()
+        .name("consem-child".into())
+        .spawn(move || {
+            if let Ok(status) = child.wait() {
+                let _ = events.send(Event::ChildExited(status));
+            }
+        })
+        .expect("cannot start the child waiter thread");
+
+    let outcome = loop {
+        match inbox.recv() {
+            Ok(Event::ChildExited(status)) => {
+                report::event("exited", &[("status", &status)]);
+                break Outcome::ChildExited(status);
+            }
+            Ok(Event::Signal(signal)) => {
+                report::event("forwarded", &[("signal", &signal), ("pid", &group)]);
+                sys::signal_group(group, signal);
+            }
+            Ok(Event::Slot(SlotEvent::Lost(reason))) => {
+                report::error(&format!("slot lost: {reason}; stopping the command"));
+                stop_child(group, plan.kill_grace, inbox);
+                break Outcome::SlotLost;
+            }
+            Ok(Event::Slot(SlotEvent::Failed(error))) => {
+                report::error(&format!("slot lost: {error}; stopping the command"));
+                stop_child(group, plan.kill_grace, inbox);
+                break Outcome::SlotLost;
+            }
+            Ok(Event::Slot(_)) => {}
+            Err(_) => unreachable!("the event loop holds a sender"),
+        }
+    };
+    if take_terminal {
+        sys::take_terminal_back();
+    }
+    outcome
+}
+
+/// Stops the child's whole process group: SIGTERM, then SIGKILL after the
+/// grace period. Whatever the child left behind in its group is killed too,
+/// since the slot it ran under is gone.
+fn stop_child(group: u32, grace: Duration, inbox: &Receiver<Event>) {
+    sys::signal_group(group, SIGTERM);
+    report::event("stopping", &[("pid", &group), ("signal", &SIGTERM)]);
+    if !wait_for_exit(inbox, grace) {
+        report::event("stopping", &[("pid", &group), ("signal", &SIGKILL)]);
+        sys::signal_group(group, SIGKILL);
+        wait_for_exit(inbox, KILL_WAIT);
+    }
+    sys::signal_group(group, SIGKILL);
+}
+
+fn wait_for_exit(inbox: &Receiver<Event>, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match inbox.recv_timeout(left) {
+            Ok(Event::ChildExited(_)) => return true,
+            Ok(_) => {}
+            Err(_) => return false,
+        }
+    }
+}
+
+fn leave(backend: &dyn SlotBackend, budget: Duration) {
+    if let Err(problems) = backend.release(budget) {
+        report::warning(&format!("could not clean up completely: {problems}"));
+    }
+}
