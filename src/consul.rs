@@ -255,16 +255,18 @@ impl Client {
             _ => self.call_timeout,
         };
         let reply = self.call(http::Method::GET, &path, &query, None, timeout)?;
+        // A missing prefix answers 404 with an index, like an empty listing.
+        let reply = if reply.status == 404 && reply.index.is_some() {
+            Reply {
+                body: b"[]".to_vec(),
+                ..reply
+            }
+        } else {
+            expect_ok(reply)?
+        };
         let index = reply.index.ok_or_else(|| {
             ConsulError::Transient("Consul's answer has no X-Consul-Index header".into())
         })?;
-        if reply.status == 404 {
-            return Ok(Listing {
-                index,
-                entries: Vec::new(),
-            });
-        }
-        let reply = expect_ok(reply)?;
         let raw: Vec<RawEntry> = decode_json(&reply.body, "KV listing")?;
         let entries = raw
             .into_iter()

@@ -1,0 +1,667 @@
+//! `consem run` end to end: the real binary against the Consul double (or a
+//! real agent when CONSEM_TEST_CONSUL_ADDR is set). One behaviour per test;
+//! every test ends by checking that nothing is left behind.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::double::{Fault, Match};
+use common::{http, unique_prefix, wait_until, TestConsul};
+
+const SEMAPHORE_FLAGS: u64 = 16210313421097356768;
+
+/// Generous bound for things that should happen promptly: the suite must
+/// stay stable on a loaded 2-core machine.
+const PROMPT: Duration = Duration::from_secs(10);
+
+/// One test's world: a Consul, a prefix of its own, a scratch directory.
+struct World {
+    consul: TestConsul,
+    prefix: String,
+    dir: PathBuf,
+}
+
+impl World {
+    fn new(name: &str) -> World {
+        let dir = std::env::temp_dir().join(unique_prefix(name).replace('/', "_"));
+        std::fs::create_dir_all(&dir).unwrap();
+        World {
+            consul: TestConsul::start(),
+            prefix: unique_prefix(name),
+            dir,
+        }
+    }
+
+    fn with_prefix(name: &str, prefix: String) -> World {
+        let mut world = World::new(name);
+        world.prefix = prefix;
+        world
+    }
+
+    /// `consem run --prefix <prefix> --limit <limit> <extra> -- <command>`.
+    fn consem(&self, limit: u32, extra: &[&str], command: &[&str]) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_consem"));
+        cmd.env("CONSUL_HTTP_ADDR", self.consul.addr())
+            .env_remove("CONSUL_HTTP_TOKEN")
+            .env_remove("CONSUL_HTTP_TOKEN_FILE")
+            .args([
+                "run",
+                "--prefix",
+                &self.prefix,
+                "--limit",
+                &limit.to_string(),
+            ])
+            .args(extra)
+            .arg("--")
+            .args(command)
+            .stdin(Stdio::null());
+        cmd
+    }
+
+    fn spawn(&self, limit: u32, extra: &[&str], command: &[&str]) -> Child {
+        self.consem(limit, extra, command)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.join(name).to_str().unwrap().to_string()
+    }
+
+    /// A child that says it started (creates `ready`) and runs until the
+    /// test creates `go`, then exits with `code`.
+    fn held_until(&self, ready: &str, go: &str, code: i32) -> Vec<String> {
+        let script = format!(
+            "touch '{}'; while [ ! -e '{}' ]; do sleep 0.02; done; exit {code}",
+            self.path(ready),
+            self.path(go)
+        );
+        vec!["sh".into(), "-c".into(), script]
+    }
+
+    fn touch(&self, name: &str) {
+        std::fs::write(self.dir.join(name), b"").unwrap();
+    }
+
+    fn exists(&self, name: &str) -> bool {
+        self.dir.join(name).exists()
+    }
+
+    fn key(&self, name: &str) -> String {
+        format!("{}/{name}", self.prefix)
+    }
+
+    fn entries(&self) -> Vec<common::KvEntry> {
+        self.consul.kv_entries(&format!("{}/", self.prefix))
+    }
+
+    fn contender_keys(&self) -> usize {
+        self.entries()
+            .iter()
+            .filter(|e| !e.key.ends_with("/.lock"))
+            .count()
+    }
+
+    fn lock_value(&self) -> Option<serde_json::Value> {
+        let key = self.key(".lock");
+        self.entries()
+            .into_iter()
+            .find(|e| e.key == key)
+            .map(|e| serde_json::from_slice(&e.value).unwrap())
+    }
+
+    /// Our sessions are named after the prefix; a double holds no others.
+    fn sessions(&self) -> Vec<(String, String)> {
+        self.consul
+            .sessions()
+            .into_iter()
+            .filter(|(_, name)| self.consul.double().is_some() || name.contains(&self.prefix))
+            .collect()
+    }
+
+    fn assert_clean(&self) {
+        assert_eq!(self.entries(), vec![], "keys left under {}", self.prefix);
+        assert_eq!(self.sessions(), vec![], "sessions left behind");
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+fn finish(child: Child) -> Output {
+    child.wait_with_output().unwrap()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn signal(child: &Child, signal: i32) {
+    // SAFETY: kill(2) on a child we spawned and have not reaped.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
+}
+
+fn skip_without_double(world: &World) -> Option<&common::ConsulDouble> {
+    let double = world.consul.double();
+    if double.is_none() {
+        eprintln!("skipped: needs the Consul double's fault injection");
+    }
+    double
+}
+
+/// Holds a slot with a first consem whose child waits for `go`, and returns it
+/// once the child runs.
+fn hold_slot(world: &World, limit: u32, ready: &str, go: &str) -> Child {
+    let holder = world.spawn(limit, &[], &strs(&world.held_until(ready, go, 0)));
+    wait_until(PROMPT, "the holder's child to start", || {
+        world.exists(ready)
+    });
+    holder
+}
+
+#[test]
+fn uncontended_run_leaves_stdout_to_the_child_and_cleans_up() {
+    let world = World::new("uncontended");
+    let output = world
+        .consem(2, &[], &["printf", "hello\\n"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(output.stdout, b"hello\n");
+    assert_eq!(stderr(&output), "", "consem is quiet by default");
+    world.assert_clean();
+}
+
+#[test]
+fn exit_codes_pass_through() {
+    let world = World::new("exit-codes");
+    let code = |script: &str| {
+        world
+            .consem(1, &[], &["sh", "-c", script])
+            .status()
+            .unwrap()
+            .code()
+    };
+    assert_eq!(code("exit 7"), Some(7));
+    assert_eq!(code("exit 0"), Some(0));
+    assert_eq!(code("kill -TERM $$"), Some(128 + libc::SIGTERM));
+    assert_eq!(code("kill -KILL $$"), Some(128 + libc::SIGKILL));
+    world.assert_clean();
+}
+
+#[test]
+fn argv_is_passed_exactly_without_a_shell() {
+    let world = World::new("argv");
+    let output = world
+        .consem(1, &[], &["printf", "[%s]", "a b", "", "$HOME", "*", "c\"d"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "[a b][][$HOME][*][c\"d]"
+    );
+    world.assert_clean();
+}
+
+#[test]
+fn child_sees_its_slot_in_the_environment() {
+    let world = World::new("env");
+    let script = r#"printf '%s|%s|%s|%s|%s' "$CONSEM_PREFIX" "$CONSEM_LIMIT" "$CONSUL_LOCK_HELD" "$CONSEM_SESSION" "$CONSEM_FENCE""#;
+    let output = world
+        .consem(3, &[], &["sh", "-c", script])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let text = String::from_utf8(output.stdout).unwrap();
+    let fields: Vec<&str> = text.split('|').collect();
+    assert_eq!(fields[..3], [world.prefix.as_str(), "3", "true"]);
+    assert_eq!(fields[3].len(), 36, "a session ID: {text}");
+    assert!(fields[4].parse::<u64>().unwrap() > 0, "a fence: {text}");
+    world.assert_clean();
+}
+
+#[test]
+fn fence_grows_from_one_acquisition_to_the_next() {
+    let world = World::new("fence");
+    let fence = || {
+        let output = world
+            .consem(1, &[], &["sh", "-c", "printf %s \"$CONSEM_FENCE\""])
+            .output()
+            .unwrap();
+        String::from_utf8(output.stdout)
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+    };
+    let first = fence();
+    let second = fence();
+    assert!(second > first, "{second} > {first}");
+    world.assert_clean();
+}
+
+#[test]
+fn eight_contenders_never_exceed_the_limit() {
+    let world = World::new("eight");
+    let log = world.path("log");
+    let script = format!("echo start >> '{log}'; sleep 0.3; echo end >> '{log}'");
+    let children: Vec<Child> = (0..8)
+        .map(|_| world.spawn(3, &[], &["sh", "-c", &script]))
+        .collect();
+    for child in children {
+        let output = finish(child);
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    }
+    let log = std::fs::read_to_string(&log).unwrap();
+    let (mut running, mut most, mut starts) = (0i32, 0i32, 0);
+    for line in log.lines() {
+        if line == "start" {
+            running += 1;
+            starts += 1;
+        } else {
+            running -= 1;
+        }
+        most = most.max(running);
+    }
+    assert_eq!(starts, 8, "every contender ran:\n{log}");
+    assert!(most <= 3, "{most} ran at once:\n{log}");
+    world.assert_clean();
+}
+
+#[test]
+fn a_lock_in_the_list_form_is_used_and_kept_in_that_form() {
+    let world = World::new("list-form");
+    world.consul.put(
+        &world.key(".lock"),
+        br#"{"Limit":2,"Holders":[]}"#,
+        SEMAPHORE_FLAGS,
+    );
+    let holder = hold_slot(&world, 2, "ready", "go");
+    let lock = world.lock_value().unwrap();
+    let holders = lock["Holders"].as_array().expect("still a list");
+    assert_eq!(holders.len(), 1);
+    world.touch("go");
+    let output = finish(holder);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    world.assert_clean();
+}
+
+/// Plays a `consul lock -n 2` holder: a session, its contender key, and a
+/// map-form `.lock` naming it.
+fn consul_lock_holder(world: &World, limit: u32) -> String {
+    let base = format!("http://{}", world.consul.addr());
+    let (status, body) = http(
+        "PUT",
+        &format!("{base}/v1/session/create"),
+        br#"{"Name":"consul lock peer","TTL":"15s","Behavior":"delete"}"#,
+    );
+    assert_eq!(status, 200, "{body}");
+    let id = serde_json::from_str::<serde_json::Value>(&body).unwrap()["ID"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let contender = common::encode_key(&world.key(&id));
+    let (status, body) = http(
+        "PUT",
+        &format!("{base}/v1/kv/{contender}?acquire={id}&flags={SEMAPHORE_FLAGS}"),
+        b"",
+    );
+    assert_eq!((status, body.trim()), (200, "true"));
+    let lock = format!(r#"{{"Limit":{limit},"Holders":{{"{id}":true}}}}"#);
+    world
+        .consul
+        .put(&world.key(".lock"), lock.as_bytes(), SEMAPHORE_FLAGS);
+    id
+}
+
+#[test]
+fn shares_a_prefix_with_a_consul_lock_holder() {
+    let world = World::new("consul-lock-peer");
+    let peer = consul_lock_holder(&world, 2);
+    let holder = hold_slot(&world, 2, "ready", "go");
+    let lock = world.lock_value().unwrap();
+    let holders = lock["Holders"].as_object().expect("still a map");
+    assert_eq!(holders.len(), 2, "{lock}");
+    assert_eq!(holders[&peer], serde_json::Value::Bool(true));
+    world.touch("go");
+    assert_eq!(finish(holder).status.code(), Some(0));
+    // The peer still holds its slot: .lock stays, naming only the peer.
+    let lock = world.lock_value().expect(".lock kept for the peer");
+    assert_eq!(lock["Holders"].as_object().unwrap().len(), 1, "{lock}");
+    assert!(lock["Holders"].get(&peer).is_some());
+    world.consul.destroy_session(&peer);
+    world.consul.delete_tree(&format!("{}/", world.prefix));
+    world.assert_clean();
+}
+
+#[test]
+fn waits_for_a_consul_lock_holder_and_times_out() {
+    let world = World::new("consul-lock-full");
+    let peer = consul_lock_holder(&world, 1);
+    let output = world
+        .consem(1, &["--timeout", "1s"], &["true"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(75), "{}", stderr(&output));
+    let lock = world.lock_value().unwrap();
+    assert_eq!(lock["Holders"].as_object().unwrap().len(), 1, "{lock}");
+    world.consul.destroy_session(&peer);
+    world.consul.delete_tree(&format!("{}/", world.prefix));
+    world.assert_clean();
+}
+
+#[test]
+fn a_foreign_lock_is_a_conflict_and_stays_untouched() {
+    for (name, value, flags, limit) in [
+        ("flags", &br#"{"Limit":2,"Holders":{}}"#[..], 0u64, 2u32),
+        ("limit", br#"{"Limit":3,"Holders":{}}"#, SEMAPHORE_FLAGS, 2),
+        ("garbage", b"\x00not json\xff", SEMAPHORE_FLAGS, 2),
+    ] {
+        let world = World::new(&format!("foreign-{name}"));
+        world.consul.put(&world.key(".lock"), value, flags);
+        let before = world.entries();
+        let output = world.consem(limit, &[], &["true"]).output().unwrap();
+        assert_eq!(
+            output.status.code(),
+            Some(65),
+            "{name}: {}",
+            stderr(&output)
+        );
+        let message = stderr(&output);
+        assert!(message.contains(".lock"), "{name}: {message}");
+        assert_eq!(message.lines().count(), 1, "{name}: one line: {message}");
+        assert_eq!(world.entries(), before, "{name}: .lock changed");
+        world.consul.delete_tree(&format!("{}/", world.prefix));
+        world.assert_clean();
+    }
+}
+
+#[test]
+fn try_and_timeout_give_up_with_75_or_the_chosen_code() {
+    let world = World::new("try-timeout");
+    let holder = hold_slot(&world, 1, "ready", "go");
+
+    let started = Instant::now();
+    let output = world.consem(1, &["--try"], &["true"]).output().unwrap();
+    assert_eq!(output.status.code(), Some(75), "{}", stderr(&output));
+    assert!(started.elapsed() < PROMPT);
+
+    let output = world
+        .consem(1, &["--try", "-E", "3"], &["true"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(3));
+
+    let started = Instant::now();
+    let output = world
+        .consem(1, &["--timeout", "2s"], &["true"])
+        .output()
+        .unwrap();
+    let waited = started.elapsed();
+    assert_eq!(output.status.code(), Some(75), "{}", stderr(&output));
+    assert!(
+        waited >= Duration::from_secs(2),
+        "gave up early, after {waited:?}"
+    );
+    assert!(
+        waited < Duration::from_secs(2) + PROMPT,
+        "gave up late, after {waited:?}"
+    );
+
+    world.touch("go");
+    assert_eq!(finish(holder).status.code(), Some(0));
+    world.assert_clean();
+}
+
+#[test]
+fn a_signal_while_waiting_ends_the_wait_promptly() {
+    for (sig, code) in [
+        (libc::SIGINT, 130),
+        (libc::SIGTERM, 143),
+        (libc::SIGHUP, 129),
+    ] {
+        let world = World::new(&format!("signal-waiting-{sig}"));
+        let holder = hold_slot(&world, 1, "ready", "go");
+        let waiter = world.spawn(1, &[], &["true"]);
+        wait_until(PROMPT, "the waiter's contender key", || {
+            world.contender_keys() == 2
+        });
+        let started = Instant::now();
+        signal(&waiter, sig);
+        let output = finish(waiter);
+        assert_eq!(output.status.code(), Some(code), "{}", stderr(&output));
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "took {:?}",
+            started.elapsed()
+        );
+        assert_eq!(world.contender_keys(), 1, "the waiter's key is gone");
+        world.touch("go");
+        assert_eq!(finish(holder).status.code(), Some(0));
+        world.assert_clean();
+    }
+}
+
+#[test]
+fn a_signal_while_running_goes_to_the_child_and_its_status_comes_back() {
+    let world = World::new("signal-running");
+    let script = format!(
+        "trap 'echo got-term > \"{}\"; exit 3' TERM; touch '{}'; while :; do sleep 0.02; done",
+        world.path("trapped"),
+        world.path("ready")
+    );
+    let child = world.spawn(1, &[], &["sh", "-c", &script]);
+    wait_until(PROMPT, "the child to start", || world.exists("ready"));
+    signal(&child, libc::SIGTERM);
+    let output = finish(child);
+    assert_eq!(output.status.code(), Some(3), "{}", stderr(&output));
+    assert!(world.exists("trapped"), "the child received SIGTERM");
+    world.assert_clean();
+}
+
+#[test]
+fn an_operator_destroying_the_session_stops_the_child_with_76() {
+    let world = World::new("slot-lost-operator");
+    let script = format!("echo $$ > '{}'; exec sleep 60", world.path("pid"));
+    let child = world.spawn(1, &["--kill-grace", "1s"], &["sh", "-c", &script]);
+    wait_until(PROMPT, "the child to start", || world.exists("pid"));
+    let session = world.sessions().pop().unwrap().0;
+    let started = Instant::now();
+    world.consul.destroy_session(&session);
+    let output = finish(child);
+    assert_eq!(output.status.code(), Some(76), "{}", stderr(&output));
+    assert!(stderr(&output).contains("slot lost"), "{}", stderr(&output));
+    assert!(started.elapsed() < PROMPT);
+    let pid: i32 = std::fs::read_to_string(world.path("pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // SAFETY: signal 0 only asks whether the process exists.
+    assert_ne!(unsafe { libc::kill(pid, 0) }, 0, "the child was stopped");
+    world.assert_clean();
+}
+
+/// Wakes the holder's blocking watch by writing a key below the prefix that
+/// is not a contender key.
+fn nudge(world: &World) {
+    world.consul.put(&world.key("nudge/x"), b"", 0);
+}
+
+#[test]
+fn failures_past_monitor_retry_stop_the_child_with_76() {
+    let world = World::new("slot-lost-faults");
+    let Some(double) = skip_without_double(&world) else {
+        return;
+    };
+    let holder = world.spawn(
+        1,
+        &["--monitor-retry", "2"],
+        &strs(&world.held_until("ready", "go", 0)),
+    );
+    wait_until(PROMPT, "the child to start", || world.exists("ready"));
+    double.inject(
+        Fault::status(500, "No cluster leader", 3).on(Match::method_path("GET", "/v1/kv/")),
+    );
+    nudge(&world);
+    let output = finish(holder);
+    assert_eq!(output.status.code(), Some(76), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("No cluster leader"),
+        "{}",
+        stderr(&output)
+    );
+    world
+        .consul
+        .delete_tree(&format!("{}/nudge/", world.prefix));
+    world.assert_clean();
+}
+
+#[test]
+fn failures_within_monitor_retry_do_not_stop_the_child() {
+    let world = World::new("faults-tolerated");
+    let Some(double) = skip_without_double(&world) else {
+        return;
+    };
+    let holder = world.spawn(
+        1,
+        &["--monitor-retry", "3"],
+        &strs(&world.held_until("ready", "go", 0)),
+    );
+    wait_until(PROMPT, "the child to start", || world.exists("ready"));
+    double.inject(
+        Fault::status(500, "No cluster leader", 2).on(Match::method_path("GET", "/v1/kv/")),
+    );
+    double.inject(Fault::drop_connection(1).on(Match::method_path("GET", "/v1/kv/")));
+    nudge(&world);
+    wait_until(PROMPT, "the faults to be used up", || {
+        double
+            .requests()
+            .iter()
+            .filter(|r| r.method == "GET" && r.path.starts_with("/v1/kv/"))
+            .count()
+            >= 6
+    });
+    world.touch("go");
+    let output = finish(holder);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    world
+        .consul
+        .delete_tree(&format!("{}/nudge/", world.prefix));
+    world.assert_clean();
+}
+
+#[test]
+fn consul_down_at_start_exits_69_naming_the_address() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    drop(listener);
+    let output = Command::new(env!("CARGO_BIN_EXE_consem"))
+        .args([
+            "run",
+            "--prefix",
+            "p",
+            "--limit",
+            "1",
+            "--http-addr",
+            &addr,
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(69));
+    let message = stderr(&output);
+    assert!(message.contains(&addr), "{message}");
+    assert_eq!(message.lines().count(), 1, "{message}");
+}
+
+#[test]
+fn commands_that_cannot_run_exit_126_or_127_and_release() {
+    let world = World::new("spawn-fail");
+    let output = world
+        .consem(1, &[], &["/nonexistent/consem-test"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(127));
+    assert!(stderr(&output).contains("/nonexistent/consem-test"));
+    let output = world
+        .consem(1, &[], &[world.dir.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(126));
+    world.assert_clean();
+}
+
+#[test]
+fn odd_prefixes_work_and_clean_up() {
+    for (name, prefix) in [
+        ("space", "a b"),
+        ("query", "what?now"),
+        ("hash", "x#y"),
+        ("percent", "100%/done"),
+        ("unicode", "jobs/été-日本"),
+    ] {
+        let world = World::with_prefix(name, format!("{}/{prefix}", unique_prefix(name)));
+        let output = world
+            .consem(1, &[], &["sh", "-c", "printf %s \"$CONSEM_PREFIX\""])
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(0), "{name}: {}", stderr(&output));
+        assert_eq!(String::from_utf8_lossy(&output.stdout), world.prefix);
+        world.assert_clean();
+    }
+}
+
+#[test]
+fn usage_errors_exit_2_with_one_line() {
+    let world = World::new("usage");
+    for extra in [
+        &["--prefix", "/"][..],
+        &["--prefix", "p", "--http-addr", "ftp://x"],
+    ] {
+        let output = Command::new(env!("CARGO_BIN_EXE_consem"))
+            .args(["run", "--limit", "1"])
+            .args(extra)
+            .args(["--", "true"])
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(2), "{extra:?}");
+        assert_eq!(stderr(&output).lines().count(), 1, "{}", stderr(&output));
+    }
+    let _ = Path::new(&world.dir);
+}
+
+#[test]
+fn verbose_reports_the_lifecycle_on_stderr_only() {
+    let world = World::new("verbose");
+    let output = world
+        .consem(1, &["-v"], &["printf", "out"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0));
+    assert_eq!(output.stdout, b"out");
+    let log = stderr(&output);
+    for event in [
+        "session-created",
+        "acquired",
+        "started",
+        "exited",
+        "released",
+    ] {
+        assert!(log.contains(&format!(" {event}")), "no {event} in:\n{log}");
+    }
+    world.assert_clean();
+}
