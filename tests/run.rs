@@ -4,172 +4,13 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use common::double::{Fault, Match};
-use common::{http, unique_prefix, wait_until, TestConsul};
-
-const SEMAPHORE_FLAGS: u64 = 16210313421097356768;
-
-/// Generous bound for things that should happen promptly: the suite must
-/// stay stable on a loaded 2-core machine.
-const PROMPT: Duration = Duration::from_secs(10);
-
-/// One test's world: a Consul, a prefix of its own, a scratch directory.
-struct World {
-    consul: TestConsul,
-    prefix: String,
-    dir: PathBuf,
-}
-
-impl World {
-    fn new(name: &str) -> World {
-        let dir = std::env::temp_dir().join(unique_prefix(name).replace('/', "_"));
-        std::fs::create_dir_all(&dir).unwrap();
-        World {
-            consul: TestConsul::start(),
-            prefix: unique_prefix(name),
-            dir,
-        }
-    }
-
-    fn with_prefix(name: &str, prefix: String) -> World {
-        let mut world = World::new(name);
-        world.prefix = prefix;
-        world
-    }
-
-    /// `consem run --prefix <prefix> --limit <limit> <extra> -- <command>`.
-    fn consem(&self, limit: u32, extra: &[&str], command: &[&str]) -> Command {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_consem"));
-        cmd.env("CONSUL_HTTP_ADDR", self.consul.addr())
-            .env_remove("CONSUL_HTTP_TOKEN")
-            .env_remove("CONSUL_HTTP_TOKEN_FILE")
-            .args([
-                "run",
-                "--prefix",
-                &self.prefix,
-                "--limit",
-                &limit.to_string(),
-            ])
-            .args(extra)
-            .arg("--")
-            .args(command)
-            .stdin(Stdio::null());
-        cmd
-    }
-
-    fn spawn(&self, limit: u32, extra: &[&str], command: &[&str]) -> Child {
-        self.consem(limit, extra, command)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-    }
-
-    fn path(&self, name: &str) -> String {
-        self.dir.join(name).to_str().unwrap().to_string()
-    }
-
-    /// A child that says it started (creates `ready`) and runs until the
-    /// test creates `go`, then exits with `code`.
-    fn held_until(&self, ready: &str, go: &str, code: i32) -> Vec<String> {
-        let script = format!(
-            "touch '{}'; while [ ! -e '{}' ]; do sleep 0.02; done; exit {code}",
-            self.path(ready),
-            self.path(go)
-        );
-        vec!["sh".into(), "-c".into(), script]
-    }
-
-    fn touch(&self, name: &str) {
-        std::fs::write(self.dir.join(name), b"").unwrap();
-    }
-
-    fn exists(&self, name: &str) -> bool {
-        self.dir.join(name).exists()
-    }
-
-    fn key(&self, name: &str) -> String {
-        format!("{}/{name}", self.prefix)
-    }
-
-    fn entries(&self) -> Vec<common::KvEntry> {
-        self.consul.kv_entries(&format!("{}/", self.prefix))
-    }
-
-    fn contender_keys(&self) -> usize {
-        self.entries()
-            .iter()
-            .filter(|e| !e.key.ends_with("/.lock"))
-            .count()
-    }
-
-    fn lock_value(&self) -> Option<serde_json::Value> {
-        let key = self.key(".lock");
-        self.entries()
-            .into_iter()
-            .find(|e| e.key == key)
-            .map(|e| serde_json::from_slice(&e.value).unwrap())
-    }
-
-    /// Our sessions are named after the prefix; a double holds no others.
-    fn sessions(&self) -> Vec<(String, String)> {
-        self.consul
-            .sessions()
-            .into_iter()
-            .filter(|(_, name)| self.consul.double().is_some() || name.contains(&self.prefix))
-            .collect()
-    }
-
-    fn assert_clean(&self) {
-        assert_eq!(self.entries(), vec![], "keys left under {}", self.prefix);
-        assert_eq!(self.sessions(), vec![], "sessions left behind");
-    }
-}
-
-impl Drop for World {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn strs(v: &[String]) -> Vec<&str> {
-    v.iter().map(String::as_str).collect()
-}
-
-fn finish(child: Child) -> Output {
-    child.wait_with_output().unwrap()
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
-fn signal(child: &Child, signal: i32) {
-    // SAFETY: kill(2) on a child we spawned and have not reaped.
-    assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
-}
-
-fn skip_without_double(world: &World) -> Option<&common::ConsulDouble> {
-    let double = world.consul.double();
-    if double.is_none() {
-        eprintln!("skipped: needs the Consul double's fault injection");
-    }
-    double
-}
-
-/// Holds a slot with a first consem whose child waits for `go`, and returns it
-/// once the child runs.
-fn hold_slot(world: &World, limit: u32, ready: &str, go: &str) -> Child {
-    let holder = world.spawn(limit, &[], &strs(&world.held_until(ready, go, 0)));
-    wait_until(PROMPT, "the holder's child to start", || {
-        world.exists(ready)
-    });
-    holder
-}
+use common::world::*;
+use common::{unique_prefix, wait_until};
 
 #[test]
 fn uncontended_run_leaves_stdout_to_the_child_and_cleans_up() {
@@ -296,34 +137,6 @@ fn a_lock_in_the_list_form_is_used_and_kept_in_that_form() {
     let output = finish(holder);
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     world.assert_clean();
-}
-
-/// Plays a `consul lock -n 2` holder: a session, its contender key, and a
-/// map-form `.lock` naming it.
-fn consul_lock_holder(world: &World, limit: u32) -> String {
-    let base = format!("http://{}", world.consul.addr());
-    let (status, body) = http(
-        "PUT",
-        &format!("{base}/v1/session/create"),
-        br#"{"Name":"consul lock peer","TTL":"15s","Behavior":"delete"}"#,
-    );
-    assert_eq!(status, 200, "{body}");
-    let id = serde_json::from_str::<serde_json::Value>(&body).unwrap()["ID"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let contender = common::encode_key(&world.key(&id));
-    let (status, body) = http(
-        "PUT",
-        &format!("{base}/v1/kv/{contender}?acquire={id}&flags={SEMAPHORE_FLAGS}"),
-        b"",
-    );
-    assert_eq!((status, body.trim()), (200, "true"));
-    let lock = format!(r#"{{"Limit":{limit},"Holders":{{"{id}":true}}}}"#);
-    world
-        .consul
-        .put(&world.key(".lock"), lock.as_bytes(), SEMAPHORE_FLAGS);
-    id
 }
 
 #[test]
@@ -492,12 +305,6 @@ fn an_operator_destroying_the_session_stops_the_child_with_76() {
     // SAFETY: signal 0 only asks whether the process exists.
     assert_ne!(unsafe { libc::kill(pid, 0) }, 0, "the child was stopped");
     world.assert_clean();
-}
-
-/// Wakes the holder's blocking watch by writing a key below the prefix that
-/// is not a contender key.
-fn nudge(world: &World) {
-    world.consul.put(&world.key("nudge/x"), b"", 0);
 }
 
 #[test]
