@@ -43,12 +43,13 @@ impl RunOptions {
         Ok(RunOptions {
             prefix,
             limit: args.limit,
-            mode: if args.try_once {
+            // `--timeout 0` is one attempt, as flock's `-w 0` is.
+            mode: if args.try_once || args.timeout == Some(Duration::ZERO) {
                 Contend::Try
             } else {
                 Contend::Wait
             },
-            timeout: args.timeout,
+            timeout: args.timeout.filter(|t| !t.is_zero()),
             no_slot_exit_code: args.no_slot_exit_code,
             ttl: args.ttl,
             kill_grace: args.kill_grace,
@@ -145,6 +146,17 @@ mod tests {
         assert!(parse(&["--prefix", "//"], &[])
             .unwrap_err()
             .contains("empty"));
+    }
+
+    #[test]
+    fn a_zero_timeout_is_one_attempt() {
+        let options = parse(&["--prefix", "p", "--timeout", "0"], &[]).unwrap();
+        assert_eq!((options.mode, options.timeout), (Contend::Try, None));
+        let options = parse(&["--prefix", "p", "--timeout", "3s"], &[]).unwrap();
+        assert_eq!(
+            (options.mode, options.timeout),
+            (Contend::Wait, Some(Duration::from_secs(3)))
+        );
     }
 
     #[test]
