@@ -1,0 +1,617 @@
+//! `consem run` over its whole life: the child dying with a killed consem,
+//! session renewal, the session or the whole agent going away while holding
+//! or waiting, failures at first contact, a terminal shared with the child,
+//! and signals while waiting. One behaviour per test; deadlines and polling,
+//! never sleeps that guess at timing. Tests that need the Consul double's
+//! fault injection or its control over time skip themselves against a real
+//! agent (CONSEM_TEST_CONSUL_ADDR).
+
+mod common;
+
+use std::fs::File;
+use std::io::{Read as _, Write as _};
+use std::process::{Child, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::double::{Fault, Match};
+use common::wait_until;
+use common::world::*;
+
+// ---- helpers ------------------------------------------------------------
+
+/// A child for consem that writes its pid to `name` and then becomes
+/// `sleep 60` (same pid, so the pid is the process consem started).
+fn pid_then_sleep(world: &World, name: &str) -> Vec<String> {
+    let script = format!("echo $$ > '{}'; exec sleep 60", world.path(name));
+    vec!["sh".into(), "-c".into(), script]
+}
+
+/// Waits for the pid written by [`pid_then_sleep`] (whole line) and reads it.
+fn read_pid(world: &World, name: &str) -> i32 {
+    let path = world.path(name);
+    let mut pid = None;
+    wait_until(PROMPT, "the child to write its pid", || {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        pid = text
+            .strip_suffix('\n')
+            .and_then(|line| line.trim().parse().ok());
+        pid.is_some()
+    });
+    pid.unwrap()
+}
+
+/// True once `pid` no longer runs. An orphan that exited stays a zombie until
+/// whoever adopted it (init, or a subreaper) reaps it, and a zombie still
+/// answers kill(pid, 0); on Linux its state in /proc counts as gone.
+fn process_gone(pid: i32) -> bool {
+    // SAFETY: signal 0 only asks whether the process exists.
+    if unsafe { libc::kill(pid, 0) } != 0 {
+        return true;
+    }
+    if cfg!(target_os = "linux") {
+        if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            // "pid (comm) S ...": the state follows the last ')'.
+            let state = stat.rsplit_once(')').map(|(_, rest)| rest.trim_start());
+            return state.is_some_and(|s| s.starts_with('Z') || s.starts_with('X'));
+        }
+        return true;
+    }
+    false
+}
+
+/// Waits for `child` to exit, with a deadline (it is killed if it passes).
+fn wait_with_deadline(child: &mut Child, within: Duration, what: &str) -> ExitStatus {
+    let mut status = None;
+    let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_until(within, what, || {
+            status = child.try_wait().unwrap();
+            status.is_some()
+        })
+    }));
+    if let Err(panic) = polled {
+        let _ = child.kill();
+        let _ = child.wait();
+        std::panic::resume_unwind(panic);
+    }
+    status.unwrap()
+}
+
+/// The session IDs a `.lock` value names, in either Holders form.
+fn lock_holders(lock: &serde_json::Value) -> Vec<String> {
+    match &lock["Holders"] {
+        serde_json::Value::Object(map) => map.keys().cloned().collect(),
+        serde_json::Value::Array(list) => list
+            .iter()
+            .map(|v| v.as_str().unwrap().to_string())
+            .collect(),
+        other => panic!("Holders is {other}"),
+    }
+}
+
+/// Spawns consem with `-v`, its stderr going to a file in the scratch
+/// directory so that the test can follow its events as they happen.
+fn spawn_verbose(world: &World, limit: u32, extra: &[&str], command: &[&str], log: &str) -> Child {
+    let mut args = vec!["-v"];
+    args.extend_from_slice(extra);
+    world
+        .consem(limit, &args, command)
+        .stdout(Stdio::piped())
+        .stderr(File::create(world.path(log)).unwrap())
+        .spawn()
+        .unwrap()
+}
+
+fn log_text(world: &World, log: &str) -> String {
+    std::fs::read_to_string(world.path(log)).unwrap_or_default()
+}
+
+/// A pseudo-terminal pair from posix_openpt; both ends close-on-exec.
+struct Pty {
+    master: File,
+    slave: File,
+}
+
+fn open_pty() -> std::io::Result<Pty> {
+    use std::os::fd::FromRawFd as _;
+    let os_error = std::io::Error::last_os_error;
+    // SAFETY: each call is checked; the fds are owned by the Files built from
+    // them; ptsname_r writes a NUL-terminated name within the buffer's length.
+    unsafe {
+        let fd = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return Err(os_error());
+        }
+        let master = File::from_raw_fd(fd);
+        if libc::grantpt(fd) != 0 || libc::unlockpt(fd) != 0 {
+            return Err(os_error());
+        }
+        let mut name = [0 as libc::c_char; 256];
+        let rc = libc::ptsname_r(fd, name.as_mut_ptr(), name.len());
+        if rc != 0 {
+            return Err(std::io::Error::from_raw_os_error(rc));
+        }
+        let slave = libc::open(
+            name.as_ptr(),
+            libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
+        );
+        if slave < 0 {
+            return Err(os_error());
+        }
+        Ok(Pty {
+            master,
+            slave: File::from_raw_fd(slave),
+        })
+    }
+}
+
+/// Everything the terminal shows, collected by a reader thread until every
+/// slave end is closed.
+#[derive(Clone, Default)]
+struct Screen(Arc<Mutex<Vec<u8>>>);
+
+impl Screen {
+    fn follow(mut master: File) -> Screen {
+        let screen = Screen::default();
+        let shown = screen.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            // EIO once the last slave end closes: the terminal is gone.
+            while let Ok(n @ 1..) = master.read(&mut buf) {
+                shown.0.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        });
+        screen
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+
+    fn wait_for(&self, what: &str) {
+        wait_until(PROMPT, &format!("{what:?} on the terminal"), || {
+            self.text().contains(what)
+        });
+    }
+}
+
+// ---- a killed consem ----------------------------------------------------
+
+/// SIGKILL gives consem no chance to clean up. Its child must not outlive it
+/// (the parent-death signal), and what it leaves in Consul is the session, its
+/// contender key and `.lock` naming it. Once the TTL runs out (the double's
+/// `expire_sessions_idle_for` stands in for the wait; against a real agent the
+/// session is destroyed instead) the session's `delete` behaviour removes the
+/// contender key, and only `.lock` naming the dead holder is left. The next
+/// contender prunes that holder, takes the slot, and leaves the prefix clean.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_killed_consem_takes_its_child_along_and_the_next_contender_prunes_it() {
+    let world = World::new("parent-death");
+    let mut consem = world.spawn(1, &[], &strs(&pid_then_sleep(&world, "pid")));
+    let pid = read_pid(&world, "pid");
+    let sessions = world.sessions();
+    assert_eq!(sessions.len(), 1, "{sessions:?}");
+    let session = sessions[0].0.clone();
+
+    signal(&consem, libc::SIGKILL);
+    let status = consem.wait().unwrap();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(libc::SIGKILL)
+    );
+    wait_until(PROMPT, "the orphaned child to die with consem", || {
+        process_gone(pid)
+    });
+
+    // Nothing was cleaned up: the session lives on until its TTL runs out.
+    assert_eq!(world.contender_keys(), 1);
+    assert_eq!(
+        lock_holders(&world.lock_value().unwrap()),
+        std::slice::from_ref(&session)
+    );
+
+    match world.consul.double() {
+        Some(double) => assert_eq!(double.expire_sessions_idle_for(Duration::ZERO), 1),
+        None => world.consul.destroy_session(&session),
+    }
+    wait_until(PROMPT, "the contender key to go with the session", || {
+        world.contender_keys() == 0
+    });
+    assert_eq!(world.sessions(), vec![]);
+    let left: Vec<String> = world.entries().into_iter().map(|e| e.key).collect();
+    assert_eq!(left, [world.key(".lock")], "only .lock is left");
+    assert_eq!(
+        lock_holders(&world.lock_value().unwrap()),
+        [session],
+        ".lock still names the dead holder"
+    );
+
+    let output = world.consem(1, &[], &["true"]).output().unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    world.assert_clean();
+}
+
+// ---- the session while holding ------------------------------------------
+
+/// With expiry at exactly the TTL (the double's multiplier 1.0 instead of
+/// Consul's up-to-2x), renewals every TTL/2 keep the slot: the child runs
+/// across two renewals, i.e. past the TTL, and ends normally.
+#[test]
+fn renewal_keeps_the_slot_past_the_ttl() {
+    let world = World::new("renewal");
+    let Some(double) = skip_without_double(&world) else {
+        return;
+    };
+    double.set_ttl_multiplier(1.0);
+    let holder = world.spawn(
+        1,
+        &["--ttl", "10s"],
+        &strs(&world.held_until("ready", "go", 0)),
+    );
+    wait_until(PROMPT, "the child to start", || world.exists("ready"));
+    let sessions = double.sessions();
+    assert_eq!(sessions.len(), 1, "{sessions:?}");
+    let session = sessions[0].id.clone();
+    assert_eq!(sessions[0].ttl, Some(Duration::from_secs(10)));
+
+    // Renewals are due at about 5 s and 10 s; the second is past the TTL.
+    wait_until(Duration::from_secs(25), "two renewals", || {
+        let now = double.sessions();
+        let ours = now
+            .iter()
+            .find(|s| s.id == session)
+            .unwrap_or_else(|| panic!("the session expired: {now:?}"));
+        ours.renewals >= 2
+    });
+    assert_eq!(lock_holders(&world.lock_value().unwrap()), [session]);
+    world.touch("go");
+    let output = finish(holder);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    world.assert_clean();
+}
+
+/// Consul invalidating every session (as after a lost node health check)
+/// deletes our contender key; consem stops the child and exits 76.
+#[test]
+fn sessions_invalidated_while_holding_stop_the_child_with_76() {
+    let world = World::new("invalidated");
+    let Some(double) = skip_without_double(&world) else {
+        return;
+    };
+    let holder = world.spawn(
+        1,
+        &["--kill-grace", "1s"],
+        &strs(&pid_then_sleep(&world, "pid")),
+    );
+    let pid = read_pid(&world, "pid");
+    double.invalidate_all_sessions();
+    let output = finish(holder);
+    assert_eq!(output.status.code(), Some(76), "{}", stderr(&output));
+    assert!(stderr(&output).contains("slot lost"), "{}", stderr(&output));
+    assert!(process_gone(pid), "the child was stopped");
+    world.assert_clean();
+}
+
+/// A restarted agent (the double's `restart`: connections dropped, sessions
+/// and KV lost, index back to the start) takes the slot with it: the child is
+/// stopped, consem exits 76, and nothing is left or recreated.
+#[test]
+fn agent_restart_while_holding_stops_the_child_with_76() {
+    let world = World::new("restart-holding");
+    let Some(double) = skip_without_double(&world) else {
+        return;
+    };
+    let holder = world.spawn(
+        1,
+        &["--ttl", "10s", "--kill-grace", "1s"],
+        &strs(&pid_then_sleep(&world, "pid")),
+    );
+    let pid = read_pid(&world, "pid");
+    let started = Instant::now();
+    double.restart();
+    let output = finish(holder);
+    eprintln!("restart noticed after {:?}", started.elapsed());
+    assert_eq!(output.status.code(), Some(76), "{}", stderr(&output));
+    assert!(stderr(&output).contains("slot lost"), "{}", stderr(&output));
+    assert!(process_gone(pid), "the child was stopped");
+    world.assert_clean();
+}
+
+// ---- the agent restarting while waiting ----------------------------------
+
+/// A restart while one consem holds and another waits: the holder loses its
+/// slot (76); the waiter's contender key is gone too, so it rejoins with a new
+/// session, takes the free slot and runs its child.
+#[test]
+fn agent_restart_while_waiting_makes_the_waiter_rejoin_and_run() {
+    let world = World::new("restart-waiting");
+    let Some(double) = skip_without_double(&world) else {
+        return;
+    };
+    let holder = world.spawn(
+        1,
+        &["--ttl", "10s", "--kill-grace", "1s"],
+        &strs(&world.held_until("ready", "go", 0)),
+    );
+    wait_until(PROMPT, "the holder's child to start", || {
+        world.exists("ready")
+    });
+    let holder_session = double.sessions()[0].id.clone();
+    let waiter = world.spawn(
+        1,
+        &["--ttl", "10s"],
+        &["sh", "-c", "printf 'ran with %s' \"$CONSEM_SESSION\""],
+    );
+    wait_until(PROMPT, "the waiter's contender key", || {
+        world.contender_keys() == 2
+    });
+    let old_sessions: Vec<String> = double.sessions().into_iter().map(|s| s.id).collect();
+    assert_eq!(old_sessions.len(), 2);
+    let waiter_session = old_sessions
+        .iter()
+        .find(|id| **id != holder_session)
+        .unwrap()
+        .clone();
+    // Restart only once the waiter's blocking read is in flight: a read sent
+    // after the restart with the old, higher index would block for the whole
+    // wait on any Consul (the index went backwards), which is not what this
+    // test is about.
+    // The holder's watch reads with ?consistent; the waiter's wait does not.
+    let dir = format!("/v1/kv/{}/", world.prefix);
+    wait_until(PROMPT, "the waiter's blocking read", || {
+        let requests = double.requests();
+        let joined = requests
+            .iter()
+            .rposition(|r| r.query_value("acquire") == Some(waiter_session.as_str()));
+        joined.is_some_and(|at| {
+            requests[at..].iter().any(|r| {
+                r.method == "GET"
+                    && r.path == dir
+                    && r.query_value("index").is_some_and(|i| i != "0")
+                    && r.query_value("consistent").is_none()
+            })
+        })
+    });
+    double.restart();
+
+    let waiter = finish(waiter);
+    assert_eq!(waiter.status.code(), Some(0), "{}", stderr(&waiter));
+    let shown = String::from_utf8_lossy(&waiter.stdout).into_owned();
+    let new_session = shown
+        .strip_prefix("ran with ")
+        .unwrap_or_else(|| panic!("the waiter's child did not run: {shown:?}"));
+    assert_eq!(new_session.len(), 36, "{shown}");
+    assert_ne!(new_session, waiter_session, "the waiter made a new session");
+    assert_ne!(new_session, holder_session);
+
+    let holder = finish(holder);
+    assert_eq!(holder.status.code(), Some(76), "{}", stderr(&holder));
+    world.assert_clean();
+}
+
+// ---- failures at first contact --------------------------------------------
+
+/// A first contact that fails (500 on session create) is not retried: consem
+/// exits 69 with one line saying why, and leaves nothing.
+#[test]
+fn server_errors_at_first_contact_exit_69_at_once() {
+    let world = World::new("first-contact-500");
+    let Some(double) = skip_without_double(&world) else {
+        return;
+    };
+    double.inject(
+        Fault::status(500, "No cluster leader", 100)
+            .on(Match::method_path("PUT", "/v1/session/create")),
+    );
+    let started = Instant::now();
+    let output = world.consem(1, &[], &["true"]).output().unwrap();
+    assert_eq!(output.status.code(), Some(69), "{}", stderr(&output));
+    assert!(started.elapsed() < PROMPT, "took {:?}", started.elapsed());
+    let message = stderr(&output);
+    assert_eq!(message.lines().count(), 1, "{message}");
+    assert!(message.contains("No cluster leader"), "{message}");
+    let creates = double
+        .requests()
+        .iter()
+        .filter(|r| r.path == "/v1/session/create")
+        .count();
+    assert_eq!(creates, 1, "no retry at first contact");
+    world.assert_clean();
+}
+
+/// A Consul that never answers the first request must not hold consem
+/// hostage: SIGTERM still ends it within seconds (143), well before the
+/// request's own timeout, and no session exists since none was created.
+#[test]
+fn sigterm_during_a_stalled_first_request_exits_143_promptly() {
+    let world = World::new("stalled-start");
+    let Some(double) = skip_without_double(&world) else {
+        return;
+    };
+    double.inject(Fault::stall(1).on(Match::method_path("PUT", "/v1/session/create")));
+    let mut consem = world.spawn(1, &[], &["true"]);
+    wait_until(PROMPT, "the session request to arrive", || {
+        double
+            .requests()
+            .iter()
+            .any(|r| r.path == "/v1/session/create")
+    });
+    let started = Instant::now();
+    signal(&consem, libc::SIGTERM);
+    let status = wait_with_deadline(&mut consem, PROMPT, "consem to exit after SIGTERM");
+    let took = started.elapsed();
+    assert_eq!(status.code(), Some(143));
+    assert!(took < Duration::from_secs(3), "took {took:?}");
+    world.assert_clean();
+}
+
+// ---- a terminal shared with the child --------------------------------------
+
+/// On a terminal, the child becomes the foreground process group: it reads
+/// what is typed, and Ctrl-C reaches it once (from the terminal; consem, in
+/// the background, neither gets it nor passes it on). consem runs as the
+/// session leader of a new pseudo-terminal, as in a login shell.
+#[test]
+fn an_interactive_child_owns_the_terminal() {
+    let world = World::new("pty");
+    let pty = match open_pty() {
+        Ok(pty) => pty,
+        Err(error) => {
+            eprintln!("skipped: cannot open a pseudo-terminal: {error}");
+            return;
+        }
+    };
+    let script = "trap 'echo INT-TRAPPED' INT; echo ready; read line; echo \"got:$line\"; \
+                  read line2; echo done";
+    let mut command = world.consem(1, &[], &["sh", "-c", script]);
+    command
+        .stdin(pty.slave.try_clone().unwrap())
+        .stdout(pty.slave.try_clone().unwrap())
+        .stderr(pty.slave.try_clone().unwrap());
+    // SAFETY: setsid and ioctl are async-signal-safe and take no pointers
+    // that outlive the call; fd 0 is the slave by now.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut command, || {
+            if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut consem = command.spawn().unwrap();
+    // Only consem and its child keep the terminal open from here on.
+    drop(command);
+    drop(pty.slave);
+    let screen = Screen::follow(pty.master.try_clone().unwrap());
+    let mut keyboard = pty.master;
+
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        screen.wait_for("ready");
+        keyboard.write_all(b"hello\n").unwrap();
+        screen.wait_for("got:hello");
+        keyboard.write_all(b"\x03").unwrap();
+        screen.wait_for("INT-TRAPPED");
+        // Whether `read` resumes after the trap or returns depends on the
+        // shell; a line ends it either way.
+        keyboard.write_all(b"bye\n").unwrap();
+        screen.wait_for("done");
+        wait_with_deadline(&mut consem, PROMPT, "consem to exit")
+    }));
+    let status = match outcome {
+        Ok(status) => status,
+        Err(panic) => {
+            let _ = consem.kill();
+            let _ = consem.wait();
+            eprintln!("terminal:\n{}", screen.text());
+            std::panic::resume_unwind(panic);
+        }
+    };
+    let shown = screen.text();
+    assert_eq!(status.code(), Some(0), "terminal:\n{shown}");
+    assert_eq!(
+        shown.matches("INT-TRAPPED").count(),
+        1,
+        "one Ctrl-C, one SIGINT:\n{shown}"
+    );
+    assert!(!shown.contains("consem:"), "consem said nothing:\n{shown}");
+    world.assert_clean();
+}
+
+// ---- --timeout 0 ----------------------------------------------------------
+
+/// `--timeout 0` makes one attempt, as `--try` does: a free slot is taken.
+#[test]
+fn timeout_0_takes_a_free_slot() {
+    let world = World::new("timeout-0-free");
+    let output = world
+        .consem(1, &["--timeout", "0"], &["printf", "ran"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(output.stdout, b"ran");
+    world.assert_clean();
+}
+
+/// `--timeout 0` on a full semaphore gives up at once with 75, without
+/// announcing a wait or timing one out, and leaves no trace.
+#[test]
+fn timeout_0_exits_75_at_once_when_full() {
+    let world = World::new("timeout-0-full");
+    let holder = hold_slot(&world, 1, "ready", "go");
+    let started = Instant::now();
+    let output = world
+        .consem(1, &["-v", "--timeout", "0"], &["true"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(75), "{}", stderr(&output));
+    assert!(started.elapsed() < PROMPT, "took {:?}", started.elapsed());
+    let log = stderr(&output);
+    assert!(!log.contains(" waiting"), "{log}");
+    assert!(!log.contains(" timed-out"), "{log}");
+    assert_eq!(world.contender_keys(), 1, "only the holder's key is left");
+    world.touch("go");
+    assert_eq!(finish(holder).status.code(), Some(0));
+    world.assert_clean();
+}
+
+// ---- more signals while waiting -------------------------------------------
+
+/// SIGQUIT ends a wait like SIGINT, SIGTERM and SIGHUP do: 128 + 3.
+#[test]
+fn sigquit_while_waiting_exits_131() {
+    let world = World::new("sigquit-waiting");
+    let holder = hold_slot(&world, 1, "ready", "go");
+    let mut waiter = world.spawn(1, &[], &["true"]);
+    wait_until(PROMPT, "the waiter's contender key", || {
+        world.contender_keys() == 2
+    });
+    let started = Instant::now();
+    signal(&waiter, libc::SIGQUIT);
+    let status = wait_with_deadline(&mut waiter, PROMPT, "the waiter to exit");
+    assert_eq!(status.code(), Some(131));
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(world.contender_keys(), 1, "the waiter's key is gone");
+    world.touch("go");
+    assert_eq!(finish(holder).status.code(), Some(0));
+    world.assert_clean();
+}
+
+/// SIGUSR1 and SIGUSR2 do not end a wait: consem notes them (with -v) and
+/// keeps waiting, then runs its command once the holder is done.
+#[test]
+fn user_signals_while_waiting_are_ignored() {
+    let world = World::new("sigusr-waiting");
+    let holder = hold_slot(&world, 1, "ready", "go");
+    let mut waiter = spawn_verbose(&world, 1, &[], &["printf", "ran"], "waiter.log");
+    wait_until(PROMPT, "the waiter to wait", || {
+        log_text(&world, "waiter.log").contains(" waiting ")
+    });
+    for sig in [libc::SIGUSR1, libc::SIGUSR2] {
+        signal(&waiter, sig);
+        let noted = format!(" signal-ignored signal={sig}\n");
+        wait_until(PROMPT, &format!("consem to note signal {sig}"), || {
+            log_text(&world, "waiter.log").contains(&noted)
+        });
+    }
+    assert!(waiter.try_wait().unwrap().is_none(), "still waiting");
+    assert_eq!(world.contender_keys(), 2, "still in the queue");
+
+    world.touch("go");
+    assert_eq!(finish(holder).status.code(), Some(0));
+    let status = wait_with_deadline(&mut waiter, PROMPT, "the waiter to run and exit");
+    let mut stdout = String::new();
+    waiter
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut stdout)
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "{}", log_text(&world, "waiter.log"));
+    assert_eq!(stdout, "ran");
+    world.assert_clean();
+}
