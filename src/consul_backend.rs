@@ -386,6 +386,10 @@ impl ConsulSemaphore {
                         return None;
                     }
                     backoff = (backoff * 2).min(MAX_BACKOFF);
+                    // After an outage the agent may have restarted with a
+                    // lower index; blocking on the old one would hide a loss
+                    // for a whole wait. Look at once instead.
+                    index = 0;
                 }
             }
         }
