@@ -83,9 +83,7 @@ impl std::fmt::Display for ConsulError {
         match self {
             ConsulError::Transient(why) => write!(f, "{why}"),
             ConsulError::Denied(why) => write!(f, "permission denied: {why}"),
-            ConsulError::Rejected { status, body } => {
-                write!(f, "Consul answered {status}: {}", body.trim())
-            }
+            ConsulError::Rejected { status, body } => write!(f, "Consul answered {status}: {body}"),
         }
     }
 }
@@ -167,6 +165,12 @@ impl Client {
     pub fn new(config: ConsulConfig) -> Client {
         let agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
+            // The agent is addressed directly, as the consul CLI does: a
+            // proxy from the environment must not see the calls or the token.
+            .proxy(None)
+            // A redirect means a path Consul cleaned up; following it would
+            // turn a PUT into a GET. Report the answer instead.
+            .max_redirects(0)
             .timeout_connect(Some(CONNECT_TIMEOUT))
             .user_agent(concat!("consem/", env!("CARGO_PKG_VERSION")))
             .build()
@@ -308,7 +312,9 @@ impl Client {
             Ok(false) => Ok(Acquire::Refused),
             // Consul answers 500 `invalid session "<id>"` for a session it
             // does not know; that is news about the session, not an outage.
-            Err(ConsulError::Transient(why)) if why.contains("invalid session") => {
+            Err(ConsulError::Transient(why))
+                if why.to_ascii_lowercase().contains("invalid session") =>
+            {
                 Ok(Acquire::UnknownSession)
             }
             Err(e) => Err(e),
@@ -393,7 +399,7 @@ impl Client {
         };
         let mut response = result.map_err(|e| {
             ConsulError::Transient(format!(
-                "cannot reach Consul at {}: {e}",
+                "cannot reach Consul at {}: {e} (is the agent running? check --http-addr or CONSUL_HTTP_ADDR)",
                 self.config.base_url
             ))
         })?;
@@ -426,21 +432,37 @@ impl Client {
 /// allows (512 KiB, base64-encoded) and many contender keys fits well within.
 const MAX_BODY: u64 = 16 * 1024 * 1024;
 
+/// Sorts an answer the caller did not handle itself: 200 passes; 403 is a
+/// denial; 5xx and 429 (rate limited) are worth retrying; the rest is
+/// rejected.
 fn expect_ok(reply: Reply) -> Result<Reply, ConsulError> {
-    let body = || String::from_utf8_lossy(&reply.body).trim().to_string();
+    let body = one_line(&reply.body);
     match reply.status {
         200 => Ok(reply),
-        403 => Err(ConsulError::Denied(body())),
-        500..=599 => Err(ConsulError::Transient(format!(
-            "Consul answered {}: {}",
-            reply.status,
-            body()
+        403 => Err(ConsulError::Denied(body)),
+        429 | 500..=599 => Err(ConsulError::Transient(format!(
+            "Consul answered {}: {body}",
+            reply.status
         ))),
-        status => Err(ConsulError::Rejected {
-            status,
-            body: body(),
+        // Consul's own 404s carry an index; this one is from something else.
+        404 if reply.index.is_none() => Err(ConsulError::Rejected {
+            status: 404,
+            body: format!("not found ({body}); is this address a Consul agent's HTTP API?"),
         }),
+        status => Err(ConsulError::Rejected { status, body }),
     }
+}
+
+/// An answer's body as one short line for an error message: a proxy's HTML
+/// error page must not spill over the terminal.
+fn one_line(body: &[u8]) -> String {
+    const MAX_CHARS: usize = 200;
+    let text = String::from_utf8_lossy(body);
+    let mut line = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if line.chars().count() > MAX_CHARS {
+        line = line.chars().take(MAX_CHARS).collect::<String>() + "…";
+    }
+    line
 }
 
 fn decode_json<T: serde::de::DeserializeOwned>(body: &[u8], what: &str) -> Result<T, ConsulError> {
@@ -483,6 +505,15 @@ mod tests {
         assert_eq!(encode_path("service/db/.lock"), "service/db/.lock");
         assert_eq!(encode_path("a b?c#d%e"), "a%20b%3Fc%23d%25e");
         assert_eq!(encode_path("jobs/é"), "jobs/%C3%A9");
+    }
+
+    #[test]
+    fn error_bodies_become_one_short_line() {
+        assert_eq!(
+            one_line(b"<html>\n  <body>Bad   gateway</body>\n</html>\n"),
+            "<html> <body>Bad gateway</body> </html>"
+        );
+        assert_eq!(one_line(&[b'x'; 500]).chars().count(), 201);
     }
 
     #[test]

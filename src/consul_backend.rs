@@ -48,6 +48,8 @@ pub struct Settings {
 #[derive(Default)]
 struct Shared {
     session: Option<String>,
+    /// When the current session was created: the renewer's clock starts there.
+    session_started: Option<Instant>,
     holding: bool,
     fence: Option<u64>,
     closing: bool,
@@ -134,18 +136,18 @@ impl ConsulSemaphore {
 
     /// The contender thread: acquire, report, then watch until the slot goes.
     fn contend_thread(self: Arc<Self>, mode: Contend, notify: Notify) {
+        let _guard = PanicReport(Arc::clone(&notify));
         match self.acquire(mode) {
             Ok((fence, index)) => {
-                {
-                    let mut shared = self.shared();
-                    shared.holding = true;
-                    shared.fence = Some(fence);
-                }
+                self.shared().fence = Some(fence);
                 report::event(
                     "acquired",
                     &[("prefix", &self.settings.prefix), ("fence", &fence)],
                 );
                 notify(SlotEvent::Acquired { fence });
+                // Only now may the renewer report a loss: one reported before
+                // `Acquired` would reach a supervisor still waiting.
+                self.shared().holding = true;
                 if let Some(reason) = self.watch(index) {
                     if !self.closing() {
                         notify(SlotEvent::Lost(reason));
@@ -201,7 +203,7 @@ impl ConsulSemaphore {
             // 2. Decide: hold, take a slot, wait, or rejoin.
             let decision = semaphore::decide(&snapshot, &session, limit).map_err(|conflict| {
                 Stop::Failed(BackendError::Conflict(format!(
-                    "{}/.lock {conflict}; consem leaves it untouched",
+                    "{}/.lock {conflict}; consem leaves it untouched (use another --prefix, or delete that key if it is stale)",
                     self.settings.prefix
                 )))
             })?;
@@ -243,8 +245,8 @@ impl ConsulSemaphore {
                     }
                 }
                 Decision::Take { value, cas } => {
-                    // 3. Take a slot with CAS; whatever the answer, re-read at
-                    // once: a lost race means the state moved, and a lost
+                    // 3. Take a slot with CAS, then read again: a win is
+                    // confirmed, a lost race shows the new state, and a lost
                     // answer may hide a win.
                     let key = self.key(semaphore::LOCK_KEY_NAME);
                     let written = self
@@ -254,11 +256,20 @@ impl ConsulSemaphore {
                         )
                         .ok_or(Stop::Closing)?;
                     match written {
-                        Ok(true) => confirm = true,
+                        // Confirm the win with a fresh, consistent read.
+                        Ok(true) => {
+                            confirm = true;
+                            index = 0;
+                        }
+                        // Someone wrote first, so the prefix has moved past
+                        // the index we read: blocking on it returns at once,
+                        // yet cannot spin if a listing hides `.lock` from us.
                         Ok(false) => {}
-                        Err(error) => outage.failed(self, error)?,
+                        Err(error) => {
+                            outage.failed(self, error)?;
+                            index = 0;
+                        }
                     }
-                    index = 0;
                 }
             }
         }
@@ -320,12 +331,20 @@ impl ConsulSemaphore {
                     |shared, created| {
                         if let Ok(id) = created {
                             shared.session = Some(id.clone());
+                            shared.session_started = Some(Instant::now());
                         }
                     },
                 )
                 .ok_or(Stop::Closing)?;
             match created {
+                Ok(id) if self.closing() => {
+                    // Release began while the session was being created and
+                    // may have given up waiting for it: do not leave it.
+                    let _ = self.client.destroy_session(&id);
+                    return Err(Stop::Closing);
+                }
                 Ok(id) => {
+                    outage.recovered();
                     report::event(
                         "session-created",
                         &[("session", &id), ("ttl", &crate::duration::human(spec.ttl))],
@@ -417,13 +436,17 @@ impl ConsulSemaphore {
         let mut renewed: Option<(String, Instant)> = None;
         let mut next_pause = ttl / 2;
         while !self.pause(next_pause) {
-            let Some(session) = self.shared().session.clone() else {
-                continue;
+            let (session, started) = {
+                let shared = self.shared();
+                match (&shared.session, shared.session_started) {
+                    (Some(id), Some(at)) => (id.clone(), at),
+                    _ => continue,
+                }
             };
             // A new session (after a rejoin) starts its own clock.
             let last_ok = match &renewed {
                 Some((id, at)) if *id == session => *at,
-                _ => Instant::now(),
+                _ => started,
             };
             match self.client.renew_session(&session) {
                 Ok(Renewal::Renewed) => {
@@ -459,6 +482,20 @@ impl ConsulSemaphore {
             if let Some(notify) = self.loss_notify.get() {
                 notify(SlotEvent::Lost(reason.to_string()));
             }
+        }
+    }
+}
+
+/// Reports a panicking helper as a failure, so that the supervisor never
+/// waits forever for an event that will not come.
+struct PanicReport(Notify);
+
+impl Drop for PanicReport {
+    fn drop(&mut self) {
+        if thread::panicking() {
+            (self.0)(SlotEvent::Failed(BackendError::Unavailable(
+                "internal error: the semaphore thread failed".into(),
+            )));
         }
     }
 }
@@ -533,13 +570,14 @@ impl SlotBackend for ConsulSemaphore {
             let mut shared = self.shared();
             shared.closing = true;
             self.changed.notify_all();
-            let (mut shared, _) = self
+            let (mut shared, waited) = self
                 .changed
-                .wait_timeout_while(shared, budget, |s| s.writes_in_flight > 0)
+                .wait_timeout_while(shared, budget / 2, |s| s.writes_in_flight > 0)
                 .unwrap_or_else(|e| e.into_inner());
             shared.holding = false;
-            shared.session.take()
+            (shared.session.take(), waited.timed_out())
         };
+        let (session, write_in_flight) = session;
         let Some(session) = session else {
             return Ok(());
         };
@@ -549,6 +587,12 @@ impl SlotBackend for ConsulSemaphore {
                 .max(Duration::from_millis(100))
         };
         let mut problems = Vec::new();
+        if write_in_flight {
+            problems.push(format!(
+                "a write to Consul was still in flight; if it lands, the next contender prunes it (the session goes within {})",
+                crate::duration::human(self.settings.ttl * 2)
+            ));
+        }
 
         // 1. Leave `.lock`: take ourselves out, or delete it if we are the last.
         let lock_key = self.key(semaphore::LOCK_KEY_NAME);

@@ -57,8 +57,17 @@ pub fn parse(text: &str) -> Result<Duration, String> {
         total += value * seconds_per_unit;
         rest = after;
     }
+    if total > MAX_SECONDS {
+        return Err(format!(
+            "duration '{text}' is too long: at most 87600h (10 years)"
+        ));
+    }
     Duration::try_from_secs_f64(total).map_err(|_| format!("duration '{text}' is out of range"))
 }
+
+/// Ten years: longer is "forever" in practice, and it keeps deadlines
+/// computed from a duration far from overflowing.
+const MAX_SECONDS: f64 = 10.0 * 365.0 * 86_400.0;
 
 /// Formats a duration for Consul's API (a Go duration string) in whole
 /// milliseconds, which every Consul version accepts.
@@ -110,6 +119,8 @@ mod tests {
         assert!(parse("s").is_err());
         assert!(parse("1..2s").is_err());
         assert!(parse("-5s").is_err());
+        assert!(parse("3000000000000000h").unwrap_err().contains("too long"));
+        assert!(parse("87600h").is_ok());
     }
 
     #[test]

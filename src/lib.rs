@@ -77,12 +77,13 @@ pub fn run(options: RunOptions) -> i32 {
             }
         }
         Outcome::SpawnFailed(error) => {
-            report::error(&format!("cannot run '{}': {error}", command[0]));
-            if error.kind() == std::io::ErrorKind::NotFound {
-                exit::NOT_FOUND
+            let (hint, code) = if error.kind() == std::io::ErrorKind::NotFound {
+                ("check its name and PATH", exit::NOT_FOUND)
             } else {
-                exit::NOT_EXECUTABLE
-            }
+                ("check that it is an executable file", exit::NOT_EXECUTABLE)
+            };
+            report::error(&format!("cannot run '{}': {error}; {hint}", command[0]));
+            code
         }
     }
 }

@@ -71,6 +71,16 @@ pub fn normalize_prefix(prefix: &str) -> Result<String, String> {
             "--prefix '{prefix}' is empty once '/' are trimmed: name a KV prefix such as service/db"
         ));
     }
+    // Consul's HTTP server redirects paths with such segments to a cleaned
+    // path, so keys under them cannot be written where they are named.
+    if trimmed
+        .split('/')
+        .any(|segment| segment.is_empty() || segment == "." || segment == "..")
+    {
+        return Err(format!(
+            "--prefix '{prefix}' has an empty, '.' or '..' segment, which Consul's API cannot address: write it like service/db"
+        ));
+    }
     Ok(trimmed.to_string())
 }
 

@@ -15,6 +15,10 @@ use serde_json::{Map, Value};
 /// The Go API's semaphore flag value; peers check it to recognise the layout.
 pub const SEMAPHORE_FLAGS: u64 = 0xe0f69a2baa414de0;
 
+/// The Go API's `Lock` flag: `consul lock` without `-n` (or with `-n 1`)
+/// writes `.lock` as a mutex with it, a layout consem does not share.
+pub const MUTEX_FLAGS: u64 = 0x2ddccbc058a50c18;
+
 /// The name of the key that records the limit and the holders.
 pub const LOCK_KEY_NAME: &str = ".lock";
 
@@ -63,6 +67,10 @@ pub enum Conflict {
 impl std::fmt::Display for Conflict {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            Conflict::ForeignFlags(MUTEX_FLAGS) => write!(
+                f,
+                "is a `consul lock` mutex (what it writes without -n or with -n 1), not a semaphore"
+            ),
             Conflict::ForeignFlags(flags) => write!(
                 f,
                 "has Flags {flags}, not the semaphore flag {SEMAPHORE_FLAGS}: it belongs to another tool"

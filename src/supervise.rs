@@ -3,21 +3,27 @@
 //! child's waiter report, in the order it happens.
 
 use std::ffi::OsString;
+use std::os::unix::process::ExitStatusExt as _;
 use std::process::{Command, ExitStatus};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use signal_hook::consts::signal::{SIGHUP, SIGINT, SIGKILL, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2};
+use signal_hook::consts::signal::{
+    SIGCONT, SIGHUP, SIGINT, SIGKILL, SIGQUIT, SIGSTOP, SIGTERM, SIGTSTP, SIGUSR1, SIGUSR2,
+};
 use signal_hook::iterator::Signals;
 
 use crate::backend::{BackendError, Contend, Notify, SlotBackend, SlotEvent};
 use crate::{report, sys};
 
-/// Signals consem handles: while waiting, the first four end the wait; while
-/// the child runs, all are passed on to it.
-const HANDLED_SIGNALS: [i32; 6] = [SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2];
+/// Signals that end a wait, and are passed on to the child once it runs.
+const SHUTDOWN_SIGNALS: [i32; 4] = [SIGINT, SIGTERM, SIGHUP, SIGQUIT];
+
+/// Signals consem handles. SIGUSR1/2 are passed on to the child (and ignored
+/// while waiting); SIGTSTP stops the child with consem (job control).
+const HANDLED_SIGNALS: [i32; 7] = [SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGTSTP];
 
 /// Time for leaving the semaphore after an interrupted wait: the user asked
 /// to stop, so consem exits within about a second even if Consul stalls (the
@@ -58,6 +64,7 @@ pub enum Outcome {
 enum Event {
     Slot(SlotEvent),
     Signal(i32),
+    ChildStopped(i32),
     ChildExited(ExitStatus),
 }
 
@@ -66,6 +73,7 @@ enum Event {
 pub fn run(backend: Arc<dyn SlotBackend>, plan: &Plan) -> Outcome {
     let (events, inbox) = mpsc::channel();
     // Handlers go in before the first request, so that no signal is missed.
+    sys::set_signal_dispositions();
     forward_signals(events.clone());
     let started = Instant::now();
     let notify: Notify = {
@@ -76,7 +84,8 @@ pub fn run(backend: Arc<dyn SlotBackend>, plan: &Plan) -> Outcome {
     };
     Arc::clone(&backend).contend(plan.mode, notify);
 
-    let deadline = plan.timeout.map(|t| started + t);
+    // A deadline too far to represent is no deadline.
+    let deadline = plan.timeout.and_then(|t| started.checked_add(t));
     match wait_for_slot(&inbox, deadline) {
         Ok(()) => {}
         Err(outcome) => {
@@ -124,12 +133,13 @@ fn wait_for_slot(inbox: &Receiver<Event>, deadline: Option<Instant>) -> Result<(
             Ok(Event::Slot(SlotEvent::Lost(reason))) => {
                 return Err(Outcome::Failed(BackendError::Unavailable(reason)))
             }
-            Ok(Event::Signal(signal)) if [SIGINT, SIGTERM, SIGHUP, SIGQUIT].contains(&signal) => {
+            Ok(Event::Signal(signal)) if SHUTDOWN_SIGNALS.contains(&signal) => {
                 report::event("interrupted", &[("signal", &signal)]);
                 return Err(Outcome::Interrupted(signal));
             }
+            Ok(Event::Signal(SIGTSTP)) => sys::stop_self(),
             Ok(Event::Signal(signal)) => report::event("signal-ignored", &[("signal", &signal)]),
-            Ok(Event::ChildExited(_)) => {}
+            Ok(Event::ChildStopped(_) | Event::ChildExited(_)) => {}
             // The deadline passed: the loop's top decides.
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => {
@@ -147,11 +157,17 @@ fn run_child(
 ) -> Outcome {
     let mut command = Command::new(&plan.command[0]);
     command.args(&plan.command[1..]).envs(backend.child_env());
-    let take_terminal = sys::we_own_the_terminal();
+    let mut take_terminal = sys::we_own_the_terminal();
     sys::prepare_child(&mut command, take_terminal);
-    let mut child = match command.spawn() {
+    let child = match command.spawn() {
         Ok(child) => child,
-        Err(error) => return Outcome::SpawnFailed(error),
+        Err(error) => {
+            // The child may have taken the terminal before exec failed.
+            if take_terminal {
+                sys::take_terminal_back();
+            }
+            return Outcome::SpawnFailed(error);
+        }
     };
     let group = child.id();
     if take_terminal {
@@ -160,20 +176,43 @@ fn run_child(
         sys::give_terminal_to(group);
     }
     report::event("started", &[("pid", &group)]);
-    thread::Builder::new()
-        .name("consem-child".into())
-        .spawn(move || {
-            if let Ok(status) = child.wait() {
-                let _ = events.send(Event::ChildExited(status));
-            }
-        })
-        .expect("cannot start the child waiter thread");
+    watch_child(group, events);
+    // Set while the child stops because consem stopped it: that stop is not
+    // news to mirror.
+    let mut stopped_by_us = false;
 
     let outcome = loop {
         match inbox.recv() {
             Ok(Event::ChildExited(status)) => {
                 report::event("exited", &[("status", &status)]);
                 break Outcome::ChildExited(status);
+            }
+            Ok(Event::ChildStopped(SIGSTOP)) if stopped_by_us => stopped_by_us = false,
+            Ok(Event::ChildStopped(signal)) => {
+                // The command stopped (Ctrl-Z on its terminal, a read from a
+                // terminal it does not own): stop with it so that the shell
+                // sees the job stop, and carry on together when continued.
+                report::event("stopped", &[("pid", &group), ("signal", &signal)]);
+                if take_terminal {
+                    sys::take_terminal_back();
+                }
+                sys::stop_self();
+                take_terminal = sys::we_own_the_terminal();
+                if take_terminal {
+                    sys::give_terminal_to(group);
+                }
+                report::event("continued", &[("pid", &group)]);
+                sys::signal_group(group, SIGCONT);
+            }
+            Ok(Event::Signal(SIGTSTP)) => {
+                // Ctrl-Z reached consem, not the command: stop the command
+                // first (SIGSTOP, which it cannot ignore), so that it never
+                // runs on while consem, and its session renewal, are stopped.
+                report::event("stopped", &[("pid", &group), ("signal", &SIGTSTP)]);
+                stopped_by_us = sys::signal_group(group, SIGSTOP);
+                sys::stop_self();
+                report::event("continued", &[("pid", &group)]);
+                sys::signal_group(group, SIGCONT);
             }
             Ok(Event::Signal(signal)) => {
                 report::event("forwarded", &[("signal", &signal), ("pid", &group)]);
@@ -199,11 +238,37 @@ fn run_child(
     outcome
 }
 
+/// Reports the child's stops and its end. std's `wait` reports only the end;
+/// a stop must be seen too, or a stopped command would keep its slot forever.
+fn watch_child(pid: u32, events: Sender<Event>) {
+    thread::Builder::new()
+        .name("consem-child".into())
+        .spawn(move || loop {
+            let event = match sys::wait_child(pid) {
+                Ok(sys::ChildChange::Stopped(signal)) => Event::ChildStopped(signal),
+                Ok(sys::ChildChange::Ended(status)) => Event::ChildExited(status),
+                Err(error) => {
+                    // Only if something else reaped our child; its status is
+                    // unknown.
+                    report::error(&format!("lost track of the command: {error}"));
+                    Event::ChildExited(ExitStatus::from_raw(1 << 8))
+                }
+            };
+            let ended = matches!(event, Event::ChildExited(_));
+            if events.send(event).is_err() || ended {
+                break;
+            }
+        })
+        .expect("cannot start the child waiter thread");
+}
+
 /// Stops the child's whole process group: SIGTERM, then SIGKILL after the
 /// grace period. Whatever the child left behind in its group is killed too,
 /// since the slot it ran under is gone.
 fn stop_child(group: u32, grace: Duration, inbox: &Receiver<Event>) {
     sys::signal_group(group, SIGTERM);
+    // A stopped command could not act on SIGTERM.
+    sys::signal_group(group, SIGCONT);
     report::event("stopping", &[("pid", &group), ("signal", &SIGTERM)]);
     if !wait_for_exit(inbox, grace) {
         report::event("stopping", &[("pid", &group), ("signal", &SIGKILL)]);
@@ -214,9 +279,9 @@ fn stop_child(group: u32, grace: Duration, inbox: &Receiver<Event>) {
 }
 
 fn wait_for_exit(inbox: &Receiver<Event>, within: Duration) -> bool {
-    let deadline = Instant::now() + within;
+    let start = Instant::now();
     loop {
-        let left = deadline.saturating_duration_since(Instant::now());
+        let left = within.saturating_sub(start.elapsed());
         match inbox.recv_timeout(left) {
             Ok(Event::ChildExited(_)) => return true,
             Ok(_) => {}

@@ -1,5 +1,6 @@
 //! The few Unix calls the standard library does not wrap: process groups,
-//! the parent-death signal, and handing the terminal to the child. Each
+//! the parent-death signal, handing the terminal to the child, and waiting
+//! for the child to stop as well as to end. Each
 //! `unsafe` block is one libc call with its reason.
 
 use std::os::unix::process::CommandExt as _;
@@ -34,40 +35,22 @@ pub fn we_own_the_terminal() -> bool {
     unsafe { libc::isatty(0) == 1 && libc::tcgetpgrp(0) == libc::getpgrp() }
 }
 
-/// Makes `group` the terminal's foreground group. A background process that
-/// does this gets SIGTTOU, so it is blocked for the call.
+/// Makes `group` the terminal's foreground group. (A background process
+/// doing this would get SIGTTOU; consem ignores it, see
+/// `set_signal_dispositions`.)
 pub fn give_terminal_to(group: u32) {
     let Ok(group) = libc::pid_t::try_from(group) else {
         return;
     };
-    with_sigttou_blocked(|| {
-        // SAFETY: tcsetpgrp on fd 0; failure (no terminal) is harmless.
-        unsafe { libc::tcsetpgrp(0, group) };
-    });
+    // SAFETY: tcsetpgrp on fd 0; failure (no terminal) is harmless.
+    unsafe { libc::tcsetpgrp(0, group) };
 }
 
-/// Takes the terminal back for consem's own group after the child ends.
+/// Takes the terminal back for consem's own group after the child ends or
+/// stops.
 pub fn take_terminal_back() {
-    // SAFETY: getpgrp cannot fail.
-    let ours = unsafe { libc::getpgrp() };
-    with_sigttou_blocked(|| {
-        // SAFETY: as in give_terminal_to.
-        unsafe { libc::tcsetpgrp(0, ours) };
-    });
-}
-
-fn with_sigttou_blocked(f: impl FnOnce()) {
-    // SAFETY: the sigset is initialised by sigemptyset before use, and the
-    // old mask is restored on this same thread.
-    unsafe {
-        let mut block: libc::sigset_t = std::mem::zeroed();
-        let mut old: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut block);
-        libc::sigaddset(&mut block, libc::SIGTTOU);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &block, &mut old);
-        f();
-        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
-    }
+    // SAFETY: getpgrp cannot fail; tcsetpgrp as above.
+    unsafe { libc::tcsetpgrp(0, libc::getpgrp()) };
 }
 
 /// Sets the child up to run in a process group of its own (so that stopping
@@ -91,20 +74,66 @@ pub fn prepare_child(command: &mut Command, take_terminal: bool) {
         #[cfg(not(target_os = "linux"))]
         let _ = parent;
         if take_terminal {
-            // SAFETY: as in with_sigttou_blocked, on the child's only thread.
-            unsafe {
-                let mut block: libc::sigset_t = std::mem::zeroed();
-                let mut old: libc::sigset_t = std::mem::zeroed();
-                libc::sigemptyset(&mut block);
-                libc::sigaddset(&mut block, libc::SIGTTOU);
-                libc::sigprocmask(libc::SIG_BLOCK, &block, &mut old);
-                libc::tcsetpgrp(0, libc::getpid());
-                libc::sigprocmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
-            }
+            // SAFETY: tcsetpgrp and getpid take no pointers; SIGTTOU is still
+            // ignored here (inherited from consem), so this cannot stop us.
+            unsafe { libc::tcsetpgrp(0, libc::getpid()) };
         }
+        // SAFETY: signal is async-signal-safe. consem ignores SIGTTOU; the
+        // command gets the usual job control.
+        unsafe { libc::signal(libc::SIGTTOU, libc::SIG_DFL) };
         Ok(())
     };
     // SAFETY: the closure makes only async-signal-safe calls and allocates
     // nothing.
     unsafe { command.pre_exec(setup) };
+}
+
+/// How the child changed, as `waitpid` with `WUNTRACED` reports it.
+pub enum ChildChange {
+    /// Stopped by this signal (job control, or SIGSTOP).
+    Stopped(i32),
+    Ended(std::process::ExitStatus),
+}
+
+/// Waits for the child `pid` to stop or end.
+pub fn wait_child(pid: u32) -> std::io::Result<ChildChange> {
+    use std::os::unix::process::ExitStatusExt as _;
+    let pid =
+        libc::pid_t::try_from(pid).map_err(|_| std::io::Error::from_raw_os_error(libc::ESRCH))?;
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid writes the status into our local integer.
+        let rc = unsafe { libc::waitpid(pid, &mut status, libc::WUNTRACED) };
+        if rc == pid {
+            return Ok(if libc::WIFSTOPPED(status) {
+                ChildChange::Stopped(libc::WSTOPSIG(status))
+            } else {
+                ChildChange::Ended(std::process::ExitStatus::from_raw(status))
+            });
+        }
+        let error = std::io::Error::last_os_error();
+        if error.kind() != std::io::ErrorKind::Interrupted {
+            return Err(error);
+        }
+    }
+}
+
+/// Stops consem itself until a SIGCONT, as a shell's job-control expects of
+/// a job whose command stopped. Returns once continued.
+pub fn stop_self() {
+    // SAFETY: raise has no memory effects; SIGSTOP stops the whole process.
+    unsafe { libc::raise(libc::SIGSTOP) };
+}
+
+/// Dispositions consem needs whatever its parent left it: SIGCHLD at its
+/// default, so that the child is not reaped behind consem's back; SIGTTOU
+/// ignored, so that writing to stderr or taking the terminal back while the
+/// child owns the terminal never stops consem. The child gets SIGTTOU's
+/// default back before exec (see `prepare_child`).
+pub fn set_signal_dispositions() {
+    // SAFETY: plain disposition changes at start-up, before other threads.
+    unsafe {
+        libc::signal(libc::SIGCHLD, libc::SIG_DFL);
+        libc::signal(libc::SIGTTOU, libc::SIG_IGN);
+    }
 }
