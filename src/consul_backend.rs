@@ -13,9 +13,10 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::backend::{BackendError, Contend, Notify, SlotBackend, SlotEvent};
-use crate::consul::{Acquire, Client, Consistency, ConsulError, Renewal, SessionSpec};
+use crate::consul::{Client, Consistency, ConsulError, Listing, Renewal, SessionSpec};
+use crate::contender::{Answer, Call, Contender, Note, Step, Watcher};
 use crate::report;
-use crate::semaphore::{self, Decision, ReleaseStep, Snapshot, SEMAPHORE_FLAGS};
+use crate::semaphore::{self, ReleaseStep, Snapshot, SEMAPHORE_FLAGS};
 
 /// How long one blocking query may wait on the server. The caller's deadline
 /// and signals do not depend on it (release wakes the query by writing).
@@ -160,256 +161,184 @@ impl ConsulSemaphore {
         }
     }
 
-    /// Joins the semaphore and loops until a slot is ours. Returns the fence
-    /// and the index to watch from.
+    /// Runs the [`Contender`] until a slot is ours. Returns the fence and
+    /// the index to watch from.
     fn acquire(self: &Arc<Self>, mode: Contend) -> Result<(u64, u64), Stop> {
-        let limit = self.settings.limit;
+        let mut contender = Contender::new(self.settings.limit, mode);
         let mut outage = Outage::new(self.settings.ttl);
-        let mut session = self.join(&mut outage, None)?;
-        let mut index = 0;
-        // After a won CAS, or a stale read that shows us holding, the next
-        // read is consistent: the fence and the watch start from the truth.
-        let mut confirm = false;
-        let mut announced_wait = false;
+        let mut call = contender.start();
         loop {
             if self.closing() {
                 return Err(Stop::Closing);
             }
-            // 1. Read the prefix, blocking on the last index once we wait.
-            let consistency = if confirm {
-                Consistency::Consistent
-            } else {
-                Consistency::Default
-            };
-            let block = (index > 0).then_some((index, BLOCKING_WAIT));
-            let listing = match self.client.list(&self.settings.prefix, consistency, block) {
-                Ok(listing) => listing,
+            let answer = match self.execute(&call).ok_or(Stop::Closing)? {
+                Ok(answer) => {
+                    outage.recovered();
+                    answer
+                }
                 Err(error) => {
                     outage.failed(self, error)?;
-                    index = 0;
+                    call = contender.after_failure();
                     continue;
                 }
             };
-            outage.recovered();
-            // Consul's rule: an index that went backwards (a restarted agent,
-            // a new leader) means starting over from 0.
-            index = if listing.index < index {
-                0
-            } else {
-                listing.index
-            };
-            let snapshot = Snapshot::from_entries(listing.entries);
-
-            // 2. Decide: hold, take a slot, wait, or rejoin.
-            let decision = semaphore::decide(&snapshot, &session, limit).map_err(|conflict| {
-                Stop::Failed(BackendError::Conflict(format!(
-                    "{}/.lock {conflict}; consem leaves it untouched (use another --prefix, or delete that key if it is stale)",
-                    self.settings.prefix
-                )))
-            })?;
-            match decision {
-                Decision::Holding if confirm => {
-                    let fence = snapshot.lock.as_ref().map_or(0, |lock| lock.modify_index);
-                    return Ok((fence, index));
-                }
-                Decision::Holding => {
-                    confirm = true;
-                    index = 0;
-                }
-                Decision::SessionLost => {
-                    report::event(
+            let step = contender.on_answer(answer);
+            for note in contender.take_notes() {
+                match note {
+                    Note::Waiting { holders } => report::event(
+                        "waiting",
+                        &[
+                            ("prefix", &self.settings.prefix),
+                            ("holders", &holders.join(",")),
+                        ],
+                    ),
+                    Note::Rejoining => report::event(
                         "rejoining",
                         &[
                             ("prefix", &self.settings.prefix),
                             ("reason", &"our contender key is gone"),
                         ],
-                    );
-                    session = self.join(&mut outage, Some(session))?;
-                    index = 0;
-                    confirm = false;
-                }
-                Decision::Full { holders } => {
-                    confirm = false;
-                    if mode == Contend::Try {
-                        return Err(Stop::NoSlot);
-                    }
-                    if !announced_wait {
-                        announced_wait = true;
-                        report::event(
-                            "waiting",
-                            &[
-                                ("prefix", &self.settings.prefix),
-                                ("holders", &holders.join(",")),
-                            ],
-                        );
-                    }
-                }
-                Decision::Take { value, cas } => {
-                    // 3. Take a slot with CAS, then read again: a win is
-                    // confirmed, a lost race shows the new state, and a lost
-                    // answer may hide a win.
-                    let key = self.key(semaphore::LOCK_KEY_NAME);
-                    let written = self
-                        .guarded(
-                            || self.client.put_cas(&key, value, cas, SEMAPHORE_FLAGS),
-                            |_, _| {},
-                        )
-                        .ok_or(Stop::Closing)?;
-                    match written {
-                        // Confirm the win with a fresh, consistent read.
-                        Ok(true) => {
-                            confirm = true;
-                            index = 0;
-                        }
-                        // Someone wrote first, so the prefix has moved past
-                        // the index we read: blocking on it returns at once,
-                        // yet cannot spin if a listing hides `.lock` from us.
-                        Ok(false) => {}
-                        Err(error) => {
-                            outage.failed(self, error)?;
-                            index = 0;
-                        }
-                    }
+                    ),
                 }
             }
+            call = match step {
+                Step::Call(next) => next,
+                Step::Acquired { fence, index } => return Ok((fence, index)),
+                Step::NoSlot => return Err(Stop::NoSlot),
+                Step::Conflict(conflict) => {
+                    return Err(Stop::Failed(BackendError::Conflict(format!(
+                        "{}/.lock {conflict}; consem leaves it untouched (use another --prefix, or delete that key if it is stale)",
+                        self.settings.prefix
+                    ))))
+                }
+                Step::KeyTaken { session } => {
+                    return Err(Stop::Failed(BackendError::Conflict(format!(
+                        "the contender key {} is held by another session; use another --prefix",
+                        self.key(&session)
+                    ))))
+                }
+            };
         }
     }
 
-    /// Makes sure we have a live session and hold our contender key. `lost`
-    /// is the session whose key vanished, if any: it is reused while Consul
-    /// still knows it, and replaced otherwise.
-    fn join(self: &Arc<Self>, outage: &mut Outage, lost: Option<String>) -> Result<String, Stop> {
-        let mut session = lost;
-        loop {
-            let id = match session.take() {
-                Some(id) => id,
-                None => self.create_session(outage)?,
-            };
-            let acquired = self
+    /// Makes one call for the contender. Writes go through [`Self::guarded`];
+    /// `None` when release has begun.
+    fn execute(self: &Arc<Self>, call: &Call) -> Option<Result<Answer, ConsulError>> {
+        match call {
+            Call::CreateSession => self.create_session().map(|r| r.map(Answer::SessionCreated)),
+            Call::AcquireKey { session } => self
                 .guarded(
                     || {
                         self.client.acquire(
-                            &self.key(&id),
-                            &id,
+                            &self.key(session),
+                            session,
                             self.settings.contender_value.clone(),
                             SEMAPHORE_FLAGS,
                         )
                     },
                     |_, _| {},
                 )
-                .ok_or(Stop::Closing)?;
-            match acquired {
-                Ok(Acquire::Held) => {
-                    outage.recovered();
-                    return Ok(id);
-                }
-                // Our session no longer exists: make a new one.
-                Ok(Acquire::UnknownSession) => {}
-                Ok(Acquire::Refused) => {
-                    return Err(Stop::Failed(BackendError::Conflict(format!(
-                        "the contender key {} is held by another session",
-                        self.key(&id)
-                    ))))
-                }
-                Err(error) => {
-                    outage.failed(self, error)?;
-                    session = Some(id);
-                }
+                .map(|r| r.map(Answer::KeyAcquired)),
+            Call::List { .. } => Some(self.read(call).map(Answer::Listing)),
+            Call::PutLock { value, cas } => {
+                let key = self.key(semaphore::LOCK_KEY_NAME);
+                self.guarded(
+                    || {
+                        self.client
+                            .put_cas(&key, value.clone(), *cas, SEMAPHORE_FLAGS)
+                    },
+                    |_, _| {},
+                )
+                .map(|r| r.map(Answer::LockWritten))
             }
         }
     }
 
-    fn create_session(self: &Arc<Self>, outage: &mut Outage) -> Result<String, Stop> {
+    /// Makes a [`Call::List`].
+    fn read(&self, call: &Call) -> Result<Listing, ConsulError> {
+        let Call::List {
+            consistency,
+            block_on,
+        } = call
+        else {
+            unreachable!("read() takes only Call::List, not {call:?}");
+        };
+        let block = (*block_on > 0).then_some((*block_on, BLOCKING_WAIT));
+        self.client.list(&self.settings.prefix, *consistency, block)
+    }
+
+    fn create_session(self: &Arc<Self>) -> Option<Result<String, ConsulError>> {
         let spec = SessionSpec {
             name: self.settings.session_name.clone(),
             ttl: self.settings.ttl,
         };
-        loop {
-            let created = self
-                .guarded(
-                    || self.client.create_session(&spec),
-                    |shared, created| {
-                        if let Ok(id) = created {
-                            shared.session = Some(id.clone());
-                            shared.session_started = Some(Instant::now());
-                        }
-                    },
-                )
-                .ok_or(Stop::Closing)?;
-            match created {
-                Ok(id) if self.closing() => {
-                    // Release began while the session was being created and
-                    // may have given up waiting for it: do not leave it.
-                    let _ = self.client.destroy_session(&id);
-                    return Err(Stop::Closing);
+        let created = self.guarded(
+            || self.client.create_session(&spec),
+            |shared, created| {
+                if let Ok(id) = created {
+                    shared.session = Some(id.clone());
+                    shared.session_started = Some(Instant::now());
                 }
-                Ok(id) => {
-                    outage.recovered();
-                    report::event(
-                        "session-created",
-                        &[("session", &id), ("ttl", &crate::duration::human(spec.ttl))],
-                    );
-                    self.start_renewer();
-                    return Ok(id);
-                }
-                Err(error) => outage.failed(self, error)?,
+            },
+        )?;
+        if let Ok(id) = &created {
+            if self.closing() {
+                // Release began while the session was being created and may
+                // have given up waiting for it: do not leave it.
+                let _ = self.client.destroy_session(id);
+                return None;
             }
+            report::event(
+                "session-created",
+                &[("session", id), ("ttl", &crate::duration::human(spec.ttl))],
+            );
+            self.start_renewer();
         }
+        Some(created)
     }
 
     // ---- holding --------------------------------------------------------
 
-    /// Watches the prefix with consistent blocking reads while the child
-    /// runs. Returns why the slot is lost, or `None` if release began.
-    fn watch(&self, mut index: u64) -> Option<String> {
+    /// Runs the [`Watcher`] while the command runs. Returns why the slot is
+    /// lost, or `None` if release began.
+    fn watch(&self, index: u64) -> Option<String> {
         let session = self.shared().session.clone()?;
-        let mut failures = 0u32;
+        let mut watcher = Watcher::new(
+            &session,
+            self.settings.limit,
+            index,
+            self.settings.monitor_retry,
+        );
         let mut backoff = FIRST_BACKOFF;
         loop {
             if self.closing() {
                 return None;
             }
-            let block = Some((index, BLOCKING_WAIT));
-            match self
-                .client
-                .list(&self.settings.prefix, Consistency::Consistent, block)
-            {
+            match self.read(&watcher.call()) {
                 Ok(listing) => {
-                    failures = 0;
                     backoff = FIRST_BACKOFF;
-                    index = if listing.index < index {
-                        0
-                    } else {
-                        listing.index
-                    };
-                    let snapshot = Snapshot::from_entries(listing.entries);
-                    if let Err(loss) =
-                        semaphore::check_holding(&snapshot, &session, self.settings.limit)
-                    {
+                    if let Err(loss) = watcher.on_listing(listing) {
                         return (!self.closing()).then(|| loss.to_string());
                     }
                 }
                 Err(ConsulError::Denied(why)) => {
                     return Some(format!("Consul denied reading the prefix: {why}"));
                 }
-                Err(error) => {
-                    failures += 1;
-                    if failures > self.settings.monitor_retry {
+                Err(error) => match watcher.on_failure() {
+                    Err(failures) => {
                         return Some(format!(
                             "cannot watch the slot: {error} ({failures} failures in a row, --monitor-retry is {})",
                             self.settings.monitor_retry
                         ));
                     }
-                    report::event("watch-retry", &[("failures", &failures), ("error", &error)]);
-                    if self.pause(backoff) {
-                        return None;
+                    Ok(failures) => {
+                        report::event("watch-retry", &[("failures", &failures), ("error", &error)]);
+                        if self.pause(backoff) {
+                            return None;
+                        }
+                        backoff = (backoff * 2).min(MAX_BACKOFF);
                     }
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
-                    // After an outage the agent may have restarted with a
-                    // lower index; blocking on the old one would hide a loss
-                    // for a whole wait. Look at once instead.
-                    index = 0;
-                }
+                },
             }
         }
     }

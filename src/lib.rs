@@ -10,6 +10,7 @@ pub mod backend;
 pub mod cli;
 pub mod consul;
 pub mod consul_backend;
+pub mod contender;
 pub mod duration;
 pub mod options;
 pub mod report;

@@ -1,0 +1,521 @@
+//! The semaphore recipe as state machines without I/O: [`Contender`] joins
+//! and takes a slot, [`Watcher`] checks that it stays ours. They say which
+//! Consul call to make next and take its answer; the Consul backend makes the
+//! calls over HTTP, and the simulation in `tests/simulation` makes them
+//! against a model, so both run exactly this logic.
+
+use crate::backend::Contend;
+use crate::consul::{Acquire, Consistency, Listing};
+use crate::semaphore::{self, Conflict, Decision, Loss, Snapshot};
+
+/// A Consul call the recipe needs next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Call {
+    /// Create a session (TTL, behaviour `delete`, no lock-delay).
+    CreateSession,
+    /// Acquire the contender key `<prefix>/<session>` with the session.
+    AcquireKey { session: String },
+    /// Read `<prefix>/?recurse`; `block_on` > 0 blocks until the index moves.
+    List {
+        consistency: Consistency,
+        block_on: u64,
+    },
+    /// Write `.lock` with `?cas=`.
+    PutLock { value: Vec<u8>, cas: u64 },
+}
+
+/// The answer to a [`Call`] that went through.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    SessionCreated(String),
+    KeyAcquired(Acquire),
+    Listing(Listing),
+    LockWritten(bool),
+}
+
+/// What the contender wants after an answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    Call(Call),
+    /// The slot is ours; `index` is where watching starts.
+    Acquired {
+        fence: u64,
+        index: u64,
+    },
+    /// `--try` found every slot taken.
+    NoSlot,
+    /// `.lock` is not ours to write.
+    Conflict(Conflict),
+    /// Another session holds our contender key (it is named after our own
+    /// session, so this means someone else wrote it).
+    KeyTaken {
+        session: String,
+    },
+}
+
+/// Something worth telling the user, noted along the way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Note {
+    /// Every slot is taken; we wait (noted once per run).
+    Waiting { holders: Vec<String> },
+    /// Our contender key vanished (session invalidated, operator): joining again.
+    Rejoining,
+}
+
+/// Joins the semaphore and takes a slot.
+#[derive(Debug, Clone)]
+pub struct Contender {
+    limit: u32,
+    mode: Contend,
+    session: Option<String>,
+    /// The index to block on; 0 reads at once.
+    index: u64,
+    /// After a won CAS, or a stale read that shows us holding, the next read
+    /// is consistent: the fence and the watch start from the truth.
+    confirm: bool,
+    announced_wait: bool,
+    pending: Call,
+    notes: Vec<Note>,
+}
+
+impl Contender {
+    pub fn new(limit: u32, mode: Contend) -> Contender {
+        Contender {
+            limit,
+            mode,
+            session: None,
+            index: 0,
+            confirm: false,
+            announced_wait: false,
+            pending: Call::CreateSession,
+            notes: Vec::new(),
+        }
+    }
+
+    /// The first call.
+    pub fn start(&mut self) -> Call {
+        self.pending.clone()
+    }
+
+    /// The session we contend with, once created.
+    pub fn session(&self) -> Option<&str> {
+        self.session.as_deref()
+    }
+
+    /// Notes gathered since the last call.
+    pub fn take_notes(&mut self) -> Vec<Note> {
+        std::mem::take(&mut self.notes)
+    }
+
+    /// The call to make after the previous one failed (no answer, or a
+    /// transient error). Reads start over from index 0, since the agent may
+    /// have restarted; a CAS whose answer was lost is settled by a read.
+    pub fn after_failure(&mut self) -> Call {
+        self.pending = match &self.pending {
+            Call::List { consistency, .. } => {
+                self.index = 0;
+                Call::List {
+                    consistency: *consistency,
+                    block_on: 0,
+                }
+            }
+            Call::PutLock { .. } => {
+                self.index = 0;
+                self.read()
+            }
+            other => other.clone(),
+        };
+        self.pending.clone()
+    }
+
+    /// Takes the answer to the pending call and says what comes next.
+    pub fn on_answer(&mut self, answer: Answer) -> Step {
+        let step = match answer {
+            Answer::SessionCreated(id) => {
+                self.session = Some(id.clone());
+                Step::Call(Call::AcquireKey { session: id })
+            }
+            Answer::KeyAcquired(Acquire::Held) => Step::Call(self.read()),
+            Answer::KeyAcquired(Acquire::UnknownSession) => {
+                self.session = None;
+                Step::Call(Call::CreateSession)
+            }
+            Answer::KeyAcquired(Acquire::Refused) => Step::KeyTaken {
+                session: self.session.clone().unwrap_or_default(),
+            },
+            Answer::Listing(listing) => self.on_listing(listing),
+            Answer::LockWritten(true) => {
+                // Confirm the win with a fresh, consistent read.
+                self.confirm = true;
+                self.index = 0;
+                Step::Call(self.read())
+            }
+            // Someone wrote first, so the prefix moved past the index we
+            // read: blocking on it answers at once, yet cannot spin if a
+            // listing hides `.lock` from us.
+            Answer::LockWritten(false) => Step::Call(self.read()),
+        };
+        if let Step::Call(call) = &step {
+            self.pending = call.clone();
+        }
+        step
+    }
+
+    fn on_listing(&mut self, listing: Listing) -> Step {
+        // Consul's rule: an index that went backwards (a restarted agent, a
+        // new leader) means starting over from 0.
+        self.index = if listing.index < self.index {
+            0
+        } else {
+            listing.index
+        };
+        let snapshot = Snapshot::from_entries(listing.entries);
+        let session = self.session.clone().unwrap_or_default();
+        let decision = match semaphore::decide(&snapshot, &session, self.limit) {
+            Ok(decision) => decision,
+            Err(conflict) => return Step::Conflict(conflict),
+        };
+        match decision {
+            Decision::Holding if self.confirm => {
+                let fence = snapshot.lock.as_ref().map_or(0, |lock| lock.modify_index);
+                Step::Acquired {
+                    fence,
+                    index: self.index,
+                }
+            }
+            Decision::Holding => {
+                self.confirm = true;
+                self.index = 0;
+                Step::Call(self.read())
+            }
+            Decision::SessionLost => {
+                // Reuse the session while Consul still knows it.
+                self.notes.push(Note::Rejoining);
+                self.index = 0;
+                self.confirm = false;
+                Step::Call(Call::AcquireKey { session })
+            }
+            Decision::Full { holders } => {
+                self.confirm = false;
+                if self.mode == Contend::Try {
+                    return Step::NoSlot;
+                }
+                if !self.announced_wait {
+                    self.announced_wait = true;
+                    self.notes.push(Note::Waiting { holders });
+                }
+                Step::Call(self.read())
+            }
+            Decision::Take { value, cas } => Step::Call(Call::PutLock { value, cas }),
+        }
+    }
+
+    fn read(&self) -> Call {
+        Call::List {
+            consistency: if self.confirm {
+                Consistency::Consistent
+            } else {
+                Consistency::Default
+            },
+            block_on: self.index,
+        }
+    }
+}
+
+/// Checks, while the command runs, that the slot stays ours.
+#[derive(Debug, Clone)]
+pub struct Watcher {
+    session: String,
+    limit: u32,
+    index: u64,
+    failures: u32,
+    retry: u32,
+}
+
+impl Watcher {
+    /// Watches from `index` (from [`Step::Acquired`]), tolerating `retry`
+    /// consecutive failed reads.
+    pub fn new(session: &str, limit: u32, index: u64, retry: u32) -> Watcher {
+        Watcher {
+            session: session.to_string(),
+            limit,
+            index,
+            failures: 0,
+            retry,
+        }
+    }
+
+    /// The next read: consistent, blocking on the last index.
+    pub fn call(&self) -> Call {
+        Call::List {
+            consistency: Consistency::Consistent,
+            block_on: self.index,
+        }
+    }
+
+    /// Checks a listing; `Err` when the slot is no longer ours.
+    pub fn on_listing(&mut self, listing: Listing) -> Result<(), Loss> {
+        self.failures = 0;
+        self.index = if listing.index < self.index {
+            0
+        } else {
+            listing.index
+        };
+        let snapshot = Snapshot::from_entries(listing.entries);
+        semaphore::check_holding(&snapshot, &self.session, self.limit)
+    }
+
+    /// Counts a failed read; `Err` with the count once more than `retry`
+    /// failed in a row. The next read does not block: after an outage the
+    /// agent may have restarted with a lower index, and blocking on the old
+    /// one would hide a loss for a whole wait.
+    pub fn on_failure(&mut self) -> Result<u32, u32> {
+        self.failures += 1;
+        self.index = 0;
+        if self.failures > self.retry {
+            Err(self.failures)
+        } else {
+            Ok(self.failures)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::semaphore::{Entry, LOCK_KEY_NAME, SEMAPHORE_FLAGS};
+
+    const ME: &str = "aaaaaaaa-0000-0000-0000-000000000001";
+    const OTHER: &str = "bbbbbbbb-0000-0000-0000-000000000002";
+
+    fn contender_entry(session: &str) -> Entry {
+        Entry {
+            name: session.to_string(),
+            value: Vec::new(),
+            flags: SEMAPHORE_FLAGS,
+            session: Some(session.to_string()),
+            create_index: 5,
+            modify_index: 5,
+        }
+    }
+
+    fn lock_entry(holders: &[&str], modify_index: u64) -> Entry {
+        let holders: Vec<String> = holders.iter().map(|h| format!("\"{h}\":true")).collect();
+        Entry {
+            name: LOCK_KEY_NAME.to_string(),
+            value: format!(r#"{{"Limit":1,"Holders":{{{}}}}}"#, holders.join(",")).into_bytes(),
+            flags: SEMAPHORE_FLAGS,
+            session: None,
+            create_index: 3,
+            modify_index,
+        }
+    }
+
+    fn listing(index: u64, entries: Vec<Entry>) -> Answer {
+        Answer::Listing(Listing { index, entries })
+    }
+
+    fn joined(mode: Contend) -> Contender {
+        let mut contender = Contender::new(1, mode);
+        assert_eq!(contender.start(), Call::CreateSession);
+        contender.on_answer(Answer::SessionCreated(ME.into()));
+        contender
+    }
+
+    #[test]
+    fn takes_a_free_slot_and_confirms_it() {
+        let mut c = joined(Contend::Wait);
+        let read = c.on_answer(Answer::KeyAcquired(Acquire::Held));
+        assert_eq!(
+            read,
+            Step::Call(Call::List {
+                consistency: Consistency::Default,
+                block_on: 0
+            })
+        );
+        let Step::Call(Call::PutLock { cas: 0, .. }) =
+            c.on_answer(listing(10, vec![contender_entry(ME)]))
+        else {
+            panic!("expected a CAS creating .lock");
+        };
+        assert_eq!(
+            c.on_answer(Answer::LockWritten(true)),
+            Step::Call(Call::List {
+                consistency: Consistency::Consistent,
+                block_on: 0
+            })
+        );
+        let confirmed = listing(12, vec![contender_entry(ME), lock_entry(&[ME], 11)]);
+        assert_eq!(
+            c.on_answer(confirmed),
+            Step::Acquired {
+                fence: 11,
+                index: 12
+            }
+        );
+    }
+
+    #[test]
+    fn waits_blocking_on_the_index_and_notes_it_once() {
+        let mut c = joined(Contend::Wait);
+        c.on_answer(Answer::KeyAcquired(Acquire::Held));
+        let full = || {
+            listing(
+                20,
+                vec![
+                    contender_entry(ME),
+                    contender_entry(OTHER),
+                    lock_entry(&[OTHER], 9),
+                ],
+            )
+        };
+        let wait = Step::Call(Call::List {
+            consistency: Consistency::Default,
+            block_on: 20,
+        });
+        assert_eq!(c.on_answer(full()), wait);
+        assert_eq!(
+            c.take_notes(),
+            vec![Note::Waiting {
+                holders: vec![OTHER.into()]
+            }]
+        );
+        assert_eq!(c.on_answer(full()), wait);
+        assert_eq!(c.take_notes(), vec![]);
+    }
+
+    #[test]
+    fn try_gives_up_when_full() {
+        let mut c = joined(Contend::Try);
+        c.on_answer(Answer::KeyAcquired(Acquire::Held));
+        let full = listing(
+            20,
+            vec![
+                contender_entry(ME),
+                contender_entry(OTHER),
+                lock_entry(&[OTHER], 9),
+            ],
+        );
+        assert_eq!(c.on_answer(full), Step::NoSlot);
+    }
+
+    #[test]
+    fn an_index_that_goes_back_starts_over() {
+        let mut c = joined(Contend::Wait);
+        c.on_answer(Answer::KeyAcquired(Acquire::Held));
+        let full = |index| {
+            listing(
+                index,
+                vec![
+                    contender_entry(ME),
+                    contender_entry(OTHER),
+                    lock_entry(&[OTHER], 9),
+                ],
+            )
+        };
+        c.on_answer(full(50));
+        assert_eq!(
+            c.on_answer(full(7)),
+            Step::Call(Call::List {
+                consistency: Consistency::Default,
+                block_on: 0
+            })
+        );
+    }
+
+    #[test]
+    fn a_lost_cas_answer_is_settled_by_reading() {
+        let mut c = joined(Contend::Wait);
+        c.on_answer(Answer::KeyAcquired(Acquire::Held));
+        c.on_answer(listing(10, vec![contender_entry(ME)]));
+        // The CAS went through, but its answer was lost.
+        assert_eq!(
+            c.after_failure(),
+            Call::List {
+                consistency: Consistency::Default,
+                block_on: 0
+            }
+        );
+        let won = || listing(12, vec![contender_entry(ME), lock_entry(&[ME], 11)]);
+        // A stale read that shows us holding is confirmed consistently.
+        assert_eq!(
+            c.on_answer(won()),
+            Step::Call(Call::List {
+                consistency: Consistency::Consistent,
+                block_on: 0
+            })
+        );
+        assert_eq!(
+            c.on_answer(won()),
+            Step::Acquired {
+                fence: 11,
+                index: 12
+            }
+        );
+    }
+
+    #[test]
+    fn rejoins_when_the_contender_key_vanishes() {
+        let mut c = joined(Contend::Wait);
+        c.on_answer(Answer::KeyAcquired(Acquire::Held));
+        let gone = listing(30, vec![contender_entry(OTHER), lock_entry(&[OTHER], 9)]);
+        assert_eq!(
+            c.on_answer(gone),
+            Step::Call(Call::AcquireKey { session: ME.into() })
+        );
+        assert_eq!(c.take_notes(), vec![Note::Rejoining]);
+        // Consul no longer knows the session: a new one.
+        assert_eq!(
+            c.on_answer(Answer::KeyAcquired(Acquire::UnknownSession)),
+            Step::Call(Call::CreateSession)
+        );
+        assert_eq!(c.session(), None);
+    }
+
+    #[test]
+    fn reports_conflicts() {
+        let mut c = joined(Contend::Wait);
+        c.on_answer(Answer::KeyAcquired(Acquire::Held));
+        let mut foreign = lock_entry(&[], 9);
+        foreign.flags = 0;
+        assert_eq!(
+            c.on_answer(listing(10, vec![contender_entry(ME), foreign])),
+            Step::Conflict(Conflict::ForeignFlags(0))
+        );
+    }
+
+    #[test]
+    fn watcher_counts_failures_and_sees_losses() {
+        let mut w = Watcher::new(ME, 1, 12, 2);
+        assert_eq!(
+            w.call(),
+            Call::List {
+                consistency: Consistency::Consistent,
+                block_on: 12
+            }
+        );
+        let held = |index| Listing {
+            index,
+            entries: vec![contender_entry(ME), lock_entry(&[ME], 11)],
+        };
+        assert_eq!(w.on_listing(held(13)), Ok(()));
+        assert_eq!(w.on_failure(), Ok(1));
+        assert_eq!(
+            w.call(),
+            Call::List {
+                consistency: Consistency::Consistent,
+                block_on: 0
+            }
+        );
+        assert_eq!(w.on_failure(), Ok(2));
+        assert_eq!(w.on_listing(held(14)), Ok(()));
+        assert_eq!(w.on_failure(), Ok(1));
+        assert_eq!(w.on_failure(), Ok(2));
+        assert_eq!(w.on_failure(), Err(3));
+        let evicted = Listing {
+            index: 15,
+            entries: vec![contender_entry(ME), lock_entry(&[], 15)],
+        };
+        assert_eq!(w.on_listing(evicted), Err(Loss::NotInHolders));
+    }
+}
