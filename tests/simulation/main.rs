@@ -1,0 +1,738 @@
+//! Deterministic simulation of the semaphore recipe: several clients run
+//! consem's real state machines (`Contender`, `Watcher`, `plan_release`)
+//! against an in-memory model of Consul, one atomic call at a time, in an
+//! order a seeded scheduler picks, with faults injected between calls:
+//! CAS races, lost answers, transient failures, session TTL expiry (stalled
+//! renewals), operator eviction, crashes at any step, and an agent losing
+//! every session. After every step the invariants are checked.
+//!
+//! `CONSEM_SIM_SEEDS=N` sets how many seeds run (default 2000);
+//! `CONSEM_SIM_SEED=S` replays one seed and prints its trace.
+
+mod model;
+
+use std::fmt::Write as _;
+
+use consem::backend::Contend;
+use consem::consul::{Acquire, Listing};
+use consem::contender::{Answer, Call, Contender, Step, Watcher};
+use consem::semaphore::{self, ReleaseStep, Snapshot, LOCK_KEY_NAME, SEMAPHORE_FLAGS};
+
+use model::{Consul, Millis};
+
+const PREFIX: &str = "sim/sem";
+const DIR: &str = "sim/sem/";
+const TTL: Millis = 10_000;
+/// A blocking query answers after this long with no change.
+const BLOCKING_WAIT: Millis = 60_000;
+/// Steps with faults, then a quiet period in which everyone must finish.
+const FAULTY_STEPS: usize = 400;
+const QUIET_STEPS: usize = 20_000;
+const MONITOR_RETRY: u32 = 3;
+const RELEASE_CAS_ATTEMPTS: u32 = 8;
+
+/// SplitMix64: small, fast, and the same on every machine.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    fn chance(&mut self, per_mille: u64) -> bool {
+        self.below(1000) < per_mille
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Exit {
+    Ran,
+    SlotLost,
+}
+
+#[derive(Debug)]
+enum ReleaseStage {
+    Lock { attempts: u32 },
+    Key,
+    Session,
+}
+
+#[derive(Debug)]
+enum Phase {
+    Contend {
+        contender: Contender,
+        call: Call,
+        /// When the pending blocking read started, for its wait to run out.
+        blocked_since: Millis,
+    },
+    Hold {
+        watcher: Watcher,
+        session: String,
+        work_left: u32,
+        /// The slot was lost on the server: the next watch must say so.
+        must_notice: bool,
+        since: Millis,
+    },
+    Release {
+        session: Option<String>,
+        stage: ReleaseStage,
+        exit: Exit,
+    },
+    Done(Exit),
+    Crashed,
+}
+
+struct Client {
+    phase: Phase,
+    /// Renewals are due then; a stalled renewer (a frozen process, a
+    /// partition) skips them until `stalled_until`.
+    renew_due: Millis,
+    stalled_until: Millis,
+}
+
+impl Client {
+    fn session(&self) -> Option<&str> {
+        match &self.phase {
+            Phase::Contend { contender, .. } => contender.session(),
+            Phase::Hold { session, .. } => Some(session),
+            Phase::Release { session, .. } => session.as_deref(),
+            Phase::Done(_) | Phase::Crashed => None,
+        }
+    }
+
+    fn finished(&self) -> bool {
+        matches!(self.phase, Phase::Done(_) | Phase::Crashed)
+    }
+}
+
+#[derive(Default, Debug, Clone, Copy)]
+struct Stats {
+    steps: u64,
+    acquisitions: u64,
+    losses_noticed: u64,
+    crashes: u64,
+    evictions: u64,
+    expiries_forced: u64,
+    restarts: u64,
+    failed_calls: u64,
+    lost_answers: u64,
+}
+
+struct Sim {
+    rng: Rng,
+    consul: Consul,
+    clients: Vec<Client>,
+    limit: u32,
+    faults: bool,
+    trace: Option<String>,
+    stats: Stats,
+}
+
+type Violation = String;
+
+impl Sim {
+    fn new(seed: u64, trace: bool) -> Sim {
+        let mut rng = Rng(seed);
+        let count = 2 + rng.below(6) as usize;
+        let limit = 1 + rng.below(3) as u32;
+        let clients = (0..count)
+            .map(|_| Client {
+                phase: Phase::Contend {
+                    contender: Contender::new(limit, Contend::Wait),
+                    call: Call::CreateSession,
+                    blocked_since: 0,
+                },
+                renew_due: TTL / 2,
+                stalled_until: 0,
+            })
+            .collect();
+        Sim {
+            rng,
+            consul: Consul::default(),
+            clients,
+            limit,
+            faults: true,
+            trace: trace.then(String::new),
+            stats: Stats::default(),
+        }
+    }
+
+    fn log(&mut self, text: impl FnOnce() -> String) {
+        if let Some(trace) = &mut self.trace {
+            let _ = writeln!(trace, "{:>8}ms {}", self.consul.now(), text());
+        }
+    }
+
+    /// Runs the faulty phase, the quiet phase, and the final checks.
+    fn run(&mut self) -> Result<(), Violation> {
+        for _ in 0..FAULTY_STEPS {
+            self.step()?;
+        }
+        self.faults = false;
+        for client in &mut self.clients {
+            client.stalled_until = 0;
+        }
+        let mut quiet = 0;
+        while !self.clients.iter().all(Client::finished) {
+            quiet += 1;
+            if quiet > QUIET_STEPS {
+                return Err(self.describe(
+                    "clients still unfinished after the quiet period (a waiter starved?)",
+                ));
+            }
+            self.step()?;
+        }
+        self.check_clean_after_expiry()
+    }
+
+    fn step(&mut self) -> Result<(), Violation> {
+        self.stats.steps += 1;
+        let elapsed = 1 + self.rng.below(200);
+        self.consul.advance(self.consul.now() + elapsed);
+        if self.faults && self.rng.chance(8) {
+            self.inject_fault();
+        }
+        let runnable: Vec<usize> = (0..self.clients.len())
+            .filter(|&i| self.runnable(i))
+            .collect();
+        let renewals: Vec<usize> = (0..self.clients.len())
+            .filter(|&i| {
+                let c = &self.clients[i];
+                c.session().is_some()
+                    && self.consul.now() >= c.renew_due
+                    && self.consul.now() >= c.stalled_until
+            })
+            .collect();
+        let choices = runnable.len() + renewals.len();
+        if choices == 0 {
+            // Everyone blocks: let time pass (waits run out, TTLs expire).
+            self.consul.advance(self.consul.now() + 1_000);
+            return self.check();
+        }
+        let pick = self.rng.below(choices as u64) as usize;
+        if pick < runnable.len() {
+            self.act(runnable[pick])?;
+        } else {
+            self.renew(renewals[pick - runnable.len()]);
+        }
+        self.check()
+    }
+
+    fn inject_fault(&mut self) {
+        let live: Vec<usize> = (0..self.clients.len())
+            .filter(|&i| !self.clients[i].finished())
+            .collect();
+        if live.is_empty() {
+            return;
+        }
+        let victim = live[self.rng.below(live.len() as u64) as usize];
+        match self.rng.below(100) {
+            0..=39 => {
+                // A crash at whatever step the client is at: its session
+                // lives on until its TTL runs out.
+                self.stats.crashes += 1;
+                self.log(|| format!("client {victim} crashes"));
+                self.clients[victim].phase = Phase::Crashed;
+            }
+            40..=54 => {
+                if let Some(session) = self.clients[victim].session().map(str::to_string) {
+                    self.stats.evictions += 1;
+                    self.log(|| format!("operator destroys client {victim}'s session"));
+                    self.consul.invalidate(&session);
+                }
+            }
+            55..=69 => {
+                if let Some(session) = self.clients[victim].session().map(str::to_string) {
+                    self.stats.evictions += 1;
+                    self.log(|| format!("operator removes client {victim} from .lock"));
+                    self.remove_holder(&session);
+                }
+            }
+            70..=94 => {
+                // A frozen renewer: the session expires at 2×TTL.
+                self.stats.expiries_forced += 1;
+                let until = self.consul.now() + 2 * TTL + 1 + self.rng.below(TTL);
+                self.log(|| format!("client {victim}'s renewals stall until {until}ms"));
+                self.clients[victim].stalled_until = until;
+            }
+            _ => {
+                self.stats.restarts += 1;
+                self.log(|| "the agent restarts and loses every session".to_string());
+                self.consul.lose_all_sessions();
+            }
+        }
+    }
+
+    /// What `consem release` does: the holder leaves `.lock`, its session
+    /// and contender key stay.
+    fn remove_holder(&mut self, session: &str) {
+        let (_, entries) = self.consul.list(DIR);
+        let snapshot = Snapshot::from_entries(entries);
+        let (Ok(Some(mut record)), Some(lock)) = (snapshot.lock_record(self.limit), &snapshot.lock)
+        else {
+            return;
+        };
+        record.holders.retain(|h| h != session);
+        let key = format!("{DIR}{LOCK_KEY_NAME}");
+        self.consul.put_cas(
+            &key,
+            semaphore::encode_lock(&record),
+            lock.modify_index,
+            SEMAPHORE_FLAGS,
+        );
+    }
+
+    fn runnable(&self, i: usize) -> bool {
+        match &self.clients[i].phase {
+            Phase::Contend {
+                call: Call::List { block_on, .. },
+                blocked_since,
+                ..
+            } if *block_on > 0 => {
+                self.consul.prefix_index(DIR) != *block_on
+                    || self.consul.now() >= blocked_since + BLOCKING_WAIT
+            }
+            Phase::Contend { .. } | Phase::Hold { .. } | Phase::Release { .. } => true,
+            Phase::Done(_) | Phase::Crashed => false,
+        }
+    }
+
+    /// Makes one call with a chance of failing before or after it takes
+    /// effect. `None` when it failed.
+    fn call(&mut self, i: usize, call: &Call) -> Option<Answer> {
+        let fail_before = self.faults && self.rng.chance(30);
+        if fail_before {
+            self.stats.failed_calls += 1;
+            self.log(|| format!("client {i}: {call:?} fails (5xx)"));
+            return None;
+        }
+        let answer = match call {
+            Call::CreateSession => Answer::SessionCreated(self.consul.create_session(TTL)),
+            Call::AcquireKey { session } => {
+                let key = format!("{DIR}{session}");
+                Answer::KeyAcquired(
+                    match self
+                        .consul
+                        .acquire(&key, session, Vec::new(), SEMAPHORE_FLAGS)
+                    {
+                        None => Acquire::UnknownSession,
+                        Some(true) => Acquire::Held,
+                        Some(false) => Acquire::Refused,
+                    },
+                )
+            }
+            Call::List { .. } => {
+                let (index, entries) = self.consul.list(DIR);
+                Answer::Listing(Listing { index, entries })
+            }
+            Call::PutLock { value, cas } => {
+                let key = format!("{DIR}{LOCK_KEY_NAME}");
+                Answer::LockWritten(
+                    self.consul
+                        .put_cas(&key, value.clone(), *cas, SEMAPHORE_FLAGS),
+                )
+            }
+        };
+        let is_write = !matches!(call, Call::List { .. });
+        if self.faults && is_write && self.rng.chance(30) {
+            self.stats.lost_answers += 1;
+            self.log(|| format!("client {i}: {call:?} took effect, answer lost"));
+            return None;
+        }
+        Some(answer)
+    }
+
+    fn act(&mut self, i: usize) -> Result<(), Violation> {
+        let phase = std::mem::replace(&mut self.clients[i].phase, Phase::Crashed);
+        self.clients[i].phase = match phase {
+            Phase::Contend {
+                mut contender,
+                call,
+                blocked_since,
+            } => {
+                let answer = self.call(i, &call);
+                let step = match answer {
+                    None => Step::Call(contender.after_failure()),
+                    Some(answer) => {
+                        self.log(|| format!("client {i}: {call:?} -> {answer:?}"));
+                        contender.on_answer(answer)
+                    }
+                };
+                match step {
+                    Step::Call(next) => {
+                        let blocked_since = if matches!(next, Call::List { block_on, .. } if block_on > 0)
+                        {
+                            self.consul.now()
+                        } else {
+                            blocked_since
+                        };
+                        Phase::Contend {
+                            contender,
+                            call: next,
+                            blocked_since,
+                        }
+                    }
+                    Step::Acquired { index, .. } => {
+                        self.stats.acquisitions += 1;
+                        let session = contender.session().unwrap().to_string();
+                        self.log(|| format!("client {i}: acquired, runs its command"));
+                        Phase::Hold {
+                            watcher: Watcher::new(&session, self.limit, index, MONITOR_RETRY),
+                            session,
+                            work_left: 1 + self.rng.below(20) as u32,
+                            must_notice: false,
+                            since: self.consul.now(),
+                        }
+                    }
+                    Step::NoSlot | Step::Conflict(_) | Step::KeyTaken { .. } => {
+                        // Not reachable with --limit shared by all and no
+                        // foreign writers; the invariant check reports it.
+                        self.log(|| format!("client {i}: unexpected {step:?}"));
+                        Phase::Release {
+                            session: contender.session().map(str::to_string),
+                            stage: ReleaseStage::Lock { attempts: 0 },
+                            exit: Exit::SlotLost,
+                        }
+                    }
+                }
+            }
+            Phase::Hold {
+                mut watcher,
+                session,
+                work_left,
+                must_notice,
+                since,
+            } => self.hold_step(i, &mut watcher, session, work_left, must_notice, since)?,
+            Phase::Release {
+                session,
+                stage,
+                exit,
+            } => self.release_step(i, session, stage, exit),
+            done @ (Phase::Done(_) | Phase::Crashed) => done,
+        };
+        Ok(())
+    }
+
+    /// The command works on, or the watch reads (when the prefix moved).
+    fn hold_step(
+        &mut self,
+        i: usize,
+        watcher: &mut Watcher,
+        session: String,
+        work_left: u32,
+        must_notice: bool,
+        since: Millis,
+    ) -> Result<Phase, Violation> {
+        let release = |exit| Phase::Release {
+            session: Some(session.clone()),
+            stage: ReleaseStage::Lock { attempts: 0 },
+            exit,
+        };
+        let call = watcher.call();
+        let Call::List { block_on, .. } = call else {
+            unreachable!()
+        };
+        let watch_due = block_on == 0 || self.consul.prefix_index(DIR) != block_on;
+        if !watch_due || self.rng.chance(500) {
+            if work_left == 0 {
+                self.log(|| format!("client {i}: command exits, releasing"));
+                return Ok(release(Exit::Ran));
+            }
+            return Ok(Phase::Hold {
+                watcher: watcher.clone(),
+                session: session.clone(),
+                work_left: work_left - 1,
+                must_notice,
+                since,
+            });
+        }
+        Ok(match self.call(i, &call) {
+            None => match watcher.on_failure() {
+                Ok(_) => Phase::Hold {
+                    watcher: watcher.clone(),
+                    session: session.clone(),
+                    work_left,
+                    must_notice,
+                    since,
+                },
+                Err(_) => {
+                    self.stats.losses_noticed += 1;
+                    self.log(|| format!("client {i}: too many failed watches, stops its command"));
+                    release(Exit::SlotLost)
+                }
+            },
+            Some(Answer::Listing(listing)) => match watcher.on_listing(listing) {
+                Ok(()) if must_notice => {
+                    return Err(self.describe(&format!(
+                        "client {i}'s watch did not see that the slot it holds since {since}ms was lost"
+                    )))
+                }
+                Ok(()) => Phase::Hold {
+                    watcher: watcher.clone(),
+                    session: session.clone(),
+                    work_left,
+                    must_notice,
+                    since,
+                },
+                Err(loss) => {
+                    self.stats.losses_noticed += 1;
+                    self.log(|| format!("client {i}: watch sees the loss ({loss}), stops its command"));
+                    release(Exit::SlotLost)
+                }
+            },
+            Some(other) => unreachable!("a list answered {other:?}"),
+        })
+    }
+
+    /// One step of `ConsulSemaphore::release`: `.lock`, then the contender
+    /// key, then the session.
+    fn release_step(
+        &mut self,
+        i: usize,
+        session: Option<String>,
+        stage: ReleaseStage,
+        exit: Exit,
+    ) -> Phase {
+        let Some(id) = session.clone() else {
+            return Phase::Done(exit);
+        };
+        let fails = self.faults && self.rng.chance(30);
+        match stage {
+            ReleaseStage::Lock { attempts } => {
+                if fails {
+                    // Release gives up on `.lock` after an error: the next
+                    // contender prunes us.
+                    self.stats.failed_calls += 1;
+                    return Phase::Release {
+                        session,
+                        stage: ReleaseStage::Key,
+                        exit,
+                    };
+                }
+                let (_, entries) = self.consul.list(DIR);
+                let snapshot = Snapshot::from_entries(entries);
+                let lock_key = format!("{DIR}{LOCK_KEY_NAME}");
+                let written = match semaphore::plan_release(&snapshot, &id, self.limit) {
+                    ReleaseStep::Nothing => true,
+                    ReleaseStep::Rewrite { value, cas } => {
+                        self.consul.put_cas(&lock_key, value, cas, SEMAPHORE_FLAGS)
+                    }
+                    ReleaseStep::Delete { cas } => self.consul.delete(&lock_key, Some(cas)),
+                };
+                self.log(|| format!("client {i}: release .lock -> {written}"));
+                let stage = if written || attempts + 1 >= RELEASE_CAS_ATTEMPTS {
+                    ReleaseStage::Key
+                } else {
+                    ReleaseStage::Lock {
+                        attempts: attempts + 1,
+                    }
+                };
+                Phase::Release {
+                    session,
+                    stage,
+                    exit,
+                }
+            }
+            ReleaseStage::Key => {
+                if !fails {
+                    self.consul.delete(&format!("{DIR}{id}"), None);
+                }
+                Phase::Release {
+                    session,
+                    stage: ReleaseStage::Session,
+                    exit,
+                }
+            }
+            ReleaseStage::Session => {
+                if !fails {
+                    self.consul.invalidate(&id);
+                }
+                self.log(|| format!("client {i}: done ({exit:?})"));
+                Phase::Done(exit)
+            }
+        }
+    }
+
+    fn renew(&mut self, i: usize) {
+        let now = self.consul.now();
+        let client = &mut self.clients[i];
+        client.renew_due = now + TTL / 2;
+        let Some(session) = client.session().map(str::to_string) else {
+            return;
+        };
+        if self.consul.renew(&session) {
+            return;
+        }
+        // A 404 while holding is a loss the renewer reports.
+        if let Phase::Hold { session, .. } = &client.phase {
+            let session = session.clone();
+            self.stats.losses_noticed += 1;
+            self.log(|| format!("client {i}: renewal answers 404, stops its command"));
+            self.clients[i].phase = Phase::Release {
+                session: Some(session),
+                stage: ReleaseStage::Lock { attempts: 0 },
+                exit: Exit::SlotLost,
+            };
+        }
+    }
+
+    /// The invariants that hold after every step.
+    fn check(&mut self) -> Result<(), Violation> {
+        let (_, entries) = self.consul.list(DIR);
+        let snapshot = Snapshot::from_entries(entries);
+        let record = match snapshot.lock_record(self.limit) {
+            Ok(record) => record,
+            Err(conflict) => {
+                return Err(self.describe(&format!(".lock became unusable: {conflict}")))
+            }
+        };
+        // 1. `.lock` never lists more than Limit live holders.
+        if let Some(record) = &record {
+            let live = record
+                .holders
+                .iter()
+                .filter(|h| snapshot.is_live(h))
+                .count();
+            if live > self.limit as usize {
+                return Err(self.describe(&format!(
+                    "{live} live holders in .lock with limit {}",
+                    self.limit
+                )));
+            }
+        }
+        // 2. A client that believes it holds is a live holder, or learns of
+        // the loss at its next watch.
+        for i in 0..self.clients.len() {
+            if let Phase::Hold {
+                session,
+                must_notice,
+                ..
+            } = &mut self.clients[i].phase
+            {
+                let held =
+                    snapshot.is_live(session) && record.as_ref().is_some_and(|r| r.holds(session));
+                if !held {
+                    *must_notice = true;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Once everyone is done or crashed and every TTL has run out, nothing
+    /// is left but, at most, a `.lock` naming dead holders, which the next
+    /// contender prunes and removes on its way out.
+    fn check_clean_after_expiry(&mut self) -> Result<(), Violation> {
+        self.consul.advance(self.consul.now() + 3 * TTL);
+        if self.consul.session_count() > 0 {
+            return Err(self.describe("sessions left after every TTL ran out"));
+        }
+        let leftovers: Vec<String> = self
+            .consul
+            .keys()
+            .into_iter()
+            .filter(|k| !k.ends_with(LOCK_KEY_NAME))
+            .collect();
+        if !leftovers.is_empty() {
+            return Err(self.describe(&format!("keys left: {leftovers:?}")));
+        }
+        self.clients = vec![Client {
+            phase: Phase::Contend {
+                contender: Contender::new(self.limit, Contend::Wait),
+                call: Call::CreateSession,
+                blocked_since: 0,
+            },
+            renew_due: self.consul.now() + TTL / 2,
+            stalled_until: 0,
+        }];
+        for _ in 0..1_000 {
+            if self.clients[0].finished() {
+                break;
+            }
+            self.step()?;
+        }
+        if !matches!(self.clients[0].phase, Phase::Done(Exit::Ran))
+            || !self.consul.keys().is_empty()
+        {
+            return Err(self.describe(&format!(
+                "a last contender did not leave the prefix empty: {:?}",
+                self.consul.keys()
+            )));
+        }
+        Ok(())
+    }
+
+    fn describe(&self, what: &str) -> Violation {
+        let keys: Vec<String> = self
+            .consul
+            .keys()
+            .into_iter()
+            .map(|k| match self.consul.value(&k) {
+                Some(v) if !v.is_empty() => format!("{k}={}", String::from_utf8_lossy(v)),
+                _ => k,
+            })
+            .collect();
+        format!(
+            "{what} (limit {}, {} clients, at {}ms; keys {keys:?}; prefix {PREFIX})",
+            self.limit,
+            self.clients.len(),
+            self.consul.now()
+        )
+    }
+}
+
+fn run_seed(seed: u64, trace: bool) -> (Result<(), Violation>, Stats, Option<String>) {
+    let mut sim = Sim::new(seed, trace);
+    let outcome = sim.run();
+    (outcome, sim.stats, sim.trace)
+}
+
+#[test]
+fn the_recipe_keeps_its_invariants_under_faults() {
+    if let Ok(seed) = std::env::var("CONSEM_SIM_SEED") {
+        let seed: u64 = seed.parse().expect("CONSEM_SIM_SEED is a number");
+        let (outcome, stats, trace) = run_seed(seed, true);
+        println!("{}", trace.unwrap_or_default());
+        println!("{stats:?}");
+        if let Err(violation) = outcome {
+            panic!("seed {seed}: {violation}");
+        }
+        return;
+    }
+    let seeds: u64 = std::env::var("CONSEM_SIM_SEEDS")
+        .map_or(2_000, |n| n.parse().expect("CONSEM_SIM_SEEDS is a number"));
+    let mut total = Stats::default();
+    for seed in 0..seeds {
+        let (outcome, stats, _) = run_seed(seed, false);
+        if let Err(violation) = outcome {
+            panic!("seed {seed}: {violation}\nreplay it with: CONSEM_SIM_SEED={seed} cargo test --test simulation -- --nocapture");
+        }
+        total.steps += stats.steps;
+        total.acquisitions += stats.acquisitions;
+        total.losses_noticed += stats.losses_noticed;
+        total.crashes += stats.crashes;
+        total.evictions += stats.evictions;
+        total.expiries_forced += stats.expiries_forced;
+        total.restarts += stats.restarts;
+        total.failed_calls += stats.failed_calls;
+        total.lost_answers += stats.lost_answers;
+    }
+    println!("simulation: {seeds} seeds, 0 violations; totals: {total:?}");
+}
+
+#[test]
+fn a_seed_replays_the_same_way() {
+    let (first, stats_a, trace_a) = run_seed(42, true);
+    let (second, stats_b, trace_b) = run_seed(42, true);
+    assert_eq!(first, second);
+    assert_eq!(trace_a, trace_b);
+    assert_eq!(stats_a.steps, stats_b.steps);
+}
