@@ -129,6 +129,12 @@ impl Fault {
         Fault::any(FaultAction::Stall, count)
     }
 
+    /// Carry the request out, then send half of the answer and close,
+    /// `count` times.
+    pub fn truncate(count: usize) -> Fault {
+        Fault::any(FaultAction::Truncate, count)
+    }
+
     /// Narrow the fault to requests matching `matcher`.
     pub fn on(self, matcher: Match) -> Fault {
         Fault { matcher, ..self }
@@ -194,6 +200,10 @@ pub enum FaultAction {
     /// Read the request, then answer nothing; the connection stays open until
     /// the client closes it or the double stops (or restarts / goes down).
     Stall,
+    /// Carry the request out, then send the head and half of the body (the
+    /// Content-Length announcing all of it) and close: a write whose answer
+    /// is lost, a read cut short.
+    Truncate,
 }
 
 // ---------------------------------------------------------------------------
@@ -499,6 +509,15 @@ impl Shared {
                     return;
                 }
                 Some(FaultAction::Status(status, body)) => Response::text(status, &body),
+                Some(FaultAction::Truncate) => {
+                    if let Some(response) = self.handle(&request) {
+                        let mut bytes = Vec::new();
+                        let _ = write_response(&mut bytes, &response, false);
+                        let cut = bytes.len() - response.body.len().div_ceil(2);
+                        let _ = writer.write_all(&bytes[..cut]);
+                    }
+                    return;
+                }
                 Some(FaultAction::Delay(delay)) => {
                     if !self.pause(delay) {
                         return;

@@ -1,0 +1,107 @@
+//! Answers a real agent would not give, or gives only when something is
+//! wrong: cut short, not JSON, without X-Consul-Index, never. Each is retried
+//! or reported, and the semaphore is never corrupted.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::double::{Fault, Match};
+use common::wait_until;
+use common::world::*;
+
+fn lock_holders(world: &World) -> usize {
+    world
+        .lock_value()
+        .map_or(0, |lock| lock["Holders"].as_object().map_or(0, |h| h.len()))
+}
+
+#[test]
+fn a_cas_whose_answer_is_cut_short_still_takes_the_slot_once() {
+    let world = World::new("truncated-cas");
+    let Some(double) = skip_without_double(&world) else {
+        return;
+    };
+    double.inject(Fault::truncate(1).on(Match::method_path("PUT", "/.lock")));
+    let holder = world.spawn(1, &[], &strs(&world.held_until("ready", "go", 0)));
+    wait_until(PROMPT, "the child to start", || world.exists("ready"));
+    assert_eq!(lock_holders(&world), 1, "{:?}", world.lock_value());
+    world.touch("go");
+    let output = finish(holder);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    world.assert_clean();
+}
+
+#[test]
+fn listings_that_are_not_json_or_lack_an_index_are_retried_while_waiting() {
+    let world = World::new("garbage-waiting");
+    let Some(double) = skip_without_double(&world) else {
+        return;
+    };
+    let kv_reads = Match::method_path("GET", "/v1/kv/");
+    double.inject(Fault::status(200, "this is not json", 1).on(kv_reads.clone()));
+    double.inject(Fault::status(200, "[]", 1).on(kv_reads.clone()));
+    double.inject(Fault::truncate(1).on(kv_reads));
+    let output = world.consem(1, &[], &["true"]).output().unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    world.assert_clean();
+}
+
+#[test]
+fn bad_answers_while_holding_count_against_monitor_retry() {
+    let world = World::new("garbage-holding");
+    let Some(double) = skip_without_double(&world) else {
+        return;
+    };
+    let holder = world.spawn(
+        1,
+        &["--monitor-retry", "3"],
+        &strs(&world.held_until("ready", "go", 0)),
+    );
+    wait_until(PROMPT, "the child to start", || world.exists("ready"));
+    let kv_reads = Match::method_path("GET", "/v1/kv/");
+    double.inject(Fault::status(200, "<html>oops</html>", 1).on(kv_reads.clone()));
+    double.inject(Fault::status(200, "[]", 1).on(kv_reads.clone()));
+    double.inject(Fault::truncate(1).on(kv_reads));
+    let reads_before = double.requests().len();
+    nudge(&world);
+    wait_until(PROMPT, "three bad answers and a good one", || {
+        double.requests()[reads_before..]
+            .iter()
+            .filter(|r| r.method == "GET" && r.path.starts_with("/v1/kv/"))
+            .count()
+            >= 4
+    });
+    world.touch("go");
+    let output = finish(holder);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    world
+        .consul
+        .delete_tree(&format!("{}/nudge/", world.prefix));
+    world.assert_clean();
+}
+
+#[test]
+fn a_server_that_never_answers_at_start_is_given_up_on() {
+    let world = World::new("stalled-start");
+    let Some(double) = skip_without_double(&world) else {
+        return;
+    };
+    double.inject(Fault::stall(1).on(Match::path("/v1/session/create")));
+    let started = Instant::now();
+    let output = world.consem(1, &[], &["true"]).output().unwrap();
+    let took = started.elapsed();
+    assert_eq!(output.status.code(), Some(69), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("timeout") || stderr(&output).contains("timed out"),
+        "{}",
+        stderr(&output)
+    );
+    // The call budget is 10 s; it must neither hang nor give up at once.
+    assert!(took >= Duration::from_secs(9), "gave up after {took:?}");
+    assert!(
+        took < Duration::from_secs(10) + PROMPT,
+        "gave up after {took:?}"
+    );
+    world.assert_clean();
+}
