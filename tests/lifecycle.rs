@@ -8,73 +8,22 @@
 
 mod common;
 
-use std::fs::File;
-use std::io::{Read as _, Write as _};
-use std::process::{Child, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex};
+use std::io::Read as _;
 use std::time::{Duration, Instant};
 
 use common::double::{Fault, Match};
+use common::pty::spawn_on_terminal;
 use common::wait_until;
 use common::world::*;
 
 // ---- helpers ------------------------------------------------------------
 
 /// A child for consem that writes its pid to `name` and then becomes
-/// `sleep 60` (same pid, so the pid is the process consem started).
+/// `sleep 60` (same pid, so the pid is the process consem started); see
+/// `read_pid`.
 fn pid_then_sleep(world: &World, name: &str) -> Vec<String> {
     let script = format!("echo $$ > '{}'; exec sleep 60", world.path(name));
     vec!["sh".into(), "-c".into(), script]
-}
-
-/// Waits for the pid written by [`pid_then_sleep`] (whole line) and reads it.
-fn read_pid(world: &World, name: &str) -> i32 {
-    let path = world.path(name);
-    let mut pid = None;
-    wait_until(PROMPT, "the child to write its pid", || {
-        let text = std::fs::read_to_string(&path).unwrap_or_default();
-        pid = text
-            .strip_suffix('\n')
-            .and_then(|line| line.trim().parse().ok());
-        pid.is_some()
-    });
-    pid.unwrap()
-}
-
-/// True once `pid` no longer runs. An orphan that exited stays a zombie until
-/// whoever adopted it (init, or a subreaper) reaps it, and a zombie still
-/// answers kill(pid, 0); on Linux its state in /proc counts as gone.
-fn process_gone(pid: i32) -> bool {
-    // SAFETY: signal 0 only asks whether the process exists.
-    if unsafe { libc::kill(pid, 0) } != 0 {
-        return true;
-    }
-    if cfg!(target_os = "linux") {
-        if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-            // "pid (comm) S ...": the state follows the last ')'.
-            let state = stat.rsplit_once(')').map(|(_, rest)| rest.trim_start());
-            return state.is_some_and(|s| s.starts_with('Z') || s.starts_with('X'));
-        }
-        return true;
-    }
-    false
-}
-
-/// Waits for `child` to exit, with a deadline (it is killed if it passes).
-fn wait_with_deadline(child: &mut Child, within: Duration, what: &str) -> ExitStatus {
-    let mut status = None;
-    let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        wait_until(within, what, || {
-            status = child.try_wait().unwrap();
-            status.is_some()
-        })
-    }));
-    if let Err(panic) = polled {
-        let _ = child.kill();
-        let _ = child.wait();
-        std::panic::resume_unwind(panic);
-    }
-    status.unwrap()
 }
 
 /// The session IDs a `.lock` value names, in either Holders form.
@@ -86,92 +35,6 @@ fn lock_holders(lock: &serde_json::Value) -> Vec<String> {
             .map(|v| v.as_str().unwrap().to_string())
             .collect(),
         other => panic!("Holders is {other}"),
-    }
-}
-
-/// Spawns consem with `-v`, its stderr going to a file in the scratch
-/// directory so that the test can follow its events as they happen.
-fn spawn_verbose(world: &World, limit: u32, extra: &[&str], command: &[&str], log: &str) -> Child {
-    let mut args = vec!["-v"];
-    args.extend_from_slice(extra);
-    world
-        .consem(limit, &args, command)
-        .stdout(Stdio::piped())
-        .stderr(File::create(world.path(log)).unwrap())
-        .spawn()
-        .unwrap()
-}
-
-fn log_text(world: &World, log: &str) -> String {
-    std::fs::read_to_string(world.path(log)).unwrap_or_default()
-}
-
-/// A pseudo-terminal pair from posix_openpt; both ends close-on-exec.
-struct Pty {
-    master: File,
-    slave: File,
-}
-
-fn open_pty() -> std::io::Result<Pty> {
-    use std::os::fd::FromRawFd as _;
-    let os_error = std::io::Error::last_os_error;
-    // SAFETY: each call is checked; the fds are owned by the Files built from
-    // them; ptsname_r writes a NUL-terminated name within the buffer's length.
-    unsafe {
-        let fd = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC);
-        if fd < 0 {
-            return Err(os_error());
-        }
-        let master = File::from_raw_fd(fd);
-        if libc::grantpt(fd) != 0 || libc::unlockpt(fd) != 0 {
-            return Err(os_error());
-        }
-        let mut name = [0 as libc::c_char; 256];
-        let rc = libc::ptsname_r(fd, name.as_mut_ptr(), name.len());
-        if rc != 0 {
-            return Err(std::io::Error::from_raw_os_error(rc));
-        }
-        let slave = libc::open(
-            name.as_ptr(),
-            libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
-        );
-        if slave < 0 {
-            return Err(os_error());
-        }
-        Ok(Pty {
-            master,
-            slave: File::from_raw_fd(slave),
-        })
-    }
-}
-
-/// Everything the terminal shows, collected by a reader thread until every
-/// slave end is closed.
-#[derive(Clone, Default)]
-struct Screen(Arc<Mutex<Vec<u8>>>);
-
-impl Screen {
-    fn follow(mut master: File) -> Screen {
-        let screen = Screen::default();
-        let shown = screen.clone();
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            // EIO once the last slave end closes: the terminal is gone.
-            while let Ok(n @ 1..) = master.read(&mut buf) {
-                shown.0.lock().unwrap().extend_from_slice(&buf[..n]);
-            }
-        });
-        screen
-    }
-
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-
-    fn wait_for(&self, what: &str) {
-        wait_until(PROMPT, &format!("{what:?} on the terminal"), || {
-            self.text().contains(what)
-        });
     }
 }
 
@@ -460,46 +323,27 @@ fn sigterm_during_a_stalled_first_request_exits_143_promptly() {
 #[test]
 fn an_interactive_child_owns_the_terminal() {
     let world = World::new("pty");
-    let pty = match open_pty() {
-        Ok(pty) => pty,
-        Err(error) => {
-            eprintln!("skipped: cannot open a pseudo-terminal: {error}");
-            return;
-        }
-    };
     let script = "trap 'echo INT-TRAPPED' INT; echo ready; read line; echo \"got:$line\"; \
                   read line2; echo done";
-    let mut command = world.consem(1, &[], &["sh", "-c", script]);
-    command
-        .stdin(pty.slave.try_clone().unwrap())
-        .stdout(pty.slave.try_clone().unwrap())
-        .stderr(pty.slave.try_clone().unwrap());
-    // SAFETY: setsid and ioctl are async-signal-safe and take no pointers
-    // that outlive the call; fd 0 is the slave by now.
-    unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut command, || {
-            if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
-                return Err(std::io::Error::last_os_error());
+    let (mut consem, mut terminal) =
+        match spawn_on_terminal(world.consem(1, &[], &["sh", "-c", script])) {
+            Ok(started) => started,
+            Err(error) => {
+                eprintln!("skipped: cannot open a pseudo-terminal: {error}");
+                return;
             }
-            Ok(())
-        });
-    }
-    let mut consem = command.spawn().unwrap();
-    // Only consem and its child keep the terminal open from here on.
-    drop(command);
-    drop(pty.slave);
-    let screen = Screen::follow(pty.master.try_clone().unwrap());
-    let mut keyboard = pty.master;
+        };
+    let screen = terminal.screen.clone();
 
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         screen.wait_for("ready");
-        keyboard.write_all(b"hello\n").unwrap();
+        terminal.type_in(b"hello\n");
         screen.wait_for("got:hello");
-        keyboard.write_all(b"\x03").unwrap();
+        terminal.type_in(b"\x03");
         screen.wait_for("INT-TRAPPED");
         // Whether `read` resumes after the trap or returns depends on the
         // shell; a line ends it either way.
-        keyboard.write_all(b"bye\n").unwrap();
+        terminal.type_in(b"bye\n");
         screen.wait_for("done");
         wait_with_deadline(&mut consem, PROMPT, "consem to exit")
     }));

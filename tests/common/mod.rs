@@ -4,6 +4,7 @@
 #![allow(dead_code)] // each test crate uses a different part of this module
 
 pub mod double;
+pub mod pty;
 pub mod world;
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -2,8 +2,9 @@
 //! real agent), a prefix of its own, a scratch directory, and checks that
 //! nothing is left behind.
 
+use std::fs::File;
 use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::Duration;
 
 use super::{http, unique_prefix, wait_until, ConsulDouble, KvEntry, TestConsul};
@@ -172,16 +173,7 @@ pub fn hold_slot(world: &World, limit: u32, ready: &str, go: &str) -> Child {
 /// map-form `.lock` naming it.
 pub fn consul_lock_holder(world: &World, limit: u32) -> String {
     let base = format!("http://{}", world.consul.addr());
-    let (status, body) = http(
-        "PUT",
-        &format!("{base}/v1/session/create"),
-        br#"{"Name":"consul lock peer","TTL":"15s","Behavior":"delete"}"#,
-    );
-    assert_eq!(status, 200, "{body}");
-    let id = serde_json::from_str::<serde_json::Value>(&body).unwrap()["ID"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let id = peer_session(world, "consul lock peer");
     let contender = super::encode_key(&world.key(&id));
     let (status, body) = http(
         "PUT",
@@ -196,8 +188,104 @@ pub fn consul_lock_holder(world: &World, limit: u32) -> String {
     id
 }
 
+/// Creates a session (TTL 15 s, behaviour `delete`) for a peer that the test
+/// plays, as `consul lock` would, and returns its ID.
+pub fn peer_session(world: &World, name: &str) -> String {
+    let url = format!("http://{}/v1/session/create", world.consul.addr());
+    let spec = serde_json::json!({"Name": name, "TTL": "15s", "Behavior": "delete"});
+    let (status, body) = http("PUT", &url, spec.to_string().as_bytes());
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str::<serde_json::Value>(&body).unwrap()["ID"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
 /// Wakes the holder's blocking watch by writing a key below the prefix that
 /// is not a contender key.
 pub fn nudge(world: &World) {
     world.consul.put(&world.key("nudge/x"), b"", 0);
+}
+
+/// Waits for the pid a child wrote to `name` in the scratch directory with
+/// `echo $$ > name` (a whole line, so never half-written) and reads it.
+pub fn read_pid(world: &World, name: &str) -> i32 {
+    let path = world.path(name);
+    let mut pid = None;
+    wait_until(PROMPT, "the child to write its pid", || {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        pid = text
+            .strip_suffix('\n')
+            .and_then(|line| line.trim().parse().ok());
+        pid.is_some()
+    });
+    pid.unwrap()
+}
+
+/// The state letter of `pid` in /proc/<pid>/stat (`R`, `S`, `T` for
+/// stopped, `Z`, ...); `None` once the process is gone. Linux only.
+pub fn process_state(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // "pid (comm) S ...": the state follows the last ')'.
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.trim_start().chars().next()
+}
+
+/// True while `pid` is stopped (job control or SIGSTOP). Linux only.
+pub fn is_stopped(pid: i32) -> bool {
+    process_state(pid) == Some('T')
+}
+
+/// True once `pid` no longer runs. An orphan that exited stays a zombie until
+/// whoever adopted it (init, or a subreaper) reaps it, and a zombie still
+/// answers kill(pid, 0); on Linux its state in /proc counts as gone.
+pub fn process_gone(pid: i32) -> bool {
+    // SAFETY: signal 0 only asks whether the process exists.
+    if unsafe { libc::kill(pid, 0) } != 0 {
+        return true;
+    }
+    if cfg!(target_os = "linux") {
+        return matches!(process_state(pid), None | Some('Z' | 'X'));
+    }
+    false
+}
+
+/// Waits for `child` to exit, with a deadline (it is killed if it passes).
+pub fn wait_with_deadline(child: &mut Child, within: Duration, what: &str) -> ExitStatus {
+    let mut status = None;
+    let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_until(within, what, || {
+            status = child.try_wait().unwrap();
+            status.is_some()
+        })
+    }));
+    if let Err(panic) = polled {
+        let _ = child.kill();
+        let _ = child.wait();
+        std::panic::resume_unwind(panic);
+    }
+    status.unwrap()
+}
+
+/// Spawns consem with `-v`, its stderr going to a file in the scratch
+/// directory so that the test can follow its events as they happen.
+pub fn spawn_verbose(
+    world: &World,
+    limit: u32,
+    extra: &[&str],
+    command: &[&str],
+    log: &str,
+) -> Child {
+    let mut args = vec!["-v"];
+    args.extend_from_slice(extra);
+    world
+        .consem(limit, &args, command)
+        .stdout(Stdio::piped())
+        .stderr(File::create(world.path(log)).unwrap())
+        .spawn()
+        .unwrap()
+}
+
+pub fn log_text(world: &World, log: &str) -> String {
+    std::fs::read_to_string(world.path(log)).unwrap_or_default()
 }
