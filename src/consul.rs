@@ -83,7 +83,9 @@ impl std::fmt::Display for ConsulError {
         match self {
             ConsulError::Transient(why) => write!(f, "{why}"),
             ConsulError::Denied(why) => write!(f, "permission denied: {why}"),
-            ConsulError::Rejected { status, body } => write!(f, "Consul answered {status}: {body}"),
+            ConsulError::Rejected { status, body } => {
+                write!(f, "the server answered {status}: {body}")
+            }
         }
     }
 }
@@ -447,7 +449,11 @@ fn expect_ok(reply: Reply) -> Result<Reply, ConsulError> {
         // Consul's own 404s carry an index; this one is from something else.
         404 if reply.index.is_none() => Err(ConsulError::Rejected {
             status: 404,
-            body: format!("not found ({body}); is this address a Consul agent's HTTP API?"),
+            body: if body.is_empty() {
+                "not found; is this address a Consul agent's HTTP API?".to_string()
+            } else {
+                format!("not found ({body}); is this address a Consul agent's HTTP API?")
+            },
         }),
         status => Err(ConsulError::Rejected { status, body }),
     }

@@ -64,7 +64,8 @@ pub enum Outcome {
 enum Event {
     Slot(SlotEvent),
     Signal(i32),
-    ChildStopped(i32),
+    /// The child stopped by this signal; when `waitpid` saw it.
+    ChildStopped(i32, Instant),
     ChildExited(ExitStatus),
 }
 
@@ -139,7 +140,7 @@ fn wait_for_slot(inbox: &Receiver<Event>, deadline: Option<Instant>) -> Result<(
             }
             Ok(Event::Signal(SIGTSTP)) => sys::stop_self(),
             Ok(Event::Signal(signal)) => report::event("signal-ignored", &[("signal", &signal)]),
-            Ok(Event::ChildStopped(_) | Event::ChildExited(_)) => {}
+            Ok(Event::ChildStopped(..) | Event::ChildExited(_)) => {}
             // The deadline passed: the loop's top decides.
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => {
@@ -177,9 +178,9 @@ fn run_child(
     }
     report::event("started", &[("pid", &group)]);
     watch_child(group, events);
-    // Set while the child stops because consem stopped it: that stop is not
-    // news to mirror.
-    let mut stopped_by_us = false;
+    // When consem last continued the child after stopping it: a stop seen
+    // before then was consem's own doing (or is over), not news to mirror.
+    let mut continued_at: Option<Instant> = None;
 
     let outcome = loop {
         match inbox.recv() {
@@ -187,8 +188,8 @@ fn run_child(
                 report::event("exited", &[("status", &status)]);
                 break Outcome::ChildExited(status);
             }
-            Ok(Event::ChildStopped(SIGSTOP)) if stopped_by_us => stopped_by_us = false,
-            Ok(Event::ChildStopped(signal)) => {
+            Ok(Event::ChildStopped(_, seen)) if continued_at.is_some_and(|at| seen < at) => {}
+            Ok(Event::ChildStopped(signal, _)) => {
                 // The command stopped (Ctrl-Z on its terminal, a read from a
                 // terminal it does not own): stop with it so that the shell
                 // sees the job stop, and carry on together when continued.
@@ -209,10 +210,11 @@ fn run_child(
                 // first (SIGSTOP, which it cannot ignore), so that it never
                 // runs on while consem, and its session renewal, are stopped.
                 report::event("stopped", &[("pid", &group), ("signal", &SIGTSTP)]);
-                stopped_by_us = sys::signal_group(group, SIGSTOP);
+                sys::signal_group(group, SIGSTOP);
                 sys::stop_self();
                 report::event("continued", &[("pid", &group)]);
                 sys::signal_group(group, SIGCONT);
+                continued_at = Some(Instant::now());
             }
             Ok(Event::Signal(signal)) => {
                 report::event("forwarded", &[("signal", &signal), ("pid", &group)]);
@@ -245,7 +247,9 @@ fn watch_child(pid: u32, events: Sender<Event>) {
         .name("consem-child".into())
         .spawn(move || loop {
             let event = match sys::wait_child(pid) {
-                Ok(sys::ChildChange::Stopped(signal)) => Event::ChildStopped(signal),
+                Ok(sys::ChildChange::Stopped(signal)) => {
+                    Event::ChildStopped(signal, Instant::now())
+                }
                 Ok(sys::ChildChange::Ended(status)) => Event::ChildExited(status),
                 Err(error) => {
                     // Only if something else reaped our child; its status is
