@@ -111,7 +111,7 @@ pub struct RunArgs {
 /// How to reach Consul; the environment variables are the consul CLI's.
 #[derive(Debug, Args)]
 pub struct ConsulArgs {
-    /// Consul HTTP API address: host:port or http://host:port
+    /// Consul HTTP API address: host:port, http://host:port or https://host:port
     #[arg(
         long,
         value_name = "ADDR",
@@ -131,6 +131,44 @@ pub struct ConsulArgs {
     /// Datacenter to use (default: the agent's)
     #[arg(long, value_name = "DC")]
     pub datacenter: Option<String>,
+
+    /// Namespace to use (Consul Enterprise)
+    #[arg(long, value_name = "NS", env = "CONSUL_NAMESPACE")]
+    pub namespace: Option<String>,
+
+    /// Admin partition to use (Consul Enterprise)
+    #[arg(long, value_name = "PARTITION", env = "CONSUL_PARTITION")]
+    pub partition: Option<String>,
+
+    /// PEM file of the CA that signs the agent's certificate
+    #[arg(long, value_name = "PATH", env = "CONSUL_CACERT")]
+    pub ca_file: Option<PathBuf>,
+
+    /// Directory of PEM CA certificates
+    #[arg(long, value_name = "DIR", env = "CONSUL_CAPATH")]
+    pub ca_path: Option<PathBuf>,
+
+    /// PEM client certificate, for agents that verify clients (mTLS)
+    #[arg(
+        long,
+        value_name = "PATH",
+        env = "CONSUL_CLIENT_CERT",
+        requires = "client_key"
+    )]
+    pub client_cert: Option<PathBuf>,
+
+    /// PEM private key of the client certificate
+    #[arg(
+        long,
+        value_name = "PATH",
+        env = "CONSUL_CLIENT_KEY",
+        requires = "client_cert"
+    )]
+    pub client_key: Option<PathBuf>,
+
+    /// Name to verify the agent's certificate against, instead of the address's host
+    #[arg(long, value_name = "NAME", env = "CONSUL_TLS_SERVER_NAME")]
+    pub tls_server_name: Option<String>,
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {

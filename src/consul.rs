@@ -7,10 +7,13 @@ use std::time::Duration;
 use base64::Engine as _;
 use serde::Deserialize;
 use ureq::http;
+use ureq::unversioned::resolver::{DefaultResolver, ResolvedSocketAddrs, Resolver};
+use ureq::unversioned::transport::{DefaultConnector, NextTimeout};
 use ureq::RequestExt as _;
 
 use crate::duration;
 use crate::semaphore::Entry;
+use crate::tls::{self, TlsSettings};
 
 /// Connect timeout: Consul agents run next to their clients, so a connection
 /// that takes longer than this is not coming.
@@ -23,19 +26,34 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// jitter, and the answer still has to travel.
 const BLOCKING_SLACK: Duration = Duration::from_secs(5);
 
-/// Where and how to reach Consul. TLS settings will join these.
+/// Where and how to reach Consul.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConsulConfig {
-    /// `http://host:port`, without a trailing slash.
-    pub base_url: String,
+    pub address: Address,
     pub token: Option<String>,
+    /// `user:password` for HTTP basic authentication (`CONSUL_HTTP_AUTH`).
+    pub basic_auth: Option<String>,
     pub datacenter: Option<String>,
+    pub namespace: Option<String>,
+    pub partition: Option<String>,
+    pub tls: TlsSettings,
 }
 
-impl ConsulConfig {
-    /// Reads an address the way the consul CLI does: `http://host:port` or a
-    /// bare `host:port`.
-    pub fn parse_address(address: &str) -> Result<String, String> {
+/// The agent's HTTP API address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Address {
+    pub https: bool,
+    /// `host:port`.
+    pub host_port: String,
+    /// A path in front of `/v1` when the API sits behind a reverse proxy.
+    pub path_prefix: String,
+}
+
+impl Address {
+    /// Reads an address the way the consul CLI does: `http://host:port`,
+    /// `https://host:port` or a bare `host:port` (https when `ssl`, which is
+    /// `CONSUL_HTTP_SSL=true`), with an optional path prefix.
+    pub fn parse(address: &str, ssl: bool) -> Result<Address, String> {
         let address = address.trim().trim_end_matches('/');
         if address.is_empty() {
             return Err(
@@ -43,26 +61,69 @@ impl ConsulConfig {
                     .into(),
             );
         }
-        let rest = match address.split_once("://") {
-            None => address,
-            Some(("http", rest)) => rest,
-            Some(("https", _)) => {
+        let (https, rest) = match address.split_once("://") {
+            None => (ssl, address),
+            // As in the consul CLI, CONSUL_HTTP_SSL=true never falls back to http.
+            Some(("http", rest)) => (ssl, rest),
+            Some(("https", rest)) => (true, rest),
+            Some(("unix", _)) => {
                 return Err(format!(
-                    "https addresses are not supported yet ('{address}'): reach the agent over http on loopback"
+                    "unix socket addresses are not supported ('{address}'): have the agent listen for HTTP on a TCP address, e.g. 127.0.0.1:8500"
                 ))
             }
             Some((scheme, _)) => {
                 return Err(format!(
-                    "unsupported scheme '{scheme}' in Consul address '{address}': use http://host:port or host:port"
+                    "unsupported scheme '{scheme}' in Consul address '{address}': use host:port, http://host:port or https://host:port"
                 ))
             }
         };
-        if rest.is_empty() || rest.contains('/') {
+        let (host_port, path) = rest.split_once('/').unwrap_or((rest, ""));
+        if host_port.is_empty() {
             return Err(format!(
-                "invalid Consul address '{address}': use http://host:port or host:port"
+                "invalid Consul address '{address}': use host:port, http://host:port or https://host:port"
             ));
         }
-        Ok(format!("http://{rest}"))
+        Ok(Address {
+            https,
+            host_port: host_port.to_string(),
+            path_prefix: if path.is_empty() {
+                String::new()
+            } else {
+                format!("/{path}")
+            },
+        })
+    }
+
+    /// Host and port, with IPv6 brackets taken off the host.
+    fn split(&self) -> (&str, Option<&str>) {
+        let text = self.host_port.as_str();
+        if let Some((host, after)) = text.strip_prefix('[').and_then(|rest| rest.split_once(']')) {
+            return (host, after.strip_prefix(':'));
+        }
+        match text.rsplit_once(':') {
+            Some((host, port)) if !host.contains(':') => (host, Some(port)),
+            _ => (text, None),
+        }
+    }
+
+    /// The host part, for certificate checks.
+    fn host(&self) -> &str {
+        self.split().0
+    }
+
+    fn port(&self) -> &str {
+        match self.split().1 {
+            Some(port) => port,
+            None if self.https => "443",
+            None => "80",
+        }
+    }
+}
+
+impl std::fmt::Display for Address {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let scheme = if self.https { "https" } else { "http" };
+        write!(f, "{scheme}://{}{}", self.host_port, self.path_prefix)
     }
 }
 
@@ -160,12 +221,19 @@ pub enum Acquire {
 pub struct Client {
     agent: ureq::Agent,
     config: ConsulConfig,
+    /// Scheme, host and path prefix that request URLs start with.
+    base_url: String,
+    /// Headers every request carries (token, basic authentication).
+    headers: Vec<(&'static str, String)>,
     call_timeout: Duration,
 }
 
 impl Client {
-    pub fn new(config: ConsulConfig) -> Client {
-        let agent = ureq::Agent::config_builder()
+    /// Builds the client; TLS files are read now, so a bad one is reported
+    /// at start.
+    pub fn new(config: ConsulConfig) -> Result<Client, String> {
+        let address = &config.address;
+        let mut builder = ureq::Agent::config_builder()
             .http_status_as_error(false)
             // The agent is addressed directly, as the consul CLI does: a
             // proxy from the environment must not see the calls or the token.
@@ -174,14 +242,44 @@ impl Client {
             // turn a PUT into a GET. Report the answer instead.
             .max_redirects(0)
             .timeout_connect(Some(CONNECT_TIMEOUT))
-            .user_agent(concat!("consem/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .into();
-        Client {
+            .user_agent(concat!("consem/", env!("CARGO_PKG_VERSION")));
+        if address.https {
+            builder = builder.tls_config(config.tls.load()?);
+        }
+        let server_name = config.tls.server_name.as_deref().filter(|_| address.https);
+        let (agent, base_url) = match server_name {
+            // URLs name the certificate's host, so that rustls checks it; the
+            // resolver still connects to the address given.
+            Some(name) => {
+                let agent = ureq::Agent::with_parts(
+                    builder.build(),
+                    DefaultConnector::new(),
+                    PinnedResolver {
+                        target: format!("https://{}/", address.host_port),
+                    },
+                );
+                (
+                    agent,
+                    format!("https://{name}:{}{}", address.port(), address.path_prefix),
+                )
+            }
+            None => (builder.build().into(), address.to_string()),
+        };
+        let mut headers = Vec::new();
+        if let Some(token) = &config.token {
+            headers.push(("X-Consul-Token", token.clone()));
+        }
+        if let Some(credentials) = &config.basic_auth {
+            let encoded = base64::engine::general_purpose::STANDARD.encode(credentials);
+            headers.push(("Authorization", format!("Basic {encoded}")));
+        }
+        Ok(Client {
             agent,
             config,
+            base_url,
+            headers,
             call_timeout: CALL_TIMEOUT,
-        }
+        })
     }
 
     /// The same client with a shorter budget for each non-blocking call, for
@@ -193,8 +291,9 @@ impl Client {
         }
     }
 
-    pub fn base_url(&self) -> &str {
-        &self.config.base_url
+    /// The address, as the user gave it, for messages.
+    pub fn address(&self) -> &Address {
+        &self.config.address
     }
 
     /// `PUT /v1/session/create` with behaviour `delete` (our keys vanish with
@@ -213,6 +312,7 @@ impl Client {
             &[],
             Some(body.to_string().into_bytes()),
             self.call_timeout,
+            "session:write",
         )?;
         let reply = expect_ok(reply)?;
         let created: CreatedSession = decode_json(&reply.body, "session create")?;
@@ -222,7 +322,14 @@ impl Client {
     /// `PUT /v1/session/renew/<id>`.
     pub fn renew_session(&self, id: &str) -> Result<Renewal, ConsulError> {
         let path = format!("/v1/session/renew/{}", encode_path(id));
-        let reply = self.call(http::Method::PUT, &path, &[], None, self.call_timeout)?;
+        let reply = self.call(
+            http::Method::PUT,
+            &path,
+            &[],
+            None,
+            self.call_timeout,
+            "session:write",
+        )?;
         if reply.status == 404 {
             return Ok(Renewal::Gone);
         }
@@ -233,7 +340,14 @@ impl Client {
     /// unknown session.
     pub fn destroy_session(&self, id: &str) -> Result<(), ConsulError> {
         let path = format!("/v1/session/destroy/{}", encode_path(id));
-        let reply = self.call(http::Method::PUT, &path, &[], None, self.call_timeout)?;
+        let reply = self.call(
+            http::Method::PUT,
+            &path,
+            &[],
+            None,
+            self.call_timeout,
+            "session:write",
+        )?;
         expect_ok(reply).map(|_| ())
     }
 
@@ -260,7 +374,8 @@ impl Client {
             }
             _ => self.call_timeout,
         };
-        let reply = self.call(http::Method::GET, &path, &query, None, timeout)?;
+        let permission = format!("key:read on {dir}");
+        let reply = self.call(http::Method::GET, &path, &query, None, timeout, &permission)?;
         // A missing prefix answers 404 with an index, like an empty listing.
         let reply = if reply.status == 404 && reply.index.is_some() {
             Reply {
@@ -349,10 +464,14 @@ impl Client {
         body: Option<Vec<u8>>,
     ) -> Result<bool, ConsulError> {
         let path = format!("/v1/kv/{}", encode_path(key));
-        let reply = expect_ok(self.call(method, &path, query, body, self.call_timeout)?)?;
+        let permission = format!("key:write on {key}");
+        let reply =
+            expect_ok(self.call(method, &path, query, body, self.call_timeout, &permission)?)?;
         decode_json(&reply.body, "KV write")
     }
 
+    /// Makes one request. `permission` names the ACL right it needs, for
+    /// the message when Consul denies it.
     fn call(
         &self,
         method: http::Method,
@@ -360,15 +479,19 @@ impl Client {
         query: &[(&str, String)],
         body: Option<Vec<u8>>,
         timeout: Duration,
+        permission: &str,
     ) -> Result<Reply, ConsulError> {
-        let mut url = format!("{}{}", self.config.base_url, path);
+        let mut url = format!("{}{}", self.base_url, path);
         let mut separator = '?';
-        let dc = self.config.datacenter.as_ref().map(|dc| ("dc", dc.clone()));
-        for (name, value) in query
+        let scope = [
+            ("dc", &self.config.datacenter),
+            ("ns", &self.config.namespace),
+            ("partition", &self.config.partition),
+        ];
+        let scope = scope
             .iter()
-            .map(|(n, v)| (*n, v))
-            .chain(dc.iter().map(|(n, v)| (*n, v)))
-        {
+            .filter_map(|(name, value)| value.as_ref().map(|v| (*name, v)));
+        for (name, value) in query.iter().map(|(n, v)| (*n, v)).chain(scope) {
             url.push(separator);
             url.push_str(name);
             if !value.is_empty() {
@@ -378,8 +501,8 @@ impl Client {
             separator = '&';
         }
         let mut request = http::Request::builder().method(method).uri(&url);
-        if let Some(token) = &self.config.token {
-            request = request.header("X-Consul-Token", token);
+        for (name, value) in &self.headers {
+            request = request.header(*name, value);
         }
         let result = match body {
             Some(body) => request
@@ -399,13 +522,30 @@ impl Client {
                 .build()
                 .run(),
         };
-        let mut response = result.map_err(|e| {
-            ConsulError::Transient(format!(
-                "cannot reach Consul at {}: {e} (is the agent running? check --http-addr or CONSUL_HTTP_ADDR)",
-                self.config.base_url
-            ))
+        let address = &self.config.address;
+        let mut response = result.map_err(|e| match tls::explain(&e, address.host()) {
+            Some(why) => ConsulError::Transient(format!("cannot talk to Consul at {address}: {why}")),
+            None => ConsulError::Transient(format!(
+                "cannot reach Consul at {address}: {e} (is the agent running? check --http-addr or CONSUL_HTTP_ADDR)"
+            )),
         })?;
         let status = response.status().as_u16();
+        if status == 403 {
+            return Err(ConsulError::Denied(format!(
+                "the token lacks {permission} (Consul answered 403)"
+            )));
+        }
+        // With ACLs, a listing silently leaves out what the token cannot
+        // read; pruning on such a listing would drop live holders.
+        let filtered = response
+            .headers()
+            .get("X-Consul-Results-Filtered-By-ACLs")
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
+        if filtered {
+            return Err(ConsulError::Denied(format!(
+                "Consul left keys out of the listing because the token cannot read them; consem will not prune holders it cannot see: the token needs {permission}, for every key"
+            )));
+        }
         let index = response
             .headers()
             .get("X-Consul-Index")
@@ -417,16 +557,35 @@ impl Client {
             .limit(MAX_BODY)
             .read_to_vec()
             .map_err(|e| {
-                ConsulError::Transient(format!(
-                    "lost Consul's answer from {}: {e}",
-                    self.config.base_url
-                ))
+                ConsulError::Transient(format!("lost Consul's answer from {address}: {e}"))
             })?;
         Ok(Reply {
             status,
             index,
             body,
         })
+    }
+}
+
+/// Resolves every URL to one address: the agent's, while URLs carry the
+/// name its certificate is checked against (`--tls-server-name`).
+#[derive(Debug)]
+struct PinnedResolver {
+    target: String,
+}
+
+impl Resolver for PinnedResolver {
+    fn resolve(
+        &self,
+        _uri: &http::Uri,
+        config: &ureq::config::Config,
+        timeout: NextTimeout,
+    ) -> Result<ResolvedSocketAddrs, ureq::Error> {
+        let target: http::Uri = self
+            .target
+            .parse()
+            .map_err(|_| ureq::Error::BadUri(self.target.clone()))?;
+        DefaultResolver::default().resolve(&target, config, timeout)
     }
 }
 
@@ -441,7 +600,6 @@ fn expect_ok(reply: Reply) -> Result<Reply, ConsulError> {
     let body = one_line(&reply.body);
     match reply.status {
         200 => Ok(reply),
-        403 => Err(ConsulError::Denied(body)),
         429 | 500..=599 => Err(ConsulError::Transient(format!(
             "Consul answered {}: {body}",
             reply.status
@@ -524,16 +682,40 @@ mod tests {
 
     #[test]
     fn reads_addresses_like_the_consul_cli() {
+        let parse = |text: &str, ssl: bool| Address::parse(text, ssl).map(|a| a.to_string());
         assert_eq!(
-            ConsulConfig::parse_address("127.0.0.1:8500"),
-            Ok("http://127.0.0.1:8500".to_string())
+            parse("127.0.0.1:8500", false),
+            Ok("http://127.0.0.1:8500".into())
         );
         assert_eq!(
-            ConsulConfig::parse_address("http://consul.local:8500/"),
-            Ok("http://consul.local:8500".to_string())
+            parse("127.0.0.1:8501", true),
+            Ok("https://127.0.0.1:8501".into())
         );
-        assert!(ConsulConfig::parse_address("ftp://x:1").is_err());
-        assert!(ConsulConfig::parse_address("").is_err());
-        assert!(ConsulConfig::parse_address("http://host:1/path").is_err());
+        assert_eq!(
+            parse("http://consul.local:8500/", false),
+            Ok("http://consul.local:8500".into())
+        );
+        // CONSUL_HTTP_SSL=true never falls back to http, as in the consul CLI.
+        assert_eq!(
+            parse("http://consul.local:8500", true),
+            Ok("https://consul.local:8500".into())
+        );
+        assert_eq!(
+            parse("https://consul.local:8501", false),
+            Ok("https://consul.local:8501".into())
+        );
+        assert_eq!(
+            parse("https://gw:443/consul", false),
+            Ok("https://gw:443/consul".into())
+        );
+        assert!(parse("unix:///var/run/consul.sock", false)
+            .unwrap_err()
+            .contains("unix socket"));
+        assert!(parse("ftp://x:1", false).is_err());
+        assert!(parse("", false).is_err());
+        let address = Address::parse("https://[::1]:8501", false).unwrap();
+        assert_eq!((address.host(), address.port()), ("::1", "8501"));
+        let address = Address::parse("consul.test", true).unwrap();
+        assert_eq!((address.host(), address.port()), ("consul.test", "443"));
     }
 }

@@ -322,7 +322,7 @@ impl ConsulSemaphore {
                     }
                 }
                 Err(ConsulError::Denied(why)) => {
-                    return Some(format!("Consul denied reading the prefix: {why}"));
+                    return Some(format!("permission denied: {why}"));
                 }
                 Err(error) => match watcher.on_failure() {
                     Err(failures) => {
@@ -461,7 +461,7 @@ impl Outage {
         let give_up = |e: ConsulError| {
             match e {
             ConsulError::Denied(why) => Stop::Failed(BackendError::Denied(format!(
-                "Consul refused the request (403): {why}; the token needs session write and key write on the prefix"
+                "permission denied: {why}; see README, \"Production clusters\", for the policy consem needs"
             ))),
             other => Stop::Failed(BackendError::Unavailable(other.to_string())),
         }

@@ -17,6 +17,7 @@ pub mod report;
 pub mod semaphore;
 pub mod supervise;
 mod sys;
+pub mod tls;
 
 use std::os::unix::process::ExitStatusExt as _;
 use std::sync::Arc;
@@ -53,7 +54,18 @@ pub fn run(options: RunOptions) -> i32 {
         contender_value: consul_backend::contender_value(&command),
         monitor_retry: options.monitor_retry,
     };
-    let client = consul::Client::new(options.consul.clone());
+    let client = match consul::Client::new(options.consul.clone()) {
+        Ok(client) => client,
+        Err(message) => {
+            report::error(&message);
+            return exit::USAGE;
+        }
+    };
+    if !options.consul.tls.verify && options.consul.address.https {
+        report::warning(
+            "CONSUL_HTTP_SSL_VERIFY=false: the agent's certificate is not checked, so anyone on the path can pose as Consul",
+        );
+    }
     let backend = Arc::new(ConsulSemaphore::new(client, settings));
     let plan = Plan {
         command: options.command.clone(),

@@ -2,12 +2,13 @@
 //! the token sources) is checked here, with messages that say how to fix it.
 
 use std::ffi::OsString;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::backend::Contend;
 use crate::cli::{ConsulArgs, RunArgs};
-use crate::consul::ConsulConfig;
+use crate::consul::{Address, ConsulConfig};
+use crate::tls::TlsSettings;
 
 #[derive(Debug, Clone)]
 pub struct RunOptions {
@@ -84,33 +85,65 @@ pub fn normalize_prefix(prefix: &str) -> Result<String, String> {
     Ok(trimmed.to_string())
 }
 
-/// Resolves the connection settings. Token sources, strongest first:
-/// `--token`, `--token-file`, `CONSUL_HTTP_TOKEN`, `CONSUL_HTTP_TOKEN_FILE`.
+/// Resolves the connection settings as the consul CLI does. Tokens: a token
+/// file (`--token-file`, else `CONSUL_HTTP_TOKEN_FILE`) wins over a token
+/// (`--token`, else `CONSUL_HTTP_TOKEN`) when both are set, as in Consul's
+/// API client ("if the TokenFile is set, always use that"); an empty file
+/// falls back to the token.
 fn consul_config(
     args: ConsulArgs,
     env: impl Fn(&str) -> Option<String>,
 ) -> Result<ConsulConfig, String> {
-    let base_url = ConsulConfig::parse_address(&args.http_addr)?;
     let non_empty = |v: Option<String>| v.filter(|s| !s.trim().is_empty());
-    let token = if let Some(token) = non_empty(args.token) {
-        Some(token)
-    } else if let Some(path) = args.token_file {
-        Some(read_token_file(&path, "--token-file")?)
-    } else if let Some(token) = non_empty(env("CONSUL_HTTP_TOKEN")) {
-        Some(token)
-    } else if let Some(path) = non_empty(env("CONSUL_HTTP_TOKEN_FILE")) {
-        Some(read_token_file(Path::new(&path), "CONSUL_HTTP_TOKEN_FILE")?)
-    } else {
-        None
+    let flag = |name: &str| -> Result<Option<bool>, String> {
+        match non_empty(env(name)) {
+            None => Ok(None),
+            Some(value) => parse_bool(&value)
+                .map(Some)
+                .ok_or_else(|| format!("{name}='{value}' is not a boolean: use true or false")),
+        }
     };
+    let address = Address::parse(&args.http_addr, flag("CONSUL_HTTP_SSL")?.unwrap_or(false))?;
+    let token_file = match args.token_file {
+        Some(path) => Some((path, "--token-file")),
+        None => non_empty(env("CONSUL_HTTP_TOKEN_FILE"))
+            .map(|p| (PathBuf::from(p), "CONSUL_HTTP_TOKEN_FILE")),
+    };
+    let from_file = match token_file {
+        Some((path, source)) => read_token_file(&path, source)?,
+        None => None,
+    };
+    let token =
+        from_file.or_else(|| non_empty(args.token).or_else(|| non_empty(env("CONSUL_HTTP_TOKEN"))));
+    let verify = flag("CONSUL_HTTP_SSL_VERIFY")?.unwrap_or(true);
     Ok(ConsulConfig {
-        base_url,
+        address,
         token,
+        basic_auth: non_empty(env("CONSUL_HTTP_AUTH")),
         datacenter: non_empty(args.datacenter),
+        namespace: non_empty(args.namespace),
+        partition: non_empty(args.partition),
+        tls: TlsSettings {
+            ca_file: args.ca_file,
+            ca_path: args.ca_path,
+            client_cert: args.client_cert,
+            client_key: args.client_key,
+            server_name: non_empty(args.tls_server_name),
+            verify,
+        },
     })
 }
 
-fn read_token_file(path: &Path, source: &str) -> Result<String, String> {
+/// Go's strconv.ParseBool, which the consul CLI uses for its variables.
+fn parse_bool(value: &str) -> Option<bool> {
+    match value.trim() {
+        "1" | "t" | "T" | "true" | "TRUE" | "True" => Some(true),
+        "0" | "f" | "F" | "false" | "FALSE" | "False" => Some(false),
+        _ => None,
+    }
+}
+
+fn read_token_file(path: &Path, source: &str) -> Result<Option<String>, String> {
     let text = std::fs::read_to_string(path).map_err(|e| {
         format!(
             "cannot read the token file {} ({source}): {e}",
@@ -118,13 +151,7 @@ fn read_token_file(path: &Path, source: &str) -> Result<String, String> {
         )
     })?;
     let token = text.trim();
-    if token.is_empty() {
-        return Err(format!(
-            "the token file {} ({source}) is empty: put the ACL token in it",
-            path.display()
-        ));
-    }
-    Ok(token.to_string())
+    Ok((!token.is_empty()).then(|| token.to_string()))
 }
 
 #[cfg(test)]
@@ -191,14 +218,30 @@ mod tests {
             ("CONSUL_HTTP_TOKEN", "from-env"),
             ("CONSUL_HTTP_TOKEN_FILE", file),
         ];
-        assert_eq!(token(&["--token", "flag"], &env).as_deref(), Some("flag"));
+        // A token file, from the flag or else the environment, wins...
         assert_eq!(
-            token(&["--token-file", file], &env).as_deref(),
+            token(&["--token", "flag"], &env).as_deref(),
             Some("from-file")
         );
-        assert_eq!(token(&[], &env).as_deref(), Some("from-env"));
-        assert_eq!(token(&[], &env[1..]).as_deref(), Some("from-file"));
+        assert_eq!(
+            token(&["--token-file", file], &env[..1]).as_deref(),
+            Some("from-file")
+        );
+        // ...then a token, from the flag or else the environment.
+        assert_eq!(
+            token(&["--token", "flag"], &env[..1]).as_deref(),
+            Some("flag")
+        );
+        assert_eq!(token(&[], &env[..1]).as_deref(), Some("from-env"));
         assert_eq!(token(&[], &[]), None);
+        // An empty token file falls back to the token.
+        let empty = dir.join("empty");
+        std::fs::write(&empty, "\n").unwrap();
+        let empty = empty.to_str().unwrap();
+        assert_eq!(
+            token(&["--token-file", empty, "--token", "flag"], &[]).as_deref(),
+            Some("flag")
+        );
         let missing = parse(
             &["--prefix", "p", "--token-file", "/nonexistent/token"],
             &[],
