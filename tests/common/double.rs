@@ -2,6 +2,9 @@
 //! semaphore client uses: sessions, KV (with acquire/release, cas, tombstones,
 //! lock-delay) and blocking queries, plus fault injection for tests.
 //!
+//! It can also serve over TLS (optionally requiring client certificates,
+//! `ConsulDouble::start_tls`) and enforce ACLs (`ConsulDouble::enable_acls`).
+//!
 //! It answers the way `tests/fixtures/consul-1.0-transcript.json` records a
 //! real agent answering (see `tests/fixtures/consul-reference.md`). Where the
 //! reference leaves a detail open, Consul 1.0's own code decides (noted inline).
@@ -17,6 +20,8 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
+use rustls::pki_types::pem::PemObject as _;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::Serialize;
 use serde_json::Value as Json;
 
@@ -72,6 +77,8 @@ pub struct SessionInfo {
 #[derive(Clone, Debug)]
 pub struct RecordedRequest {
     pub method: String,
+    /// The request target as sent: path and query, still percent-encoded.
+    pub target: String,
     /// Percent-decoded path, without the query.
     pub path: String,
     /// Percent-decoded query pairs in request order; `?recurse` gives `("recurse", "")`.
@@ -97,6 +104,121 @@ impl RecordedRequest {
             .iter()
             .find(|(k, _)| k.eq_ignore_ascii_case(name))
             .map(|(_, v)| v.as_str())
+    }
+
+    /// True if `text` appears in the URL, as sent (percent-encoded) or decoded
+    /// (path and every query name and value): for "the token never travels
+    /// in a URL".
+    pub fn url_contains(&self, text: &str) -> bool {
+        self.target.contains(text)
+            || self.path.contains(text)
+            || self
+                .query
+                .iter()
+                .any(|(k, v)| k.contains(text) || v.contains(text))
+    }
+
+    /// The ACL token the double took from this request, where Consul looks:
+    /// `?token=` first, then `X-Consul-Token`, then `Authorization: Bearer`.
+    pub fn token(&self) -> Option<&str> {
+        token_of(&self.query, &self.headers)
+    }
+}
+
+/// How the double serves TLS (`ConsulDouble::start_tls`).
+#[derive(Clone, Debug)]
+pub struct TlsServer {
+    /// The server's certificate chain, PEM (leaf first).
+    pub cert_pem: String,
+    /// Its private key, PEM (PKCS#8, SEC1 or PKCS#1).
+    pub key_pem: String,
+    /// `Some(ca)`: clients must present a certificate signed by this CA
+    /// (mTLS); a handshake without one fails.
+    pub client_ca_pem: Option<String>,
+}
+
+/// ACLs for `ConsulDouble::enable_acls`: the tokens the double knows. Any
+/// other token, and a request without one, gets the anonymous token's
+/// rights: none.
+#[derive(Clone, Debug, Default)]
+pub struct Acl {
+    pub tokens: Vec<(String, Rights)>,
+}
+
+impl Acl {
+    pub fn new() -> Acl {
+        Acl::default()
+    }
+
+    /// Adds a token (builder style).
+    pub fn token(mut self, token: &str, rights: Rights) -> Acl {
+        self.tokens.push((token.to_string(), rights));
+        self
+    }
+
+    fn rights(&self, token: Option<&str>) -> Rights {
+        token
+            .filter(|t| !t.is_empty())
+            .and_then(|t| self.tokens.iter().find(|(known, _)| known == t))
+            .map(|(_, rights)| rights.clone())
+            .unwrap_or_default()
+    }
+}
+
+/// What a token may do. Prefixes work like Consul's `key_prefix` rules (`""`
+/// is every key); as with a Consul `write` policy, write implies read.
+/// Session list/info, status and agent reads need no rights.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Rights {
+    /// Create, renew and destroy sessions (Consul's `session:write`).
+    pub session_write: bool,
+    /// Key prefixes the token can read.
+    pub key_read: Vec<String>,
+    /// Key prefixes the token can write (and read).
+    pub key_write: Vec<String>,
+}
+
+impl Rights {
+    /// No rights at all (the anonymous token).
+    pub fn none() -> Rights {
+        Rights::default()
+    }
+
+    /// Everything: session write, read and write on every key.
+    pub fn all() -> Rights {
+        Rights {
+            session_write: true,
+            key_read: vec![String::new()],
+            key_write: vec![String::new()],
+        }
+    }
+
+    /// What consem needs on `prefix`: session write, read and write under it.
+    pub fn semaphore(prefix: &str) -> Rights {
+        Rights {
+            session_write: true,
+            key_read: vec![prefix.to_string()],
+            key_write: vec![prefix.to_string()],
+        }
+    }
+
+    /// Can read `key`.
+    pub fn can_read(&self, key: &str) -> bool {
+        self.can_write(key) || self.key_read.iter().any(|p| key.starts_with(p.as_str()))
+    }
+
+    /// Can write `key`.
+    pub fn can_write(&self, key: &str) -> bool {
+        self.key_write.iter().any(|p| key.starts_with(p.as_str()))
+    }
+
+    /// Can read some key under `prefix`: a read or write rule lies under it
+    /// or covers it.
+    fn can_read_some(&self, prefix: &str) -> bool {
+        self.key_read
+            .iter()
+            .chain(&self.key_write)
+            .any(|p| p.starts_with(prefix) || prefix.starts_with(p.as_str()))
     }
 }
 
@@ -219,12 +341,26 @@ pub struct ConsulDouble {
 }
 
 impl ConsulDouble {
-    /// Binds 127.0.0.1 on a free port and starts serving.
+    /// Binds 127.0.0.1 on a free port and starts serving plain HTTP.
     pub fn start() -> ConsulDouble {
+        ConsulDouble::start_with(None)
+    }
+
+    /// Like `start`, but every connection speaks TLS (HTTPS) with `tls`'s
+    /// certificate; with `client_ca_pem` set, clients must present a
+    /// certificate signed by that CA. A failed handshake just closes that
+    /// connection. Panics if the PEM cannot be used.
+    pub fn start_tls(tls: TlsServer) -> ConsulDouble {
+        ConsulDouble::start_with(Some(server_config(&tls)))
+    }
+
+    fn start_with(tls: Option<Arc<rustls::ServerConfig>>) -> ConsulDouble {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind the Consul double");
         let addr = listener.local_addr().expect("listener address");
         let shared = Arc::new(Shared {
             addr,
+            tls,
+            acl: Mutex::new(None),
             store: Mutex::new(Store::new(Rng::seeded())),
             changed: Condvar::new(),
             stopping: AtomicBool::new(false),
@@ -252,6 +388,43 @@ impl ConsulDouble {
     /// "127.0.0.1:PORT"
     pub fn addr(&self) -> String {
         self.shared.addr.to_string()
+    }
+
+    /// "http://127.0.0.1:PORT", or "https://..." for a TLS double.
+    pub fn url(&self) -> String {
+        let scheme = if self.is_tls() { "https" } else { "http" };
+        format!("{scheme}://{}", self.shared.addr)
+    }
+
+    /// True for a double started with `start_tls`.
+    pub fn is_tls(&self) -> bool {
+        self.shared.tls.is_some()
+    }
+
+    /// Turns ACL enforcement on (or replaces the tokens). Requests are checked
+    /// as Consul checks them: session create/renew/destroy need session
+    /// write; KV reads need key read (listings leave out unreadable keys and
+    /// then carry `X-Consul-Results-Filtered-By-ACLs: true`; a listing with
+    /// no readable part at all answers 403); KV writes and deletes need key
+    /// write. Denials answer 403 `Permission denied`.
+    pub fn enable_acls(&self, acl: Acl) {
+        *lock(&self.shared.acl) = Some(acl);
+    }
+
+    /// Turns ACL enforcement off again.
+    pub fn disable_acls(&self) {
+        *lock(&self.shared.acl) = None;
+    }
+
+    /// Every `?token=` value received so far (the double accepts it as
+    /// Consul does; consem must never send one).
+    pub fn tokens_in_urls(&self) -> Vec<String> {
+        lock(&self.shared.requests)
+            .iter()
+            .flat_map(|r| r.query.iter())
+            .filter(|(k, _)| k == "token")
+            .map(|(_, v)| v.clone())
+            .collect()
     }
 
     /// Adds a fault rule after the existing ones; the first matching rule with
@@ -409,6 +582,10 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 struct Shared {
     addr: SocketAddr,
+    /// Set for a TLS double.
+    tls: Option<Arc<rustls::ServerConfig>>,
+    /// Set while ACLs are enforced.
+    acl: Mutex<Option<Acl>>,
     store: Mutex<Store>,
     /// Signalled on every store change (and on stop): blocking queries, the
     /// reaper and fault delays wait on it.
@@ -478,8 +655,18 @@ impl Shared {
     }
 
     fn serve_connection(&self, stream: TcpStream, id: u64) {
-        if let Ok(read_half) = stream.try_clone() {
-            self.serve_requests(BufReader::new(read_half), &stream);
+        if let Ok(own) = stream.try_clone() {
+            let connection = match &self.tls {
+                None => Some(Connection::Plain(own)),
+                // The handshake happens on the first read; if it fails, that
+                // read fails and the connection is closed like any other.
+                Some(config) => rustls::ServerConnection::new(Arc::clone(config))
+                    .ok()
+                    .map(|tls| Connection::Tls(Box::new(rustls::StreamOwned::new(tls, own)))),
+            };
+            if let Some(connection) = connection {
+                self.serve_requests(BufReader::new(connection));
+            }
         }
         // Shut down explicitly: the registry's clone would otherwise keep the
         // socket open after this thread's handles drop.
@@ -487,13 +674,17 @@ impl Shared {
         lock(&self.connections).open.remove(&id);
     }
 
-    fn serve_requests(&self, mut reader: BufReader<TcpStream>, mut writer: &TcpStream) {
+    /// Answers requests until the connection ends. Reads go through the
+    /// buffer; writes go straight to the connection underneath it.
+    fn serve_requests(&self, mut reader: BufReader<Connection>) {
         loop {
-            let request = match read_request(&mut reader, writer) {
+            let request = match read_request(&mut reader) {
                 Ok(request) => request,
                 Err(RequestError::Closed) => return,
                 Err(RequestError::Malformed(reason)) => {
-                    let _ = write_response(writer, &Response::text(400, &reason), false);
+                    let writer = reader.get_mut();
+                    let _ = write_response(&mut *writer, &Response::text(400, &reason), false);
+                    writer.close_notify();
                     return;
                 }
             };
@@ -514,7 +705,10 @@ impl Shared {
                         let mut bytes = Vec::new();
                         let _ = write_response(&mut bytes, &response, false);
                         let cut = bytes.len() - response.body.len().div_ceil(2);
+                        let writer = reader.get_mut();
+                        // Over TLS, without close_notify: cut short, not ended.
                         let _ = writer.write_all(&bytes[..cut]);
+                        let _ = writer.flush();
                     }
                     return;
                 }
@@ -532,9 +726,12 @@ impl Shared {
                     None => return,
                 },
             };
-            if write_response(&mut writer, &response, request.keep_alive).is_err()
-                || !request.keep_alive
-            {
+            let writer = reader.get_mut();
+            if write_response(&mut *writer, &response, request.keep_alive).is_err() {
+                return;
+            }
+            if !request.keep_alive {
+                writer.close_notify();
                 return;
             }
         }
@@ -543,6 +740,7 @@ impl Shared {
     fn record(&self, request: &Request) {
         lock(&self.requests).push(RecordedRequest {
             method: request.method.clone(),
+            target: request.target.clone(),
             path: request.path.clone(),
             query: request.query.clone(),
             headers: request.headers.clone(),
@@ -614,9 +812,18 @@ impl Shared {
         }
         let method = request.method.as_str();
         let path = request.path.as_str();
+        // None while ACLs are off.
+        let rights = lock(&self.acl)
+            .as_ref()
+            .map(|acl| acl.rights(token_of(&request.query, &request.headers)));
+        if let Some(rights) = &rights {
+            if !allowed(request, rights) {
+                return Some(permission_denied());
+            }
+        }
         if let Some(key) = path.strip_prefix("/v1/kv/") {
             return match method {
-                "GET" => self.kv_get(request, key),
+                "GET" => self.kv_get(request, key, rights.as_ref()),
                 "PUT" => Some(self.kv_put(request, key)),
                 "DELETE" => Some(self.kv_delete(request, key)),
                 _ => Some(method_not_allowed(method)),
@@ -690,29 +897,46 @@ impl Shared {
     // KV
     // -----------------------------------------------------------------------
 
-    fn kv_get(&self, request: &Request, key: &str) -> Option<Response> {
+    /// `rights` is `Some` while ACLs are on: listings then leave out the
+    /// keys the token cannot read, and say so in a header.
+    fn kv_get(&self, request: &Request, key: &str, rights: Option<&Rights>) -> Option<Response> {
+        let readable = |k: &str| rights.map_or(true, |r| r.can_read(k));
         if request.has("keys") {
             let separator = request.value("separator").unwrap_or("");
             return self.blocking_read(request, |store| {
-                let keys = store.keys_under(key, separator);
+                let mut keys = store.keys_under(key, separator);
+                let before = keys.len();
+                keys.retain(|k| readable(k));
+                let filtered = keys.len() < before;
                 let index = store.prefix_index(key);
                 // Consul answers the root listing with [] rather than 404.
-                if keys.is_empty() && !key.is_empty() {
-                    Response::empty(404).with_index(index)
+                let response = if keys.is_empty() && !key.is_empty() {
+                    Response::empty(404)
                 } else {
-                    Response::json(200, &keys).with_index(index)
-                }
+                    Response::json(200, &keys)
+                };
+                response.with_index(index).filtered_by_acls(filtered)
             });
         }
         if request.has("recurse") {
             return self.blocking_read(request, |store| {
-                let entries: Vec<EntryJson> = store.under(key).map(EntryJson::from).collect();
+                let mut filtered = false;
+                let entries: Vec<EntryJson> = store
+                    .under(key)
+                    .filter(|entry| {
+                        let visible = readable(&entry.key);
+                        filtered |= !visible;
+                        visible
+                    })
+                    .map(EntryJson::from)
+                    .collect();
                 let index = store.prefix_index(key);
-                if entries.is_empty() {
-                    Response::empty(404).with_index(index)
+                let response = if entries.is_empty() {
+                    Response::empty(404)
                 } else {
-                    Response::json(200, &entries).with_index(index)
-                }
+                    Response::json(200, &entries)
+                };
+                response.with_index(index).filtered_by_acls(filtered)
             });
         }
         if key.is_empty() {
@@ -1372,6 +1596,93 @@ impl<'a> From<&'a Session> for SessionJson<'a> {
 }
 
 // ---------------------------------------------------------------------------
+// Connections: plain TCP or TLS
+// ---------------------------------------------------------------------------
+
+/// One accepted connection. The registry keeps a clone of the TCP socket,
+/// so shutting that down ends reads and writes here, TLS or not.
+enum Connection {
+    Plain(TcpStream),
+    Tls(Box<rustls::StreamOwned<rustls::ServerConnection, TcpStream>>),
+}
+
+impl Connection {
+    /// Ends a TLS session properly (close_notify) before the socket closes;
+    /// nothing to do for plain TCP.
+    fn close_notify(&mut self) {
+        if let Connection::Tls(stream) = self {
+            stream.conn.send_close_notify();
+            let _ = stream.flush();
+        }
+    }
+}
+
+impl Read for Connection {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Connection::Plain(stream) => stream.read(buf),
+            Connection::Tls(stream) => stream.read(buf),
+        }
+    }
+}
+
+impl Write for Connection {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Connection::Plain(stream) => stream.write(buf),
+            Connection::Tls(stream) => stream.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Connection::Plain(stream) => stream.flush(),
+            Connection::Tls(stream) => stream.flush(),
+        }
+    }
+}
+
+/// A rustls server configuration (ring provider, TLS 1.2 and 1.3) from PEM.
+fn server_config(tls: &TlsServer) -> Arc<rustls::ServerConfig> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let chain: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_slice_iter(tls.cert_pem.as_bytes())
+            .collect::<Result<_, _>>()
+            .expect("TlsServer::cert_pem holds PEM certificates");
+    assert!(
+        !chain.is_empty(),
+        "TlsServer::cert_pem holds no certificate"
+    );
+    let key = PrivateKeyDer::from_pem_slice(tls.key_pem.as_bytes())
+        .expect("TlsServer::key_pem holds a PEM private key");
+    let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
+        .with_safe_default_protocol_versions()
+        .expect("the ring provider supports the default TLS versions");
+    let builder = match &tls.client_ca_pem {
+        None => builder.with_no_client_auth(),
+        Some(ca_pem) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+                roots
+                    .add(cert.expect("TlsServer::client_ca_pem holds PEM certificates"))
+                    .expect("a usable client CA certificate");
+            }
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider,
+            )
+            .build()
+            .expect("a client certificate verifier");
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let config = builder
+        .with_single_cert(chain, key)
+        .expect("the certificate matches its key");
+    Arc::new(config)
+}
+
+// ---------------------------------------------------------------------------
 // HTTP/1.1
 // ---------------------------------------------------------------------------
 
@@ -1429,10 +1740,7 @@ fn read_line(reader: &mut impl BufRead) -> Result<String, RequestError> {
     String::from_utf8(line).map_err(|_| RequestError::Malformed("non-UTF-8 header".into()))
 }
 
-fn read_request(
-    reader: &mut BufReader<TcpStream>,
-    mut writer: &TcpStream,
-) -> Result<Request, RequestError> {
+fn read_request(reader: &mut BufReader<Connection>) -> Result<Request, RequestError> {
     // Tolerate stray blank lines between requests (RFC 9112, 2.2).
     let request_line = loop {
         let line = read_line(reader)?;
@@ -1496,7 +1804,9 @@ fn read_request(
         .header("expect")
         .is_some_and(|e| e.eq_ignore_ascii_case("100-continue"))
     {
+        let writer = reader.get_mut();
         writer.write_all(b"HTTP/1.1 100 Continue\r\n\r\n")?;
+        writer.flush()?;
     }
     let chunked = request
         .header("transfer-encoding")
@@ -1571,6 +1881,8 @@ struct Response {
     content_type: Option<&'static str>,
     /// Set on reads: adds X-Consul-Index and the leader headers.
     index: Option<u64>,
+    /// Adds `X-Consul-Results-Filtered-By-ACLs: true`.
+    filtered_by_acls: bool,
     body: Vec<u8>,
 }
 
@@ -1580,6 +1892,7 @@ impl Response {
             status,
             content_type: Some(JSON),
             index: None,
+            filtered_by_acls: false,
             body: serde_json::to_vec(body).expect("serializable response"),
         }
     }
@@ -1589,6 +1902,7 @@ impl Response {
             status,
             content_type: Some(TEXT),
             index: None,
+            filtered_by_acls: false,
             body: message.as_bytes().to_vec(),
         }
     }
@@ -1599,6 +1913,7 @@ impl Response {
             status,
             content_type: None,
             index: None,
+            filtered_by_acls: false,
             body: Vec::new(),
         }
     }
@@ -1614,6 +1929,7 @@ impl Response {
             status: 200,
             content_type: Some(content_type),
             index: None,
+            filtered_by_acls: false,
             body: value.to_vec(),
         }
     }
@@ -1621,6 +1937,13 @@ impl Response {
     fn with_index(self, index: u64) -> Response {
         Response {
             index: Some(index),
+            ..self
+        }
+    }
+
+    fn filtered_by_acls(self, filtered: bool) -> Response {
+        Response {
+            filtered_by_acls: filtered,
             ..self
         }
     }
@@ -1636,6 +1959,65 @@ fn method_not_allowed(method: &str) -> Response {
 
 fn missing_key_name() -> Response {
     Response::text(400, "Missing key name")
+}
+
+/// Consul's answer to a request its token may not make.
+fn permission_denied() -> Response {
+    Response::text(403, "Permission denied")
+}
+
+/// The token Consul would take from a request: `?token=` first, then
+/// `X-Consul-Token`, then `Authorization: Bearer`. Header names lowercased.
+fn token_of<'a>(query: &'a [(String, String)], headers: &'a [(String, String)]) -> Option<&'a str> {
+    let header = |name: &str| {
+        headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+            .filter(|v| !v.is_empty())
+    };
+    query
+        .iter()
+        .find(|(k, v)| k == "token" && !v.is_empty())
+        .map(|(_, v)| v.as_str())
+        .or_else(|| header("x-consul-token"))
+        .or_else(|| {
+            header("authorization").and_then(|v| {
+                let (scheme, token) = v.split_once(' ')?;
+                scheme
+                    .eq_ignore_ascii_case("bearer")
+                    .then(|| token.trim())
+                    .filter(|t| !t.is_empty())
+            })
+        })
+}
+
+/// Whether `rights` allow `request` (listings are then filtered, in
+/// `kv_get`). Requests Consul would refuse before looking at the token (a
+/// wrong method, a missing key name) are let through to be refused the
+/// same way.
+fn allowed(request: &Request, rights: &Rights) -> bool {
+    let method = request.method.as_str();
+    if let Some(key) = request.path.strip_prefix("/v1/kv/") {
+        let listing = request.has("keys") || request.has("recurse");
+        return match method {
+            "GET" if listing => rights.can_read_some(key),
+            // A recursive delete needs write on the whole prefix: a rule
+            // that covers it, which `can_write(prefix)` is.
+            "GET" | "PUT" | "DELETE" if key.is_empty() && !listing => true,
+            "GET" => rights.can_read(key),
+            "PUT" | "DELETE" => rights.can_write(key),
+            _ => true,
+        };
+    }
+    if let Some(rest) = request.path.strip_prefix("/v1/session/") {
+        let action = rest.split('/').next().unwrap_or("");
+        return match (action, method) {
+            ("create" | "renew" | "destroy", "PUT") => rights.session_write,
+            _ => true,
+        };
+    }
+    true
 }
 
 fn reason_phrase(status: u16) -> &'static str {
@@ -1668,6 +2050,9 @@ fn write_response(mut writer: impl Write, response: &Response, keep_alive: bool)
         head.push_str(&format!(
             "X-Consul-Index: {index}\r\nX-Consul-Knownleader: true\r\nX-Consul-Lastcontact: 0\r\n"
         ));
+    }
+    if response.filtered_by_acls {
+        head.push_str("X-Consul-Results-Filtered-By-ACLs: true\r\n");
     }
     head.push_str(&format!("Content-Length: {}\r\n", response.body.len()));
     if !keep_alive {

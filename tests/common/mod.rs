@@ -4,10 +4,12 @@
 #![allow(dead_code)] // each test crate uses a different part of this module
 
 pub mod double;
+pub mod pki;
 pub mod pty;
 pub mod world;
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use base64::Engine as _;
@@ -15,13 +17,45 @@ use serde::Deserialize;
 
 pub use double::{ConsulDouble, KvEntry};
 
+use double::{Acl, Rights};
+use pki::{CertKey, TestPki};
+
 /// Set to `host:port` of a real Consul agent to run the tests against it.
 pub const REAL_CONSUL_ENV: &str = "CONSEM_TEST_CONSUL_ADDR";
+
+/// The token the helpers of a `TestConsul::with_acls` double send: it may
+/// do everything. Requests the double records with it came from the test's
+/// helpers, not from consem.
+pub const HELPER_TOKEN: &str = "consem-test-helper-token";
 
 /// The Consul the tests talk to.
 pub enum TestConsul {
     Double(ConsulDouble),
     Real(String),
+    /// A double over TLS and/or with ACLs on; the helpers (`kv_entries`,
+    /// `put`, `sessions`, ...) reach it with `Access`.
+    Secured(ConsulDouble, Access),
+}
+
+/// What the helpers need to reach a secured double.
+#[derive(Clone, Debug, Default)]
+pub struct Access {
+    /// PEM of the CA to trust (for an https double).
+    pub ca_pem: Option<String>,
+    /// Certificate and key to present (for an mTLS double).
+    pub client: Option<CertKey>,
+    /// Sent as `X-Consul-Token` (for a double with ACLs on).
+    pub token: Option<String>,
+}
+
+impl Access {
+    /// An agent trusting `ca_pem` (only it) and presenting `client`, if set.
+    pub fn agent(&self) -> ureq::Agent {
+        match &self.ca_pem {
+            Some(ca_pem) => tls_agent(ca_pem, self.client.as_ref()),
+            None => http_agent(),
+        }
+    }
 }
 
 impl TestConsul {
@@ -33,10 +67,51 @@ impl TestConsul {
         }
     }
 
+    /// A double serving https with `pki`'s server certificate (and, with
+    /// `mtls`, requiring a client certificate signed by its CA); the helpers
+    /// trust the CA and present `pki.client`.
+    pub fn start_tls(pki: &TestPki, mtls: bool) -> TestConsul {
+        TestConsul::Secured(
+            ConsulDouble::start_tls(pki.tls_server(mtls)),
+            Access {
+                ca_pem: Some(pki.ca_pem.clone()),
+                client: mtls.then(|| pki.client.clone()),
+                token: None,
+            },
+        )
+    }
+
+    /// Turns ACLs on in the double with `acl`'s tokens plus `HELPER_TOKEN`
+    /// (all rights), which the helpers then send. Panics against a real agent.
+    pub fn with_acls(self, acl: Acl) -> TestConsul {
+        let (double, access) = match self {
+            TestConsul::Double(double) => (double, Access::default()),
+            TestConsul::Secured(double, access) => (double, access),
+            TestConsul::Real(_) => panic!("with_acls needs the Consul double"),
+        };
+        double.enable_acls(acl.token(HELPER_TOKEN, Rights::all()));
+        TestConsul::Secured(
+            double,
+            Access {
+                token: Some(HELPER_TOKEN.to_string()),
+                ..access
+            },
+        )
+    }
+
+    /// "host:port", without a scheme.
     pub fn addr(&self) -> String {
         match self {
-            TestConsul::Double(double) => double.addr(),
+            TestConsul::Double(double) | TestConsul::Secured(double, _) => double.addr(),
             TestConsul::Real(addr) => addr.clone(),
+        }
+    }
+
+    /// "http://host:port" or "https://host:port".
+    pub fn base_url(&self) -> String {
+        match self {
+            TestConsul::Double(double) | TestConsul::Secured(double, _) => double.url(),
+            TestConsul::Real(addr) => format!("http://{addr}"),
         }
     }
 
@@ -44,19 +119,39 @@ impl TestConsul {
     /// print that they are skipped and return).
     pub fn double(&self) -> Option<&ConsulDouble> {
         match self {
-            TestConsul::Double(double) => Some(double),
+            TestConsul::Double(double) | TestConsul::Secured(double, _) => Some(double),
             TestConsul::Real(_) => None,
         }
     }
 
+    /// How the helpers reach this Consul (default: plain HTTP, no token).
+    pub fn access(&self) -> Access {
+        match self {
+            TestConsul::Secured(_, access) => access.clone(),
+            _ => Access::default(),
+        }
+    }
+
+    /// One request as the helpers make it (trusting the test CA, sending the
+    /// helper token if any); `path_and_query` starts with `/`. Panics on
+    /// transport errors. Returns (status, body).
+    pub fn request(&self, method: &str, path_and_query: &str, body: &[u8]) -> (u16, String) {
+        let access = self.access();
+        let url = self.url(path_and_query);
+        let answer = http_request(&access.agent(), method, &url, access.token.as_deref(), body)
+            .unwrap_or_else(|e| panic!("{method} {url} failed: {e}"));
+        (answer.status, answer.body)
+    }
+
     fn url(&self, path_and_query: &str) -> String {
-        format!("http://{}{}", self.addr(), path_and_query)
+        format!("{}{}", self.base_url(), path_and_query)
     }
 
     /// Entries under `prefix` (over HTTP, `?recurse`); empty when there are none.
     pub fn kv_entries(&self, prefix: &str) -> Vec<KvEntry> {
-        let url = self.url(&format!("/v1/kv/{}?recurse", encode_key(prefix)));
-        let (status, body) = http("GET", &url, b"");
+        let path = format!("/v1/kv/{}?recurse", encode_key(prefix));
+        let url = self.url(&path);
+        let (status, body) = self.request("GET", &path, b"");
         match status {
             404 => Vec::new(),
             200 => {
@@ -70,8 +165,9 @@ impl TestConsul {
 
     /// A plain write with `flags`.
     pub fn put(&self, key: &str, value: &[u8], flags: u64) {
-        let url = self.url(&format!("/v1/kv/{}?flags={flags}", encode_key(key)));
-        let (status, body) = http("PUT", &url, value);
+        let path = format!("/v1/kv/{}?flags={flags}", encode_key(key));
+        let url = self.url(&path);
+        let (status, body) = self.request("PUT", &path, value);
         assert!(
             status == 200 && body.trim() == "true",
             "PUT {url} answered {status}: {body}"
@@ -80,15 +176,16 @@ impl TestConsul {
 
     /// Deletes every key under `prefix`.
     pub fn delete_tree(&self, prefix: &str) {
-        let url = self.url(&format!("/v1/kv/{}?recurse", encode_key(prefix)));
-        let (status, body) = http("DELETE", &url, b"");
+        let path = format!("/v1/kv/{}?recurse", encode_key(prefix));
+        let url = self.url(&path);
+        let (status, body) = self.request("DELETE", &path, b"");
         assert_eq!(status, 200, "DELETE {url} answered {status}: {body}");
     }
 
     /// Live sessions as (ID, Name).
     pub fn sessions(&self) -> Vec<(String, String)> {
         let url = self.url("/v1/session/list");
-        let (status, body) = http("GET", &url, b"");
+        let (status, body) = self.request("GET", "/v1/session/list", b"");
         assert_eq!(status, 200, "GET {url} answered {status}: {body}");
         let sessions: Vec<WireSession> = serde_json::from_str(&body)
             .unwrap_or_else(|e| panic!("bad session list from {url}: {e}: {body}"));
@@ -96,8 +193,9 @@ impl TestConsul {
     }
 
     pub fn destroy_session(&self, id: &str) {
-        let url = self.url(&format!("/v1/session/destroy/{}", encode_key(id)));
-        let (status, body) = http("PUT", &url, b"");
+        let path = format!("/v1/session/destroy/{}", encode_key(id));
+        let url = self.url(&path);
+        let (status, body) = self.request("PUT", &path, b"");
         assert_eq!(status, 200, "PUT {url} answered {status}: {body}");
     }
 }
@@ -148,6 +246,98 @@ pub fn http_agent() -> ureq::Agent {
         .timeout_global(Some(Duration::from_secs(10)))
         .build()
         .into()
+}
+
+/// An HTTPS client (error statuses handed back, no proxy) that trusts only
+/// the CA certificates in `ca_pem` and, if given, presents `client`.
+pub fn tls_agent(ca_pem: &str, client: Option<&CertKey>) -> ureq::Agent {
+    use ureq::tls::{Certificate, ClientCert, PemItem, PrivateKey, RootCerts, TlsConfig};
+    let roots: Vec<Certificate<'static>> = ureq::tls::parse_pem(ca_pem.as_bytes())
+        .filter_map(|item| match item {
+            Ok(PemItem::Certificate(cert)) => Some(cert),
+            Ok(_) => None,
+            Err(e) => panic!("bad CA PEM: {e}"),
+        })
+        .collect();
+    assert!(!roots.is_empty(), "no certificate in the CA PEM");
+    let client_cert = client.map(|client| {
+        let chain: Vec<Certificate<'static>> = ureq::tls::parse_pem(client.cert_pem.as_bytes())
+            .filter_map(|item| match item {
+                Ok(PemItem::Certificate(cert)) => Some(cert),
+                _ => None,
+            })
+            .collect();
+        let key = PrivateKey::from_pem(client.key_pem.as_bytes())
+            .unwrap_or_else(|e| panic!("bad client key PEM: {e}"));
+        ClientCert::new_with_certs(&chain, key)
+    });
+    let tls = TlsConfig::builder()
+        .root_certs(RootCerts::Specific(Arc::new(roots)))
+        .client_cert(client_cert)
+        .build();
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(10)))
+        .proxy(None)
+        .tls_config(tls)
+        .build()
+        .into()
+}
+
+/// An answer read in full.
+#[derive(Clone, Debug)]
+pub struct HttpAnswer {
+    pub status: u16,
+    /// Header names lowercased.
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl HttpAnswer {
+    /// The first value of a header (name matched case-insensitively).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// One request with `agent`, sending `token` (if any) as `X-Consul-Token`.
+/// Transport and TLS errors come back as `Err`; so do bodies that cannot
+/// be read in full.
+pub fn http_request(
+    agent: &ureq::Agent,
+    method: &str,
+    url: &str,
+    token: Option<&str>,
+    body: &[u8],
+) -> Result<HttpAnswer, ureq::Error> {
+    let mut request = ureq::http::Request::builder().method(method).uri(url);
+    if let Some(token) = token {
+        request = request.header("X-Consul-Token", token);
+    }
+    let request = request
+        .body(body.to_vec())
+        .unwrap_or_else(|e| panic!("cannot build {method} {url}: {e}"));
+    let mut response = agent.run(request)?;
+    let headers = response
+        .headers()
+        .iter()
+        .map(|(name, value)| {
+            (
+                name.as_str().to_ascii_lowercase(),
+                String::from_utf8_lossy(value.as_bytes()).into_owned(),
+            )
+        })
+        .collect();
+    let status = response.status().as_u16();
+    let body = response.body_mut().read_to_string()?;
+    Ok(HttpAnswer {
+        status,
+        headers,
+        body,
+    })
 }
 
 /// One request with a fresh agent; panics on transport errors. Returns
