@@ -33,6 +33,11 @@ const RELEASE_BUDGET_WAITING: Duration = Duration::from_secs(1);
 /// Time for leaving the semaphore after the child ends.
 const RELEASE_BUDGET_DONE: Duration = Duration::from_secs(10);
 
+/// How often to look whether the child stopped: the kernel may drop a stop
+/// report (a stop and a continue racing), and a stopped command whose stop
+/// goes unseen would keep its slot forever.
+const STOP_POLL: Duration = Duration::from_millis(250);
+
 /// How long to wait for a SIGKILLed child to be reaped.
 const KILL_WAIT: Duration = Duration::from_secs(5);
 
@@ -64,8 +69,8 @@ pub enum Outcome {
 enum Event {
     Slot(SlotEvent),
     Signal(i32),
-    /// The child stopped by this signal; when `waitpid` saw it.
-    ChildStopped(i32, Instant),
+    /// The child stopped, by this signal.
+    ChildStopped(i32),
     ChildExited(ExitStatus),
 }
 
@@ -178,18 +183,24 @@ fn run_child(
     }
     report::event("started", &[("pid", &group)]);
     watch_child(group, events);
-    // When consem last continued the child after stopping it: a stop seen
-    // before then was consem's own doing (or is over), not news to mirror.
-    let mut continued_at: Option<Instant> = None;
-
     let outcome = loop {
-        match inbox.recv() {
+        let event = match inbox.recv_timeout(STOP_POLL) {
+            Err(RecvTimeoutError::Timeout) if sys::is_stopped(group) => {
+                Ok(Event::ChildStopped(SIGSTOP))
+            }
+            Err(RecvTimeoutError::Timeout) => continue,
+            other => other,
+        };
+        match event {
             Ok(Event::ChildExited(status)) => {
                 report::event("exited", &[("status", &status)]);
                 break Outcome::ChildExited(status);
             }
-            Ok(Event::ChildStopped(_, seen)) if continued_at.is_some_and(|at| seen < at) => {}
-            Ok(Event::ChildStopped(signal, _)) => {
+            // A stop report can come late, after consem continued the child
+            // (or not at all, the kernel may drop it): only a child that is
+            // stopped now is news.
+            Ok(Event::ChildStopped(_)) if !sys::is_stopped(group) => {}
+            Ok(Event::ChildStopped(signal)) => {
                 // The command stopped (Ctrl-Z on its terminal, a read from a
                 // terminal it does not own): stop with it so that the shell
                 // sees the job stop, and carry on together when continued.
@@ -214,7 +225,6 @@ fn run_child(
                 sys::stop_self();
                 report::event("continued", &[("pid", &group)]);
                 sys::signal_group(group, SIGCONT);
-                continued_at = Some(Instant::now());
             }
             Ok(Event::Signal(signal)) => {
                 report::event("forwarded", &[("signal", &signal), ("pid", &group)]);
@@ -231,7 +241,8 @@ fn run_child(
                 break Outcome::SlotLost;
             }
             Ok(Event::Slot(_)) => {}
-            Err(_) => unreachable!("the event loop holds a sender"),
+            Err(RecvTimeoutError::Disconnected) => unreachable!("the event loop holds a sender"),
+            Err(RecvTimeoutError::Timeout) => unreachable!("handled above"),
         }
     };
     if take_terminal {
@@ -247,9 +258,7 @@ fn watch_child(pid: u32, events: Sender<Event>) {
         .name("consem-child".into())
         .spawn(move || loop {
             let event = match sys::wait_child(pid) {
-                Ok(sys::ChildChange::Stopped(signal)) => {
-                    Event::ChildStopped(signal, Instant::now())
-                }
+                Ok(sys::ChildChange::Stopped(signal)) => Event::ChildStopped(signal),
                 Ok(sys::ChildChange::Ended(status)) => Event::ChildExited(status),
                 Err(error) => {
                     // Only if something else reaped our child; its status is

@@ -118,6 +118,16 @@ pub fn wait_child(pid: u32) -> std::io::Result<ChildChange> {
     }
 }
 
+/// Whether the process `pid` is stopped right now, from /proc (Linux).
+/// Elsewhere this cannot be told and is false: stop reports alone count.
+pub fn is_stopped(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        // "pid (comm) T ...": the state follows the last ')'.
+        stat.rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('T'))
+    })
+}
+
 /// Stops consem itself until a SIGCONT, as a shell's job-control expects of
 /// a job whose command stopped. Returns once continued.
 pub fn stop_self() {

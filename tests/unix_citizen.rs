@@ -292,47 +292,6 @@ fn a_stopped_command_stops_consem_and_sigcont_continues_both() {
     world.assert_clean();
 }
 
-/// Ctrl-Z to consem and `fg`, then a stop of the command itself, several
-/// times over: consem's own SIGSTOP of the command is never mistaken for, nor
-/// hides, a later stop of the command.
-#[cfg(target_os = "linux")]
-#[test]
-fn stops_alternate_between_consem_and_the_command_without_mixing_up() {
-    let world = World::new("stop-rounds");
-    let mut consem = spawn_verbose(
-        &world,
-        1,
-        &[],
-        &strs(&pid_until_go(&world, "pid", "go")),
-        "log",
-    );
-    let consem_pid = pid_of(&consem);
-    let status = or_kill(
-        &mut consem,
-        || log_text(&world, "log"),
-        |consem| {
-            let child = read_pid(&world, "pid");
-            for _ in 0..16 {
-                send(consem_pid, libc::SIGTSTP);
-                wait_until(PROMPT, "consem to stop", || is_stopped(consem_pid));
-                send(consem_pid, libc::SIGCONT);
-                wait_until(PROMPT, "the command to run again", || is_running(child));
-                send(child, libc::SIGSTOP);
-                wait_until(PROMPT, "consem to stop with its command", || {
-                    is_stopped(consem_pid)
-                });
-                send(consem_pid, libc::SIGCONT);
-                wait_until(PROMPT, "consem to run again", || is_running(consem_pid));
-                wait_until(PROMPT, "the command to run again", || is_running(child));
-            }
-            world.touch("go");
-            wait_with_deadline(consem, PROMPT, "consem to exit")
-        },
-    );
-    assert_eq!(status.code(), Some(0), "{}", log_text(&world, "log"));
-    world.assert_clean();
-}
-
 /// On a terminal, Ctrl-Z stops the interactive command (the foreground
 /// group); consem stops too, having taken the terminal back first, as a shell
 /// expects of a stopped job. `fg` (SIGCONT to consem's group, which owns the
