@@ -145,22 +145,6 @@ fn summary(line: &str) {
     let _ = writeln!(std::io::stderr(), "{line}");
 }
 
-/// The state letter in /proc/<pid>/stat; `None` once the process is gone.
-fn process_state(pid: i32) -> Option<char> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let (_, rest) = stat.rsplit_once(')')?;
-    rest.trim_start().chars().next()
-}
-
-/// True once `pid` no longer runs (a zombie waiting for its reaper counts).
-fn process_gone(pid: i32) -> bool {
-    // SAFETY: signal 0 only asks whether the process exists.
-    if unsafe { libc::kill(pid, 0) } != 0 {
-        return true;
-    }
-    matches!(process_state(pid), None | Some('Z' | 'X'))
-}
-
 /// The processes whose parent is `parent`, from /proc.
 fn children_of(parent: i32) -> Vec<i32> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
@@ -1299,18 +1283,6 @@ fn chaos_among_forty_contenders_keeps_the_limit_and_leaves_nothing_behind() {
 
 // ---- leaks --------------------------------------------------------------------
 
-/// Spawns consem with `-v` and its stderr in a file, to follow its events.
-fn spawn_verbose(world: &World, extra: &[&str], command: &[&str], log: &str) -> Child {
-    let mut args = vec!["-v"];
-    args.extend_from_slice(extra);
-    world
-        .consem(1, &args, command)
-        .stdout(Stdio::null())
-        .stderr(File::create(world.path(log)).unwrap())
-        .spawn()
-        .unwrap()
-}
-
 /// Issue 3, part 5: consecutive runs of every kind — the child succeeds,
 /// fails, dies of a signal; no slot with `--try`, `--timeout` or
 /// `--timeout 0 -E`; a waiting consem stopped by a signal — with a
@@ -1377,7 +1349,7 @@ fn repeated_runs_leave_nothing_behind() {
         count("timeout", expected, output.status, &|| stderr(&output));
         done += 1;
         let log = format!("waiting-{round}.err");
-        let mut waiter = spawn_verbose(&world, &[], &["true"], &log);
+        let mut waiter = spawn_verbose(&world, 1, &[], &["true"], &log);
         wait_until(PROMPT, "the second consem to wait", || {
             std::fs::read_to_string(world.path(&log))
                 .unwrap_or_default()
