@@ -56,6 +56,96 @@ pub enum Command {
     /// Run a command while holding a slot
     #[command(after_help = format!("{RUN_EXAMPLES}\n\n{EXIT_CODES}"))]
     Run(RunArgs),
+    /// Show the semaphore at a prefix: limit, holders, waiters, dead holders
+    #[command(after_help = STATUS_HELP)]
+    Status(StatusArgs),
+    /// Free a slot: take a holder out of .lock and destroy its session
+    #[command(after_help = ADMIN_EXIT_CODES)]
+    Release(ReleaseArgs),
+    /// Delete .lock once no live holder remains, so that a new limit can be used
+    #[command(after_help = ADMIN_EXIT_CODES)]
+    Reset(ResetArgs),
+    /// Print a shell completion script
+    Completions {
+        /// The shell to complete for
+        shell: clap_complete::Shell,
+    },
+}
+
+pub const ADMIN_EXIT_CODES: &str = "\
+Exit codes:
+  0   done
+  1   nothing to do: no semaphore at the prefix, no such holder, or live holders (reset without --force)
+  2   usage error
+  65  .lock at the prefix is not a semaphore consem can read
+  69  Consul unreachable or failing
+  77  permission denied by Consul ACLs";
+
+const STATUS_HELP: &str = "\
+Examples:
+  consem status --prefix service/db
+  consem status --prefix service/db --json | jq '.holders[].host'
+
+Exit codes:
+  0   a semaphore is at the prefix
+  1   nothing is at the prefix
+  2   usage error
+  65  .lock at the prefix is not a semaphore consem can read
+  69  Consul unreachable or failing
+  77  permission denied by Consul ACLs";
+
+/// `consem status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// KV prefix of the semaphore
+    #[arg(long, value_name = "PREFIX")]
+    pub prefix: String,
+
+    /// Print JSON (a stable schema, see README) instead of a table
+    #[arg(long)]
+    pub json: bool,
+
+    #[command(flatten)]
+    pub consul: ConsulArgs,
+}
+
+/// `consem release`.
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("holder").required(true).args(["session", "host"])))]
+pub struct ReleaseArgs {
+    /// KV prefix of the semaphore
+    #[arg(long, value_name = "PREFIX")]
+    pub prefix: String,
+
+    /// The holder's session ID, or a unique beginning of it
+    #[arg(long, value_name = "ID")]
+    pub session: Option<String>,
+
+    /// The holder's host (with --pid)
+    #[arg(long, value_name = "HOST", requires = "pid")]
+    pub host: Option<String>,
+
+    /// The holder's consem process ID (with --host)
+    #[arg(long, value_name = "PID", requires = "host")]
+    pub pid: Option<u32>,
+
+    #[command(flatten)]
+    pub consul: ConsulArgs,
+}
+
+/// `consem reset`.
+#[derive(Debug, Args)]
+pub struct ResetArgs {
+    /// KV prefix of the semaphore
+    #[arg(long, value_name = "PREFIX")]
+    pub prefix: String,
+
+    /// Release every live holder first (their commands are stopped, exit 76)
+    #[arg(long)]
+    pub force: bool,
+
+    #[command(flatten)]
+    pub consul: ConsulArgs,
 }
 
 #[derive(Debug, Args)]
@@ -211,7 +301,9 @@ mod tests {
             "--dry-run",
         ])
         .unwrap();
-        let Command::Run(run) = cli.command;
+        let Command::Run(run) = cli.command else {
+            panic!("parsed as run")
+        };
         assert_eq!(run.limit, 2);
         assert_eq!(run.timeout, Some(Duration::from_secs(90)));
         assert_eq!(run.command, ["./migrate.sh", "--dry-run"]);

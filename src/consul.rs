@@ -200,6 +200,15 @@ struct RawEntry {
     modify_index: u64,
 }
 
+/// What `consem status` shows of a session.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct SessionInfo {
+    #[serde(rename = "Node", default)]
+    pub node: String,
+    #[serde(rename = "Name", default)]
+    pub name: String,
+}
+
 #[derive(Deserialize)]
 struct CreatedSession {
     #[serde(rename = "ID")]
@@ -334,6 +343,22 @@ impl Client {
             return Ok(Renewal::Gone);
         }
         expect_ok(reply).map(|_| Renewal::Renewed)
+    }
+
+    /// `GET /v1/session/info/<id>`: `None` when Consul does not know it.
+    pub fn session_info(&self, id: &str) -> Result<Option<SessionInfo>, ConsulError> {
+        let path = format!("/v1/session/info/{}", encode_path(id));
+        let reply = self.call(
+            http::Method::GET,
+            &path,
+            &[],
+            None,
+            self.call_timeout,
+            "session:read",
+        )?;
+        let reply = expect_ok(reply)?;
+        let found: Option<Vec<SessionInfo>> = decode_json(&reply.body, "session info")?;
+        Ok(found.and_then(|list| list.into_iter().next()))
     }
 
     /// `PUT /v1/session/destroy/<id>`; Consul answers `true` even for an

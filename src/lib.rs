@@ -6,6 +6,7 @@
 //! (the interface to a semaphore store), `consul_backend` (the recipe over
 //! Consul), `consul` (the HTTP client), and `semaphore` (pure decisions).
 
+pub mod admin;
 pub mod backend;
 pub mod cli;
 pub mod consul;

@@ -90,7 +90,7 @@ pub fn normalize_prefix(prefix: &str) -> Result<String, String> {
 /// (`--token`, else `CONSUL_HTTP_TOKEN`) when both are set, as in Consul's
 /// API client ("if the TokenFile is set, always use that"); an empty file
 /// falls back to the token.
-fn consul_config(
+pub fn consul_config(
     args: ConsulArgs,
     env: impl Fn(&str) -> Option<String>,
 ) -> Result<ConsulConfig, String> {
@@ -164,7 +164,10 @@ mod tests {
         line.extend_from_slice(extra);
         line.extend_from_slice(&["--", "echo", "hi"]);
         let crate::cli::Command::Run(args) =
-            crate::cli::Cli::try_parse_from(&line).unwrap().command;
+            crate::cli::Cli::try_parse_from(&line).unwrap().command
+        else {
+            panic!("parsed as run")
+        };
         let env: Vec<(String, String)> = env
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
