@@ -1,0 +1,166 @@
+
+using namespace System.Management.Automation
+using namespace System.Management.Automation.Language
+
+Register-ArgumentCompleter -Native -CommandName 'consem' -ScriptBlock {
+    param($wordToComplete, $commandAst, $cursorPosition)
+
+    $commandElements = $commandAst.CommandElements
+    $command = @(
+        'consem'
+        for ($i = 1; $i -lt $commandElements.Count; $i++) {
+            $element = $commandElements[$i]
+            if ($element -isnot [StringConstantExpressionAst] -or
+                $element.StringConstantType -ne [StringConstantType]::BareWord -or
+                $element.Value.StartsWith('-') -or
+                $element.Value -eq $wordToComplete) {
+                break
+        }
+        $element.Value
+    }) -join ';'
+
+    $completions = @(switch ($command) {
+        'consem' {
+            [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
+            [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
+            [CompletionResult]::new('-V', '-V ', [CompletionResultType]::ParameterName, 'Print version')
+            [CompletionResult]::new('--version', '--version', [CompletionResultType]::ParameterName, 'Print version')
+            [CompletionResult]::new('run', 'run', [CompletionResultType]::ParameterValue, 'Run a command while holding a slot')
+            [CompletionResult]::new('status', 'status', [CompletionResultType]::ParameterValue, 'Show the semaphore at a prefix: limit, holders, waiters, dead holders')
+            [CompletionResult]::new('release', 'release', [CompletionResultType]::ParameterValue, 'Free a slot: take a holder out of .lock and destroy its session')
+            [CompletionResult]::new('reset', 'reset', [CompletionResultType]::ParameterValue, 'Delete .lock once no live holder remains, so that a new limit can be used')
+            [CompletionResult]::new('completions', 'completions', [CompletionResultType]::ParameterValue, 'Print a shell completion script')
+            [CompletionResult]::new('help', 'help', [CompletionResultType]::ParameterValue, 'Print this message or the help of the given subcommand(s)')
+            break
+        }
+        'consem;run' {
+            [CompletionResult]::new('--prefix', '--prefix', [CompletionResultType]::ParameterName, 'KV prefix that all contenders agree on (leading and trailing ''/'' are trimmed)')
+            [CompletionResult]::new('--limit', '--limit', [CompletionResultType]::ParameterName, 'Number of slots; every contender on the prefix must use the same limit')
+            [CompletionResult]::new('--timeout', '--timeout', [CompletionResultType]::ParameterName, 'Give up waiting for a slot after this long (default: wait forever)')
+            [CompletionResult]::new('-E', '-E ', [CompletionResultType]::ParameterName, 'Exit code when no slot was obtained')
+            [CompletionResult]::new('--no-slot-exit-code', '--no-slot-exit-code', [CompletionResultType]::ParameterName, 'Exit code when no slot was obtained')
+            [CompletionResult]::new('--ttl', '--ttl', [CompletionResultType]::ParameterName, 'Session TTL, renewed every TTL/2 (10s to 24h)')
+            [CompletionResult]::new('--kill-grace', '--kill-grace', [CompletionResultType]::ParameterName, 'Time between SIGTERM and SIGKILL when consem must stop the command')
+            [CompletionResult]::new('--monitor-retry', '--monitor-retry', [CompletionResultType]::ParameterName, 'Consecutive transient Consul failures tolerated while holding a slot')
+            [CompletionResult]::new('--name', '--name', [CompletionResultType]::ParameterName, 'Session name (default: "consem: <command> at <prefix>")')
+            [CompletionResult]::new('--http-addr', '--http-addr', [CompletionResultType]::ParameterName, 'Consul HTTP API address: host:port, http://host:port or https://host:port')
+            [CompletionResult]::new('--token', '--token', [CompletionResultType]::ParameterName, 'ACL token (also CONSUL_HTTP_TOKEN); sent in the X-Consul-Token header')
+            [CompletionResult]::new('--token-file', '--token-file', [CompletionResultType]::ParameterName, 'File holding the ACL token (also CONSUL_HTTP_TOKEN_FILE)')
+            [CompletionResult]::new('--datacenter', '--datacenter', [CompletionResultType]::ParameterName, 'Datacenter to use (default: the agent''s)')
+            [CompletionResult]::new('--namespace', '--namespace', [CompletionResultType]::ParameterName, 'Namespace to use (Consul Enterprise)')
+            [CompletionResult]::new('--partition', '--partition', [CompletionResultType]::ParameterName, 'Admin partition to use (Consul Enterprise)')
+            [CompletionResult]::new('--ca-file', '--ca-file', [CompletionResultType]::ParameterName, 'PEM file of the CA that signs the agent''s certificate')
+            [CompletionResult]::new('--ca-path', '--ca-path', [CompletionResultType]::ParameterName, 'Directory of PEM CA certificates')
+            [CompletionResult]::new('--client-cert', '--client-cert', [CompletionResultType]::ParameterName, 'PEM client certificate, for agents that verify clients (mTLS)')
+            [CompletionResult]::new('--client-key', '--client-key', [CompletionResultType]::ParameterName, 'PEM private key of the client certificate')
+            [CompletionResult]::new('--tls-server-name', '--tls-server-name', [CompletionResultType]::ParameterName, 'Name to verify the agent''s certificate against, instead of the address''s host')
+            [CompletionResult]::new('--try', '--try', [CompletionResultType]::ParameterName, 'Make one attempt and do not wait')
+            [CompletionResult]::new('-v', '-v', [CompletionResultType]::ParameterName, 'Print lifecycle events on stderr')
+            [CompletionResult]::new('--verbose', '--verbose', [CompletionResultType]::ParameterName, 'Print lifecycle events on stderr')
+            [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help')
+            [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help')
+            [CompletionResult]::new('-V', '-V ', [CompletionResultType]::ParameterName, 'Print version')
+            [CompletionResult]::new('--version', '--version', [CompletionResultType]::ParameterName, 'Print version')
+            break
+        }
+        'consem;status' {
+            [CompletionResult]::new('--prefix', '--prefix', [CompletionResultType]::ParameterName, 'KV prefix of the semaphore')
+            [CompletionResult]::new('--http-addr', '--http-addr', [CompletionResultType]::ParameterName, 'Consul HTTP API address: host:port, http://host:port or https://host:port')
+            [CompletionResult]::new('--token', '--token', [CompletionResultType]::ParameterName, 'ACL token (also CONSUL_HTTP_TOKEN); sent in the X-Consul-Token header')
+            [CompletionResult]::new('--token-file', '--token-file', [CompletionResultType]::ParameterName, 'File holding the ACL token (also CONSUL_HTTP_TOKEN_FILE)')
+            [CompletionResult]::new('--datacenter', '--datacenter', [CompletionResultType]::ParameterName, 'Datacenter to use (default: the agent''s)')
+            [CompletionResult]::new('--namespace', '--namespace', [CompletionResultType]::ParameterName, 'Namespace to use (Consul Enterprise)')
+            [CompletionResult]::new('--partition', '--partition', [CompletionResultType]::ParameterName, 'Admin partition to use (Consul Enterprise)')
+            [CompletionResult]::new('--ca-file', '--ca-file', [CompletionResultType]::ParameterName, 'PEM file of the CA that signs the agent''s certificate')
+            [CompletionResult]::new('--ca-path', '--ca-path', [CompletionResultType]::ParameterName, 'Directory of PEM CA certificates')
+            [CompletionResult]::new('--client-cert', '--client-cert', [CompletionResultType]::ParameterName, 'PEM client certificate, for agents that verify clients (mTLS)')
+            [CompletionResult]::new('--client-key', '--client-key', [CompletionResultType]::ParameterName, 'PEM private key of the client certificate')
+            [CompletionResult]::new('--tls-server-name', '--tls-server-name', [CompletionResultType]::ParameterName, 'Name to verify the agent''s certificate against, instead of the address''s host')
+            [CompletionResult]::new('--json', '--json', [CompletionResultType]::ParameterName, 'Print JSON (a stable schema, see README) instead of a table')
+            [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help')
+            [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help')
+            [CompletionResult]::new('-V', '-V ', [CompletionResultType]::ParameterName, 'Print version')
+            [CompletionResult]::new('--version', '--version', [CompletionResultType]::ParameterName, 'Print version')
+            break
+        }
+        'consem;release' {
+            [CompletionResult]::new('--prefix', '--prefix', [CompletionResultType]::ParameterName, 'KV prefix of the semaphore')
+            [CompletionResult]::new('--session', '--session', [CompletionResultType]::ParameterName, 'The holder''s session ID, or a unique beginning of it')
+            [CompletionResult]::new('--host', '--host', [CompletionResultType]::ParameterName, 'The holder''s host (with --pid)')
+            [CompletionResult]::new('--pid', '--pid', [CompletionResultType]::ParameterName, 'The holder''s consem process ID (with --host)')
+            [CompletionResult]::new('--http-addr', '--http-addr', [CompletionResultType]::ParameterName, 'Consul HTTP API address: host:port, http://host:port or https://host:port')
+            [CompletionResult]::new('--token', '--token', [CompletionResultType]::ParameterName, 'ACL token (also CONSUL_HTTP_TOKEN); sent in the X-Consul-Token header')
+            [CompletionResult]::new('--token-file', '--token-file', [CompletionResultType]::ParameterName, 'File holding the ACL token (also CONSUL_HTTP_TOKEN_FILE)')
+            [CompletionResult]::new('--datacenter', '--datacenter', [CompletionResultType]::ParameterName, 'Datacenter to use (default: the agent''s)')
+            [CompletionResult]::new('--namespace', '--namespace', [CompletionResultType]::ParameterName, 'Namespace to use (Consul Enterprise)')
+            [CompletionResult]::new('--partition', '--partition', [CompletionResultType]::ParameterName, 'Admin partition to use (Consul Enterprise)')
+            [CompletionResult]::new('--ca-file', '--ca-file', [CompletionResultType]::ParameterName, 'PEM file of the CA that signs the agent''s certificate')
+            [CompletionResult]::new('--ca-path', '--ca-path', [CompletionResultType]::ParameterName, 'Directory of PEM CA certificates')
+            [CompletionResult]::new('--client-cert', '--client-cert', [CompletionResultType]::ParameterName, 'PEM client certificate, for agents that verify clients (mTLS)')
+            [CompletionResult]::new('--client-key', '--client-key', [CompletionResultType]::ParameterName, 'PEM private key of the client certificate')
+            [CompletionResult]::new('--tls-server-name', '--tls-server-name', [CompletionResultType]::ParameterName, 'Name to verify the agent''s certificate against, instead of the address''s host')
+            [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help')
+            [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help')
+            [CompletionResult]::new('-V', '-V ', [CompletionResultType]::ParameterName, 'Print version')
+            [CompletionResult]::new('--version', '--version', [CompletionResultType]::ParameterName, 'Print version')
+            break
+        }
+        'consem;reset' {
+            [CompletionResult]::new('--prefix', '--prefix', [CompletionResultType]::ParameterName, 'KV prefix of the semaphore')
+            [CompletionResult]::new('--http-addr', '--http-addr', [CompletionResultType]::ParameterName, 'Consul HTTP API address: host:port, http://host:port or https://host:port')
+            [CompletionResult]::new('--token', '--token', [CompletionResultType]::ParameterName, 'ACL token (also CONSUL_HTTP_TOKEN); sent in the X-Consul-Token header')
+            [CompletionResult]::new('--token-file', '--token-file', [CompletionResultType]::ParameterName, 'File holding the ACL token (also CONSUL_HTTP_TOKEN_FILE)')
+            [CompletionResult]::new('--datacenter', '--datacenter', [CompletionResultType]::ParameterName, 'Datacenter to use (default: the agent''s)')
+            [CompletionResult]::new('--namespace', '--namespace', [CompletionResultType]::ParameterName, 'Namespace to use (Consul Enterprise)')
+            [CompletionResult]::new('--partition', '--partition', [CompletionResultType]::ParameterName, 'Admin partition to use (Consul Enterprise)')
+            [CompletionResult]::new('--ca-file', '--ca-file', [CompletionResultType]::ParameterName, 'PEM file of the CA that signs the agent''s certificate')
+            [CompletionResult]::new('--ca-path', '--ca-path', [CompletionResultType]::ParameterName, 'Directory of PEM CA certificates')
+            [CompletionResult]::new('--client-cert', '--client-cert', [CompletionResultType]::ParameterName, 'PEM client certificate, for agents that verify clients (mTLS)')
+            [CompletionResult]::new('--client-key', '--client-key', [CompletionResultType]::ParameterName, 'PEM private key of the client certificate')
+            [CompletionResult]::new('--tls-server-name', '--tls-server-name', [CompletionResultType]::ParameterName, 'Name to verify the agent''s certificate against, instead of the address''s host')
+            [CompletionResult]::new('--force', '--force', [CompletionResultType]::ParameterName, 'Release every live holder first (their commands are stopped, exit 76)')
+            [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help')
+            [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help')
+            [CompletionResult]::new('-V', '-V ', [CompletionResultType]::ParameterName, 'Print version')
+            [CompletionResult]::new('--version', '--version', [CompletionResultType]::ParameterName, 'Print version')
+            break
+        }
+        'consem;completions' {
+            [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help')
+            [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help')
+            [CompletionResult]::new('-V', '-V ', [CompletionResultType]::ParameterName, 'Print version')
+            [CompletionResult]::new('--version', '--version', [CompletionResultType]::ParameterName, 'Print version')
+            break
+        }
+        'consem;help' {
+            [CompletionResult]::new('run', 'run', [CompletionResultType]::ParameterValue, 'Run a command while holding a slot')
+            [CompletionResult]::new('status', 'status', [CompletionResultType]::ParameterValue, 'Show the semaphore at a prefix: limit, holders, waiters, dead holders')
+            [CompletionResult]::new('release', 'release', [CompletionResultType]::ParameterValue, 'Free a slot: take a holder out of .lock and destroy its session')
+            [CompletionResult]::new('reset', 'reset', [CompletionResultType]::ParameterValue, 'Delete .lock once no live holder remains, so that a new limit can be used')
+            [CompletionResult]::new('completions', 'completions', [CompletionResultType]::ParameterValue, 'Print a shell completion script')
+            [CompletionResult]::new('help', 'help', [CompletionResultType]::ParameterValue, 'Print this message or the help of the given subcommand(s)')
+            break
+        }
+        'consem;help;run' {
+            break
+        }
+        'consem;help;status' {
+            break
+        }
+        'consem;help;release' {
+            break
+        }
+        'consem;help;reset' {
+            break
+        }
+        'consem;help;completions' {
+            break
+        }
+        'consem;help;help' {
+            break
+        }
+    })
+
+    $completions.Where{ $_.CompletionText -like "$wordToComplete*" } |
+        Sort-Object -Property ListItemText
+}

@@ -1,0 +1,148 @@
+
+use builtin;
+use str;
+
+set edit:completion:arg-completer[consem] = {|@words|
+    fn spaces {|n|
+        builtin:repeat $n ' ' | str:join ''
+    }
+    fn cand {|text desc|
+        edit:complex-candidate $text &display=$text' '(spaces (- 14 (wcswidth $text)))$desc
+    }
+    var command = 'consem'
+    for word $words[1..-1] {
+        if (str:has-prefix $word '-') {
+            break
+        }
+        set command = $command';'$word
+    }
+    var completions = [
+        &'consem'= {
+            cand -h 'Print help (see more with ''--help'')'
+            cand --help 'Print help (see more with ''--help'')'
+            cand -V 'Print version'
+            cand --version 'Print version'
+            cand run 'Run a command while holding a slot'
+            cand status 'Show the semaphore at a prefix: limit, holders, waiters, dead holders'
+            cand release 'Free a slot: take a holder out of .lock and destroy its session'
+            cand reset 'Delete .lock once no live holder remains, so that a new limit can be used'
+            cand completions 'Print a shell completion script'
+            cand help 'Print this message or the help of the given subcommand(s)'
+        }
+        &'consem;run'= {
+            cand --prefix 'KV prefix that all contenders agree on (leading and trailing ''/'' are trimmed)'
+            cand --limit 'Number of slots; every contender on the prefix must use the same limit'
+            cand --timeout 'Give up waiting for a slot after this long (default: wait forever)'
+            cand -E 'Exit code when no slot was obtained'
+            cand --no-slot-exit-code 'Exit code when no slot was obtained'
+            cand --ttl 'Session TTL, renewed every TTL/2 (10s to 24h)'
+            cand --kill-grace 'Time between SIGTERM and SIGKILL when consem must stop the command'
+            cand --monitor-retry 'Consecutive transient Consul failures tolerated while holding a slot'
+            cand --name 'Session name (default: "consem: <command> at <prefix>")'
+            cand --http-addr 'Consul HTTP API address: host:port, http://host:port or https://host:port'
+            cand --token 'ACL token (also CONSUL_HTTP_TOKEN); sent in the X-Consul-Token header'
+            cand --token-file 'File holding the ACL token (also CONSUL_HTTP_TOKEN_FILE)'
+            cand --datacenter 'Datacenter to use (default: the agent''s)'
+            cand --namespace 'Namespace to use (Consul Enterprise)'
+            cand --partition 'Admin partition to use (Consul Enterprise)'
+            cand --ca-file 'PEM file of the CA that signs the agent''s certificate'
+            cand --ca-path 'Directory of PEM CA certificates'
+            cand --client-cert 'PEM client certificate, for agents that verify clients (mTLS)'
+            cand --client-key 'PEM private key of the client certificate'
+            cand --tls-server-name 'Name to verify the agent''s certificate against, instead of the address''s host'
+            cand --try 'Make one attempt and do not wait'
+            cand -v 'Print lifecycle events on stderr'
+            cand --verbose 'Print lifecycle events on stderr'
+            cand -h 'Print help'
+            cand --help 'Print help'
+            cand -V 'Print version'
+            cand --version 'Print version'
+        }
+        &'consem;status'= {
+            cand --prefix 'KV prefix of the semaphore'
+            cand --http-addr 'Consul HTTP API address: host:port, http://host:port or https://host:port'
+            cand --token 'ACL token (also CONSUL_HTTP_TOKEN); sent in the X-Consul-Token header'
+            cand --token-file 'File holding the ACL token (also CONSUL_HTTP_TOKEN_FILE)'
+            cand --datacenter 'Datacenter to use (default: the agent''s)'
+            cand --namespace 'Namespace to use (Consul Enterprise)'
+            cand --partition 'Admin partition to use (Consul Enterprise)'
+            cand --ca-file 'PEM file of the CA that signs the agent''s certificate'
+            cand --ca-path 'Directory of PEM CA certificates'
+            cand --client-cert 'PEM client certificate, for agents that verify clients (mTLS)'
+            cand --client-key 'PEM private key of the client certificate'
+            cand --tls-server-name 'Name to verify the agent''s certificate against, instead of the address''s host'
+            cand --json 'Print JSON (a stable schema, see README) instead of a table'
+            cand -h 'Print help'
+            cand --help 'Print help'
+            cand -V 'Print version'
+            cand --version 'Print version'
+        }
+        &'consem;release'= {
+            cand --prefix 'KV prefix of the semaphore'
+            cand --session 'The holder''s session ID, or a unique beginning of it'
+            cand --host 'The holder''s host (with --pid)'
+            cand --pid 'The holder''s consem process ID (with --host)'
+            cand --http-addr 'Consul HTTP API address: host:port, http://host:port or https://host:port'
+            cand --token 'ACL token (also CONSUL_HTTP_TOKEN); sent in the X-Consul-Token header'
+            cand --token-file 'File holding the ACL token (also CONSUL_HTTP_TOKEN_FILE)'
+            cand --datacenter 'Datacenter to use (default: the agent''s)'
+            cand --namespace 'Namespace to use (Consul Enterprise)'
+            cand --partition 'Admin partition to use (Consul Enterprise)'
+            cand --ca-file 'PEM file of the CA that signs the agent''s certificate'
+            cand --ca-path 'Directory of PEM CA certificates'
+            cand --client-cert 'PEM client certificate, for agents that verify clients (mTLS)'
+            cand --client-key 'PEM private key of the client certificate'
+            cand --tls-server-name 'Name to verify the agent''s certificate against, instead of the address''s host'
+            cand -h 'Print help'
+            cand --help 'Print help'
+            cand -V 'Print version'
+            cand --version 'Print version'
+        }
+        &'consem;reset'= {
+            cand --prefix 'KV prefix of the semaphore'
+            cand --http-addr 'Consul HTTP API address: host:port, http://host:port or https://host:port'
+            cand --token 'ACL token (also CONSUL_HTTP_TOKEN); sent in the X-Consul-Token header'
+            cand --token-file 'File holding the ACL token (also CONSUL_HTTP_TOKEN_FILE)'
+            cand --datacenter 'Datacenter to use (default: the agent''s)'
+            cand --namespace 'Namespace to use (Consul Enterprise)'
+            cand --partition 'Admin partition to use (Consul Enterprise)'
+            cand --ca-file 'PEM file of the CA that signs the agent''s certificate'
+            cand --ca-path 'Directory of PEM CA certificates'
+            cand --client-cert 'PEM client certificate, for agents that verify clients (mTLS)'
+            cand --client-key 'PEM private key of the client certificate'
+            cand --tls-server-name 'Name to verify the agent''s certificate against, instead of the address''s host'
+            cand --force 'Release every live holder first (their commands are stopped, exit 76)'
+            cand -h 'Print help'
+            cand --help 'Print help'
+            cand -V 'Print version'
+            cand --version 'Print version'
+        }
+        &'consem;completions'= {
+            cand -h 'Print help'
+            cand --help 'Print help'
+            cand -V 'Print version'
+            cand --version 'Print version'
+        }
+        &'consem;help'= {
+            cand run 'Run a command while holding a slot'
+            cand status 'Show the semaphore at a prefix: limit, holders, waiters, dead holders'
+            cand release 'Free a slot: take a holder out of .lock and destroy its session'
+            cand reset 'Delete .lock once no live holder remains, so that a new limit can be used'
+            cand completions 'Print a shell completion script'
+            cand help 'Print this message or the help of the given subcommand(s)'
+        }
+        &'consem;help;run'= {
+        }
+        &'consem;help;status'= {
+        }
+        &'consem;help;release'= {
+        }
+        &'consem;help;reset'= {
+        }
+        &'consem;help;completions'= {
+        }
+        &'consem;help;help'= {
+        }
+    ]
+    $completions[$command]
+}
