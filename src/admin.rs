@@ -337,9 +337,15 @@ pub fn reset(args: ResetArgs, env: impl Fn(&str) -> Option<String>) -> i32 {
 fn reset_lock(args: ResetArgs, env: impl Fn(&str) -> Option<String>) -> Outcome {
     let (prefix, client) = connect(&args.prefix, args.consul, env)?;
     let key = format!("{prefix}/{LOCK_KEY_NAME}");
+    let mut evicted = 0;
     for _ in 0..CAS_ATTEMPTS {
         let snapshot = read(&client, &prefix)?;
         let Some((record, index)) = lock_record(&snapshot, &prefix)? else {
+            if evicted > 0 {
+                // The last evicted consem deleted .lock on its way out.
+                println!("reset {prefix}: released {evicted} holder(s); .lock is gone");
+                return Ok(0);
+            }
             return Err((NOTHING, format!("no .lock at {prefix}: nothing to reset")));
         };
         let live: Vec<&String> = record
@@ -361,6 +367,7 @@ fn reset_lock(args: ResetArgs, env: impl Fn(&str) -> Option<String>) -> Outcome 
             }
             for id in live {
                 client.destroy_session(id).map_err(consul_failure)?;
+                evicted += 1;
             }
             continue;
         }

@@ -523,7 +523,16 @@ impl SlotBackend for ConsulSemaphore {
             ));
         }
 
-        // 1. Leave `.lock`: take ourselves out, or delete it if we are the last.
+        // 1. Delete the contender key first: whoever of several leaving
+        // holders reads `.lock` last then sees no other contender key and
+        // deletes `.lock`, so an idle prefix ends empty. (We are releasing:
+        // that others may prune us from this moment is what we want.)
+        let client = self.client.with_call_timeout(remaining());
+        if let Err(error) = client.delete(&self.key(&session), None) {
+            problems.push(format!("deleting {}: {error}", self.key(&session)));
+        }
+
+        // 2. Leave `.lock`: take ourselves out, or delete it if we are the last.
         let lock_key = self.key(semaphore::LOCK_KEY_NAME);
         for attempt in 1..=RELEASE_CAS_ATTEMPTS {
             let client = self.client.with_call_timeout(remaining());
@@ -560,11 +569,7 @@ impl SlotBackend for ConsulSemaphore {
             }
         }
 
-        // 2. Delete the contender key, 3. destroy the session.
-        let client = self.client.with_call_timeout(remaining());
-        if let Err(error) = client.delete(&self.key(&session), None) {
-            problems.push(format!("deleting {}: {error}", self.key(&session)));
-        }
+        // 3. Destroy the session.
         let client = self.client.with_call_timeout(remaining());
         if let Err(error) = client.destroy_session(&session) {
             problems.push(format!(

@@ -398,7 +398,7 @@ impl Sim {
                         self.log(|| format!("client {i}: unexpected {step:?}"));
                         Phase::Release {
                             session: contender.session().map(str::to_string),
-                            stage: ReleaseStage::Lock { attempts: 0 },
+                            stage: ReleaseStage::Key,
                             exit: Exit::SlotLost,
                         }
                     }
@@ -433,7 +433,7 @@ impl Sim {
     ) -> Result<Phase, Violation> {
         let release = |exit| Phase::Release {
             session: Some(session.clone()),
-            stage: ReleaseStage::Lock { attempts: 0 },
+            stage: ReleaseStage::Key,
             exit,
         };
         let call = watcher.call();
@@ -492,8 +492,8 @@ impl Sim {
         })
     }
 
-    /// One step of `ConsulSemaphore::release`: `.lock`, then the contender
-    /// key, then the session.
+    /// One step of `ConsulSemaphore::release`: the contender key, then
+    /// `.lock`, then the session.
     fn release_step(
         &mut self,
         i: usize,
@@ -513,7 +513,7 @@ impl Sim {
                     self.stats.failed_calls += 1;
                     return Phase::Release {
                         session,
-                        stage: ReleaseStage::Key,
+                        stage: ReleaseStage::Session,
                         exit,
                     };
                 }
@@ -529,7 +529,7 @@ impl Sim {
                 };
                 self.log(|| format!("client {i}: release .lock -> {written}"));
                 let stage = if written || attempts + 1 >= RELEASE_CAS_ATTEMPTS {
-                    ReleaseStage::Key
+                    ReleaseStage::Session
                 } else {
                     ReleaseStage::Lock {
                         attempts: attempts + 1,
@@ -547,7 +547,7 @@ impl Sim {
                 }
                 Phase::Release {
                     session,
-                    stage: ReleaseStage::Session,
+                    stage: ReleaseStage::Lock { attempts: 0 },
                     exit,
                 }
             }
@@ -578,7 +578,7 @@ impl Sim {
             self.log(|| format!("client {i}: renewal answers 404, stops its command"));
             self.clients[i].phase = Phase::Release {
                 session: Some(session),
-                stage: ReleaseStage::Lock { attempts: 0 },
+                stage: ReleaseStage::Key,
                 exit: Exit::SlotLost,
             };
         }
