@@ -11,6 +11,23 @@ use super::{http, unique_prefix, wait_until, ConsulDouble, KvEntry, TestConsul};
 
 pub const SEMAPHORE_FLAGS: u64 = 16210313421097356768;
 
+/// The consul CLI's variables that consem reads besides `CONSUL_HTTP_ADDR`;
+/// `World::consem` clears them so that a test sets exactly the ones it means.
+pub const CONSUL_ENV: [&str; 12] = [
+    "CONSUL_HTTP_TOKEN",
+    "CONSUL_HTTP_TOKEN_FILE",
+    "CONSUL_HTTP_AUTH",
+    "CONSUL_HTTP_SSL",
+    "CONSUL_HTTP_SSL_VERIFY",
+    "CONSUL_CACERT",
+    "CONSUL_CAPATH",
+    "CONSUL_CLIENT_CERT",
+    "CONSUL_CLIENT_KEY",
+    "CONSUL_TLS_SERVER_NAME",
+    "CONSUL_NAMESPACE",
+    "CONSUL_PARTITION",
+];
+
 /// Generous bound for things that should happen promptly: the suite must
 /// stay stable on a loaded 2-core machine.
 pub const PROMPT: Duration = Duration::from_secs(10);
@@ -24,12 +41,27 @@ pub struct World {
 
 impl World {
     pub fn new(name: &str) -> World {
+        World::with_consul(name, TestConsul::start())
+    }
+
+    /// A world around a Consul the test set up itself (a TLS double, one
+    /// with ACLs, ...); `consem` addresses it by its URL when it speaks TLS.
+    pub fn with_consul(name: &str, consul: TestConsul) -> World {
         let dir = std::env::temp_dir().join(unique_prefix(name).replace('/', "_"));
         std::fs::create_dir_all(&dir).unwrap();
         World {
-            consul: TestConsul::start(),
+            consul,
             prefix: unique_prefix(name),
             dir,
+        }
+    }
+
+    /// What `consem` gets as `CONSUL_HTTP_ADDR`: `host:port`, or the
+    /// `https://` URL of a TLS double.
+    pub fn http_addr(&self) -> String {
+        match self.consul.double() {
+            Some(double) if double.is_tls() => double.url(),
+            _ => self.consul.addr(),
         }
     }
 
@@ -42,20 +74,22 @@ impl World {
     /// `consem run --prefix <prefix> --limit <limit> <extra> -- <command>`.
     pub fn consem(&self, limit: u32, extra: &[&str], command: &[&str]) -> Command {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_consem"));
-        cmd.env("CONSUL_HTTP_ADDR", self.consul.addr())
-            .env_remove("CONSUL_HTTP_TOKEN")
-            .env_remove("CONSUL_HTTP_TOKEN_FILE")
-            .args([
-                "run",
-                "--prefix",
-                &self.prefix,
-                "--limit",
-                &limit.to_string(),
-            ])
-            .args(extra)
-            .arg("--")
-            .args(command)
-            .stdin(Stdio::null());
+        cmd.env("CONSUL_HTTP_ADDR", self.http_addr());
+        // Only what a test sets reaches consem, not the caller's shell.
+        for name in CONSUL_ENV {
+            cmd.env_remove(name);
+        }
+        cmd.args([
+            "run",
+            "--prefix",
+            &self.prefix,
+            "--limit",
+            &limit.to_string(),
+        ])
+        .args(extra)
+        .arg("--")
+        .args(command)
+        .stdin(Stdio::null());
         cmd
     }
 
