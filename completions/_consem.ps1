@@ -43,6 +43,7 @@ Register-ArgumentCompleter -Native -CommandName 'consem' -ScriptBlock {
             [CompletionResult]::new('--kill-grace', '--kill-grace', [CompletionResultType]::ParameterName, 'Time between SIGTERM and SIGKILL when consem must stop the command')
             [CompletionResult]::new('--monitor-retry', '--monitor-retry', [CompletionResultType]::ParameterName, 'Consecutive transient Consul failures tolerated while holding a slot')
             [CompletionResult]::new('--name', '--name', [CompletionResultType]::ParameterName, 'Session name (default: "consem: <command> at <prefix>")')
+            [CompletionResult]::new('--log-format', '--log-format', [CompletionResultType]::ParameterName, 'Format of what consem writes on stderr')
             [CompletionResult]::new('--http-addr', '--http-addr', [CompletionResultType]::ParameterName, 'Consul HTTP API address: host:port, http://host:port or https://host:port')
             [CompletionResult]::new('--token', '--token', [CompletionResultType]::ParameterName, 'ACL token (also CONSUL_HTTP_TOKEN); sent in the X-Consul-Token header')
             [CompletionResult]::new('--token-file', '--token-file', [CompletionResultType]::ParameterName, 'File holding the ACL token (also CONSUL_HTTP_TOKEN_FILE)')
@@ -57,8 +58,8 @@ Register-ArgumentCompleter -Native -CommandName 'consem' -ScriptBlock {
             [CompletionResult]::new('--try', '--try', [CompletionResultType]::ParameterName, 'Make one attempt and do not wait')
             [CompletionResult]::new('-v', '-v', [CompletionResultType]::ParameterName, 'Print lifecycle events on stderr')
             [CompletionResult]::new('--verbose', '--verbose', [CompletionResultType]::ParameterName, 'Print lifecycle events on stderr')
-            [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help')
-            [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help')
+            [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
+            [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
             [CompletionResult]::new('-V', '-V ', [CompletionResultType]::ParameterName, 'Print version')
             [CompletionResult]::new('--version', '--version', [CompletionResultType]::ParameterName, 'Print version')
             break

@@ -321,7 +321,7 @@ _consem() {
             return 0
             ;;
         consem__subcmd__run)
-            opts="-E -v -h -V --prefix --limit --timeout --try --no-slot-exit-code --ttl --kill-grace --monitor-retry --name --verbose --http-addr --token --token-file --datacenter --namespace --partition --ca-file --ca-path --client-cert --client-key --tls-server-name --help --version"
+            opts="-E -v -h -V --prefix --limit --timeout --try --no-slot-exit-code --ttl --kill-grace --monitor-retry --name --verbose --log-format --http-addr --token --token-file --datacenter --namespace --partition --ca-file --ca-path --client-cert --client-key --tls-server-name --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -361,6 +361,10 @@ _consem() {
                     ;;
                 --name)
                     COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --log-format)
+                    COMPREPLY=($(compgen -W "text json" -- "${cur}"))
                     return 0
                     ;;
                 --http-addr)

@@ -39,6 +39,7 @@ set edit:completion:arg-completer[consem] = {|@words|
             cand --kill-grace 'Time between SIGTERM and SIGKILL when consem must stop the command'
             cand --monitor-retry 'Consecutive transient Consul failures tolerated while holding a slot'
             cand --name 'Session name (default: "consem: <command> at <prefix>")'
+            cand --log-format 'Format of what consem writes on stderr'
             cand --http-addr 'Consul HTTP API address: host:port, http://host:port or https://host:port'
             cand --token 'ACL token (also CONSUL_HTTP_TOKEN); sent in the X-Consul-Token header'
             cand --token-file 'File holding the ACL token (also CONSUL_HTTP_TOKEN_FILE)'
@@ -53,8 +54,8 @@ set edit:completion:arg-completer[consem] = {|@words|
             cand --try 'Make one attempt and do not wait'
             cand -v 'Print lifecycle events on stderr'
             cand --verbose 'Print lifecycle events on stderr'
-            cand -h 'Print help'
-            cand --help 'Print help'
+            cand -h 'Print help (see more with ''--help'')'
+            cand --help 'Print help (see more with ''--help'')'
             cand -V 'Print version'
             cand --version 'Print version'
         }

@@ -40,6 +40,8 @@ complete -c consem -n "__fish_consem_using_subcommand run" -l ttl -d 'Session TT
 complete -c consem -n "__fish_consem_using_subcommand run" -l kill-grace -d 'Time between SIGTERM and SIGKILL when consem must stop the command' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l monitor-retry -d 'Consecutive transient Consul failures tolerated while holding a slot' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l name -d 'Session name (default: "consem: <command> at <prefix>")' -r
+complete -c consem -n "__fish_consem_using_subcommand run" -l log-format -d 'Format of what consem writes on stderr' -r -f -a "text\t'`<time> consem[<pid>] <event> key=value ...`; errors as `consem: error: ...`'
+json\t'One JSON object per line: time, pid, level, event or message, details'"
 complete -c consem -n "__fish_consem_using_subcommand run" -l http-addr -d 'Consul HTTP API address: host:port, http://host:port or https://host:port' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l token -d 'ACL token (also CONSUL_HTTP_TOKEN); sent in the X-Consul-Token header' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l token-file -d 'File holding the ACL token (also CONSUL_HTTP_TOKEN_FILE)' -r -F
@@ -53,7 +55,7 @@ complete -c consem -n "__fish_consem_using_subcommand run" -l client-key -d 'PEM
 complete -c consem -n "__fish_consem_using_subcommand run" -l tls-server-name -d 'Name to verify the agent\'s certificate against, instead of the address\'s host' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l try -d 'Make one attempt and do not wait'
 complete -c consem -n "__fish_consem_using_subcommand run" -s v -l verbose -d 'Print lifecycle events on stderr'
-complete -c consem -n "__fish_consem_using_subcommand run" -s h -l help -d 'Print help'
+complete -c consem -n "__fish_consem_using_subcommand run" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c consem -n "__fish_consem_using_subcommand run" -s V -l version -d 'Print version'
 complete -c consem -n "__fish_consem_using_subcommand status" -l prefix -d 'KV prefix of the semaphore' -r
 complete -c consem -n "__fish_consem_using_subcommand status" -l http-addr -d 'Consul HTTP API address: host:port, http://host:port or https://host:port' -r

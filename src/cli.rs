@@ -190,6 +190,10 @@ pub struct RunArgs {
     #[arg(short, long)]
     pub verbose: bool,
 
+    /// Format of what consem writes on stderr
+    #[arg(long, value_name = "FORMAT", value_enum, default_value_t)]
+    pub log_format: crate::report::LogFormat,
+
     #[command(flatten)]
     pub consul: ConsulArgs,
 

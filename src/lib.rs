@@ -42,6 +42,7 @@ pub mod exit {
 /// Runs `consem run` and returns the exit code.
 pub fn run(options: RunOptions) -> i32 {
     report::set_verbose(options.verbose);
+    report::set_format(options.log_format);
     let command: Vec<String> = options
         .command
         .iter()

@@ -22,6 +22,7 @@ pub struct RunOptions {
     pub monitor_retry: u32,
     pub session_name: String,
     pub verbose: bool,
+    pub log_format: crate::report::LogFormat,
     pub consul: ConsulConfig,
     pub command: Vec<OsString>,
 }
@@ -57,6 +58,7 @@ impl RunOptions {
             monitor_retry: args.monitor_retry,
             session_name,
             verbose: args.verbose,
+            log_format: args.log_format,
             consul: consul_config(args.consul, env)?,
             command: args.command,
         })

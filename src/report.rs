@@ -3,6 +3,10 @@
 //!
 //! `2026-11-22T10:04:05.123Z consem[4242] acquired prefix=service/db fence=57`
 //!
+//! or, with `--log-format json`, one JSON object per line for log collectors:
+//!
+//! `{"time":"2026-11-22T10:04:05.123Z","consem_pid":4242,"level":"info","event":"acquired","prefix":"service/db","fence":"57"}`
+//!
 //! consem never writes to stdout: it belongs to the child.
 
 use std::io::Write as _;
@@ -10,15 +14,47 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 static VERBOSE: AtomicBool = AtomicBool::new(false);
+static JSON: AtomicBool = AtomicBool::new(false);
 
 pub fn set_verbose(on: bool) {
     VERBOSE.store(on, Ordering::Relaxed);
+}
+
+/// How lines on stderr are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum LogFormat {
+    /// `<time> consem[<pid>] <event> key=value ...`; errors as `consem: error: ...`
+    #[default]
+    Text,
+    /// One JSON object per line: time, pid, level, event or message, details
+    Json,
+}
+
+pub fn set_format(format: LogFormat) {
+    JSON.store(format == LogFormat::Json, Ordering::Relaxed);
+}
+
+fn json_line(level: &str, fields: &[(&str, String)]) -> String {
+    let mut object = serde_json::Map::new();
+    object.insert("time".into(), timestamp(SystemTime::now()).into());
+    object.insert("consem_pid".into(), std::process::id().into());
+    object.insert("level".into(), level.into());
+    for (key, value) in fields {
+        object.insert((*key).into(), value.clone().into());
+    }
+    serde_json::Value::Object(object).to_string()
 }
 
 /// A lifecycle event, shown with `-v`: a word for what happened, then
 /// `key=value` details.
 pub fn event(what: &str, details: &[(&str, &dyn std::fmt::Display)]) {
     if !VERBOSE.load(Ordering::Relaxed) {
+        return;
+    }
+    if JSON.load(Ordering::Relaxed) {
+        let mut fields = vec![("event", what.to_string())];
+        fields.extend(details.iter().map(|(key, value)| (*key, value.to_string())));
+        write_line(&json_line("info", &fields));
         return;
     }
     let mut line = format!(
@@ -39,12 +75,20 @@ pub fn event(what: &str, details: &[(&str, &dyn std::fmt::Display)]) {
 
 /// An error that ends the run.
 pub fn error(message: &str) {
-    write_line(&format!("consem: error: {message}"));
+    if JSON.load(Ordering::Relaxed) {
+        write_line(&json_line("error", &[("message", message.to_string())]));
+    } else {
+        write_line(&format!("consem: error: {message}"));
+    }
 }
 
 /// Something the user should know that does not change the exit code.
 pub fn warning(message: &str) {
-    write_line(&format!("consem: warning: {message}"));
+    if JSON.load(Ordering::Relaxed) {
+        write_line(&json_line("warning", &[("message", message.to_string())]));
+    } else {
+        write_line(&format!("consem: warning: {message}"));
+    }
 }
 
 fn write_line(line: &str) {

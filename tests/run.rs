@@ -472,3 +472,39 @@ fn verbose_reports_the_lifecycle_on_stderr_only() {
     }
     world.assert_clean();
 }
+
+#[test]
+fn json_log_lines_are_one_object_each() {
+    let world = World::new("json-log");
+    let output = world
+        .consem(1, &["-v", "--log-format", "json"], &["printf", "out"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0));
+    assert_eq!(output.stdout, b"out");
+    let events: Vec<serde_json::Value> = stderr(&output)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .collect();
+    for event in &events {
+        assert_eq!(event["level"], "info");
+        assert!(event["time"].as_str().unwrap().ends_with('Z'));
+        assert!(event["consem_pid"].as_u64().is_some());
+    }
+    let names: Vec<&str> = events
+        .iter()
+        .map(|e| e["event"].as_str().unwrap())
+        .collect();
+    for wanted in [
+        "session-created",
+        "acquired",
+        "started",
+        "exited",
+        "released",
+    ] {
+        assert!(names.contains(&wanted), "no {wanted} in {names:?}");
+    }
+    let acquired = events.iter().find(|e| e["event"] == "acquired").unwrap();
+    assert_eq!(acquired["prefix"], world.prefix.as_str());
+    world.assert_clean();
+}
