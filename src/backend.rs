@@ -11,10 +11,29 @@ pub enum SlotEvent {
     Acquired { fence: u64 },
     /// `--try` found every slot taken.
     NoSlot,
+    /// Every slot is taken; this is who holds them (sent when it changes).
+    Waiting(Progress),
     /// A held slot is no longer ours; the child must stop.
     Lost(String),
     /// The backend cannot go on.
     Failed(BackendError),
+}
+
+/// What a waiter can tell about the slots it waits for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Progress {
+    pub limit: u32,
+    pub holders: Vec<Holder>,
+    /// Waiters that arrived before us.
+    pub ahead: usize,
+}
+
+/// A holder, as far as it describes itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    pub host: Option<String>,
+    pub pid: Option<u64>,
+    pub since: Option<std::time::SystemTime>,
 }
 
 /// Failures that end a run, each with its own exit code.

@@ -12,9 +12,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::backend::{BackendError, Contend, Notify, SlotBackend, SlotEvent};
+use crate::backend::{BackendError, Contend, Holder, Notify, Progress, SlotBackend, SlotEvent};
 use crate::consul::{Client, Consistency, ConsulError, Listing, Renewal, SessionSpec};
-use crate::contender::{Answer, Call, Contender, Note, Step, Watcher};
+use crate::contender::{Answer, Call, Contender, Note, Step, WaitPicture, Watcher};
 use crate::report;
 use crate::semaphore::{self, ReleaseStep, Snapshot, SEMAPHORE_FLAGS};
 
@@ -65,8 +65,8 @@ pub struct ConsulSemaphore {
     shared: Mutex<Shared>,
     /// Signalled when `closing` is set or a guarded write ends.
     changed: Condvar,
-    /// Where the renewer reports a loss; set by `contend`.
-    loss_notify: OnceLock<Notify>,
+    /// Where the helpers report events; set by `contend`.
+    notify: OnceLock<Notify>,
 }
 
 /// Why contending stopped without a slot.
@@ -85,7 +85,7 @@ impl ConsulSemaphore {
             settings,
             shared: Mutex::new(Shared::default()),
             changed: Condvar::new(),
-            loss_notify: OnceLock::new(),
+            notify: OnceLock::new(),
         }
     }
 
@@ -185,13 +185,23 @@ impl ConsulSemaphore {
             let step = contender.on_answer(answer);
             for note in contender.take_notes() {
                 match note {
-                    Note::Waiting { holders } => report::event(
-                        "waiting",
-                        &[
-                            ("prefix", &self.settings.prefix),
-                            ("holders", &holders.join(",")),
-                        ],
-                    ),
+                    Note::Waiting(picture) => {
+                        let progress = self.progress(&picture);
+                        report::event(
+                            "waiting",
+                            &[
+                                ("prefix", &self.settings.prefix),
+                                (
+                                    "held",
+                                    &format!("{}/{}", progress.holders.len(), progress.limit),
+                                ),
+                                ("ahead", &progress.ahead),
+                            ],
+                        );
+                        if let Some(notify) = self.notify.get() {
+                            notify(SlotEvent::Waiting(progress));
+                        }
+                    }
                     Note::Rejoining => report::event(
                         "rejoining",
                         &[
@@ -218,6 +228,34 @@ impl ConsulSemaphore {
                     ))))
                 }
             };
+        }
+    }
+
+    /// Describes the holders we wait for from their contender keys' values.
+    fn progress(&self, picture: &WaitPicture) -> Progress {
+        let holders = picture
+            .holders
+            .iter()
+            .map(|entry| {
+                let value: serde_json::Value =
+                    serde_json::from_slice(&entry.value).unwrap_or_default();
+                Holder {
+                    host: value
+                        .get("Host")
+                        .and_then(|v| v.as_str())
+                        .map(str::to_string),
+                    pid: value.get("Pid").and_then(serde_json::Value::as_u64),
+                    since: value
+                        .get("Started")
+                        .and_then(|v| v.as_str())
+                        .and_then(report::parse_timestamp),
+                }
+            })
+            .collect();
+        Progress {
+            limit: self.settings.limit,
+            holders,
+            ahead: picture.ahead,
         }
     }
 
@@ -408,7 +446,7 @@ impl ConsulSemaphore {
             shared.holding && !shared.closing
         };
         if holding {
-            if let Some(notify) = self.loss_notify.get() {
+            if let Some(notify) = self.notify.get() {
                 notify(SlotEvent::Lost(reason.to_string()));
             }
         }
@@ -484,7 +522,7 @@ impl Outage {
 
 impl SlotBackend for ConsulSemaphore {
     fn contend(self: Arc<Self>, mode: Contend, notify: Notify) {
-        let _ = self.loss_notify.set(Arc::clone(&notify));
+        let _ = self.notify.set(Arc::clone(&notify));
         thread::Builder::new()
             .name("consem-contend".into())
             .spawn(move || self.contend_thread(mode, notify))

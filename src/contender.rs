@@ -6,7 +6,7 @@
 
 use crate::backend::Contend;
 use crate::consul::{Acquire, Consistency, Listing};
-use crate::semaphore::{self, Conflict, Decision, Loss, Snapshot};
+use crate::semaphore::{self, Conflict, Decision, Entry, Loss, Snapshot};
 
 /// A Consul call the recipe needs next.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,10 +56,19 @@ pub enum Step {
 /// Something worth telling the user, noted along the way.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Note {
-    /// Every slot is taken; we wait (noted once per run).
-    Waiting { holders: Vec<String> },
+    /// Every slot is taken; we wait. Noted when the picture changes.
+    Waiting(WaitPicture),
     /// Our contender key vanished (session invalidated, operator): joining again.
     Rejoining,
+}
+
+/// Who holds the slots we wait for, and how many wait before us.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WaitPicture {
+    /// The live holders' contender keys (their values describe them).
+    pub holders: Vec<Entry>,
+    /// Live contenders without a slot that arrived before us.
+    pub ahead: usize,
 }
 
 /// Joins the semaphore and takes a slot.
@@ -73,7 +82,8 @@ pub struct Contender {
     /// After a won CAS, or a stale read that shows us holding, the next read
     /// is consistent: the fence and the watch start from the truth.
     confirm: bool,
-    announced_wait: bool,
+    /// The last wait picture noted, so that only changes are noted.
+    last_picture: Option<WaitPicture>,
     pending: Call,
     notes: Vec<Note>,
 }
@@ -86,7 +96,7 @@ impl Contender {
             session: None,
             index: 0,
             confirm: false,
-            announced_wait: false,
+            last_picture: None,
             pending: Call::CreateSession,
             notes: Vec::new(),
         }
@@ -200,9 +210,10 @@ impl Contender {
                 if self.mode == Contend::Try {
                     return Step::NoSlot;
                 }
-                if !self.announced_wait {
-                    self.announced_wait = true;
-                    self.notes.push(Note::Waiting { holders });
+                let picture = wait_picture(&snapshot, &holders, &session);
+                if self.last_picture.as_ref() != Some(&picture) {
+                    self.last_picture = Some(picture.clone());
+                    self.notes.push(Note::Waiting(picture));
                 }
                 Step::Call(self.read())
             }
@@ -219,6 +230,24 @@ impl Contender {
             },
             block_on: self.index,
         }
+    }
+}
+
+fn wait_picture(snapshot: &Snapshot, holders: &[String], me: &str) -> WaitPicture {
+    let arrived = |name: &str| snapshot.contenders.get(name).map(|e| e.create_index);
+    let mine = arrived(me).unwrap_or(u64::MAX);
+    let ahead = snapshot
+        .contenders
+        .values()
+        .filter(|e| e.name != me && snapshot.is_live(&e.name) && !holders.contains(&e.name))
+        .filter(|e| e.create_index < mine)
+        .count();
+    WaitPicture {
+        holders: holders
+            .iter()
+            .filter_map(|h| snapshot.contenders.get(h).cloned())
+            .collect(),
+        ahead,
     }
 }
 
@@ -283,7 +312,7 @@ impl Watcher {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::semaphore::{Entry, LOCK_KEY_NAME, SEMAPHORE_FLAGS};
+    use crate::semaphore::{LOCK_KEY_NAME, SEMAPHORE_FLAGS};
 
     const ME: &str = "aaaaaaaa-0000-0000-0000-000000000001";
     const OTHER: &str = "bbbbbbbb-0000-0000-0000-000000000002";
@@ -376,9 +405,10 @@ mod tests {
         assert_eq!(c.on_answer(full()), wait);
         assert_eq!(
             c.take_notes(),
-            vec![Note::Waiting {
-                holders: vec![OTHER.into()]
-            }]
+            vec![Note::Waiting(WaitPicture {
+                holders: vec![contender_entry(OTHER)],
+                ahead: 0,
+            })]
         );
         assert_eq!(c.on_answer(full()), wait);
         assert_eq!(c.take_notes(), vec![]);

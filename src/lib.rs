@@ -14,12 +14,14 @@ pub mod consul_backend;
 pub mod contender;
 pub mod duration;
 pub mod options;
+pub mod progress;
 pub mod report;
 pub mod semaphore;
 pub mod supervise;
 mod sys;
 pub mod tls;
 
+use std::io::IsTerminal as _;
 use std::os::unix::process::ExitStatusExt as _;
 use std::sync::Arc;
 
@@ -74,6 +76,10 @@ pub fn run(options: RunOptions) -> i32 {
         mode: options.mode,
         timeout: options.timeout,
         kill_grace: options.kill_grace,
+        // The waiting line is for people at a terminal; logs get `-v` events.
+        progress_line: (std::io::stderr().is_terminal()
+            && options.log_format == report::LogFormat::Text)
+            .then(|| options.prefix.clone()),
     };
     match supervise::run(backend, &plan) {
         Outcome::ChildExited(status) => status

@@ -112,6 +112,39 @@ pub fn timestamp(at: SystemTime) -> String {
     )
 }
 
+/// Reads back what [`timestamp`] writes; `None` for anything else.
+pub fn parse_timestamp(text: &str) -> Option<SystemTime> {
+    let text = text.strip_suffix('Z')?;
+    let (date, time) = text.split_once('T')?;
+    let mut date = date.splitn(3, '-').map(str::parse::<i64>);
+    let (year, month, day) = (date.next()?.ok()?, date.next()?.ok()?, date.next()?.ok()?);
+    let (clock, millis) = time.split_once('.').unwrap_or((time, "0"));
+    let mut clock = clock.splitn(3, ':').map(str::parse::<u64>);
+    let (h, m, s) = (
+        clock.next()?.ok()?,
+        clock.next()?.ok()?,
+        clock.next()?.ok()?,
+    );
+    let days = days_from_civil(year, u32::try_from(month).ok()?, u32::try_from(day).ok()?);
+    let seconds = u64::try_from(days).ok()? * 86_400 + h * 3600 + m * 60 + s;
+    Some(
+        UNIX_EPOCH
+            + std::time::Duration::from_secs(seconds)
+            + std::time::Duration::from_millis(millis.parse().ok()?),
+    )
+}
+
+/// The inverse of [`civil_from_days`] (same algorithm, same source).
+fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
+    let year = year - i64::from(month <= 2);
+    let era = year.div_euclid(400);
+    let yoe = year.rem_euclid(400);
+    let month = i64::from(month);
+    let doy = (153 * (if month > 2 { month - 3 } else { month + 9 }) + 2) / 5 + i64::from(day) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
 /// Days since 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's
 /// algorithm), so that timestamps need no date crate.
 fn civil_from_days(days: i64) -> (i64, u32, u32) {
@@ -139,5 +172,9 @@ mod tests {
         assert_eq!(timestamp(at), "2026-11-22T00:06:31.123Z");
         let leap = UNIX_EPOCH + Duration::from_secs(951_782_400);
         assert_eq!(timestamp(leap), "2000-02-29T00:00:00.000Z");
+        for at in [UNIX_EPOCH, at, leap] {
+            assert_eq!(parse_timestamp(&timestamp(at)), Some(at));
+        }
+        assert_eq!(parse_timestamp("yesterday"), None);
     }
 }

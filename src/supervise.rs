@@ -16,6 +16,7 @@ use signal_hook::consts::signal::{
 use signal_hook::iterator::Signals;
 
 use crate::backend::{BackendError, Contend, Notify, SlotBackend, SlotEvent};
+use crate::progress::ProgressLine;
 use crate::{report, sys};
 
 /// Signals that end a wait, and are passed on to the child once it runs.
@@ -38,6 +39,9 @@ const RELEASE_BUDGET_DONE: Duration = Duration::from_secs(10);
 /// goes unseen would keep its slot forever.
 const STOP_POLL: Duration = Duration::from_millis(250);
 
+/// How often the waiting line's clock moves.
+const PROGRESS_TICK: Duration = Duration::from_secs(1);
+
 /// How long to wait for a SIGKILLed child to be reaped.
 const KILL_WAIT: Duration = Duration::from_secs(5);
 
@@ -48,6 +52,8 @@ pub struct Plan {
     pub mode: Contend,
     pub timeout: Option<Duration>,
     pub kill_grace: Duration,
+    /// Draw a status line while waiting (stderr is a terminal), naming this.
+    pub progress_line: Option<String>,
 }
 
 /// How a run ended; `main` maps each to an exit code.
@@ -92,7 +98,12 @@ pub fn run(backend: Arc<dyn SlotBackend>, plan: &Plan) -> Outcome {
 
     // A deadline too far to represent is no deadline.
     let deadline = plan.timeout.and_then(|t| started.checked_add(t));
-    match wait_for_slot(&inbox, deadline) {
+    let mut line = plan.progress_line.as_deref().map(ProgressLine::new);
+    let waited = wait_for_slot(&inbox, deadline, line.as_mut());
+    if let Some(line) = &mut line {
+        line.erase();
+    }
+    match waited {
         Ok(()) => {}
         Err(outcome) => {
             leave(&*backend, RELEASE_BUDGET_WAITING);
@@ -119,18 +130,24 @@ fn forward_signals(events: Sender<Event>) {
 }
 
 /// Waits for the backend to hold a slot. Any other end is the outcome.
-fn wait_for_slot(inbox: &Receiver<Event>, deadline: Option<Instant>) -> Result<(), Outcome> {
+fn wait_for_slot(
+    inbox: &Receiver<Event>,
+    deadline: Option<Instant>,
+    mut line: Option<&mut ProgressLine>,
+) -> Result<(), Outcome> {
+    let started = Instant::now();
     loop {
-        let event = match deadline {
-            None => inbox.recv().map_err(|_| RecvTimeoutError::Disconnected),
-            Some(deadline) => {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    report::event("timed-out", &[]);
-                    return Err(Outcome::NoSlot);
-                }
-                inbox.recv_timeout(left)
-            }
+        // A line that is up is redrawn every second, for its clock.
+        let tick = line.as_ref().filter(|l| l.shown()).map(|_| PROGRESS_TICK);
+        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        if left.is_some_and(|left| left.is_zero()) {
+            report::event("timed-out", &[]);
+            return Err(Outcome::NoSlot);
+        }
+        let event = match (left, tick) {
+            (None, None) => inbox.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            (Some(t), None) | (None, Some(t)) => inbox.recv_timeout(t),
+            (Some(a), Some(b)) => inbox.recv_timeout(a.min(b)),
         };
         match event {
             Ok(Event::Slot(SlotEvent::Acquired { .. })) => return Ok(()),
@@ -145,9 +162,18 @@ fn wait_for_slot(inbox: &Receiver<Event>, deadline: Option<Instant>) -> Result<(
             }
             Ok(Event::Signal(SIGTSTP)) => sys::stop_self(),
             Ok(Event::Signal(signal)) => report::event("signal-ignored", &[("signal", &signal)]),
+            Ok(Event::Slot(SlotEvent::Waiting(progress))) => {
+                if let Some(line) = line.as_mut() {
+                    line.update(progress, started.elapsed());
+                }
+            }
             Ok(Event::ChildStopped(..) | Event::ChildExited(_)) => {}
-            // The deadline passed: the loop's top decides.
-            Err(RecvTimeoutError::Timeout) => {}
+            // The deadline passed (the loop's top decides), or the clock ticks.
+            Err(RecvTimeoutError::Timeout) => {
+                if let Some(line) = line.as_mut() {
+                    line.redraw(started.elapsed());
+                }
+            }
             Err(RecvTimeoutError::Disconnected) => {
                 unreachable!("the event loop holds a sender")
             }

@@ -1,0 +1,156 @@
+//! The status line drawn while waiting for a slot, when stderr is a
+//! terminal: one line, redrawn in place, erased when the wait ends.
+//!
+//! `waiting for a slot at service/db: 2/2 held (web-3 pid 812 for 4m12s, web-7 pid 55 for 10s), 3 ahead of you, 00:14`
+
+use std::io::Write as _;
+use std::time::{Duration, SystemTime};
+
+use crate::backend::Progress;
+use crate::duration;
+
+/// Clears the terminal line and returns to its start.
+const CLEAR: &str = "\r\x1b[2K";
+
+/// Holders named on the line; more are counted.
+const NAMED_HOLDERS: usize = 3;
+
+pub struct ProgressLine {
+    prefix: String,
+    last: Option<Progress>,
+    shown: bool,
+}
+
+impl ProgressLine {
+    pub fn new(prefix: &str) -> ProgressLine {
+        ProgressLine {
+            prefix: prefix.to_string(),
+            last: None,
+            shown: false,
+        }
+    }
+
+    /// Whether a line is up (and so wants a redraw every second).
+    pub fn shown(&self) -> bool {
+        self.shown
+    }
+
+    pub fn update(&mut self, progress: Progress, waited: Duration) {
+        self.last = Some(progress);
+        self.redraw(waited);
+    }
+
+    pub fn redraw(&mut self, waited: Duration) {
+        if let Some(progress) = &self.last {
+            let line = render(&self.prefix, progress, waited, SystemTime::now());
+            write(&format!("{CLEAR}{line}"));
+            self.shown = true;
+        }
+    }
+
+    pub fn erase(&mut self) {
+        if self.shown {
+            write(CLEAR);
+            self.shown = false;
+        }
+    }
+}
+
+fn write(text: &str) {
+    let mut stderr = std::io::stderr().lock();
+    let _ = stderr.write_all(text.as_bytes());
+    let _ = stderr.flush();
+}
+
+/// The line's text, without control characters.
+pub fn render(prefix: &str, progress: &Progress, waited: Duration, now: SystemTime) -> String {
+    let named: Vec<String> = progress
+        .holders
+        .iter()
+        .take(NAMED_HOLDERS)
+        .map(|holder| {
+            let mut text = holder.host.clone().unwrap_or_else(|| "?".into());
+            if let Some(pid) = holder.pid {
+                text.push_str(&format!(" pid {pid}"));
+            }
+            if let Some(held) = holder
+                .since
+                .and_then(|since| now.duration_since(since).ok())
+            {
+                text.push_str(&format!(
+                    " for {}",
+                    duration::human(Duration::from_secs(held.as_secs()))
+                ));
+            }
+            text
+        })
+        .collect();
+    let mut holders = named.join(", ");
+    if progress.holders.len() > NAMED_HOLDERS {
+        holders.push_str(&format!(
+            ", {} more",
+            progress.holders.len() - NAMED_HOLDERS
+        ));
+    }
+    let ahead = match progress.ahead {
+        0 => "next in line".to_string(),
+        n => format!("{n} ahead of you"),
+    };
+    let seconds = waited.as_secs();
+    let clock = if seconds >= 3600 {
+        format!(
+            "{}:{:02}:{:02}",
+            seconds / 3600,
+            seconds / 60 % 60,
+            seconds % 60
+        )
+    } else {
+        format!("{:02}:{:02}", seconds / 60, seconds % 60)
+    };
+    format!(
+        "waiting for a slot at {prefix}: {}/{} held ({holders}), {ahead}, {clock}",
+        progress.holders.len(),
+        progress.limit
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::Holder;
+
+    #[test]
+    fn renders_holders_queue_and_clock() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let holder = |host: &str, pid, held| Holder {
+            host: Some(host.into()),
+            pid: Some(pid),
+            since: Some(now - Duration::from_secs(held)),
+        };
+        let progress = Progress {
+            limit: 2,
+            holders: vec![holder("web-3", 812, 252), holder("web-7", 55, 10)],
+            ahead: 3,
+        };
+        assert_eq!(
+            render("service/db", &progress, Duration::from_secs(14), now),
+            "waiting for a slot at service/db: 2/2 held (web-3 pid 812 for 4m12s, web-7 pid 55 for 10s), 3 ahead of you, 00:14"
+        );
+        // A consul lock holder describes nothing; more than three are counted.
+        let progress = Progress {
+            limit: 5,
+            holders: (0..5)
+                .map(|_| Holder {
+                    host: None,
+                    pid: None,
+                    since: None,
+                })
+                .collect(),
+            ahead: 0,
+        };
+        assert_eq!(
+            render("jobs", &progress, Duration::from_secs(3725), now),
+            "waiting for a slot at jobs: 5/5 held (?, ?, ?, 2 more), next in line, 1:02:05"
+        );
+    }
+}
