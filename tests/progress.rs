@@ -19,6 +19,8 @@ fn a_waiter_on_a_terminal_shows_who_holds_and_erases_the_line() {
         Ok(started) => started,
         Err(error) => {
             eprintln!("skipped: cannot open a pseudo-terminal: {error}");
+            world.touch("go");
+            finish(holder);
             return;
         }
     };
