@@ -548,7 +548,8 @@ impl Client {
                 .run(),
         };
         let address = &self.config.address;
-        let mut response = result.map_err(|e| match tls::explain(&e, address.host()) {
+        let no_client_cert = address.https && self.config.tls.client_cert.is_none();
+        let mut response = result.map_err(|e| match tls::explain(&e, address.host(), no_client_cert) {
             Some(why) => ConsulError::Transient(format!("cannot talk to Consul at {address}: {why}")),
             None => ConsulError::Transient(format!(
                 "cannot reach Consul at {address}: {e} (is the agent running? check --http-addr or CONSUL_HTTP_ADDR)"

@@ -56,6 +56,9 @@ struct Shared {
     closing: bool,
     writes_in_flight: u32,
     renewer_started: bool,
+    /// Consul denied us and the run ends on it: release's own denials are
+    /// that same news, not worth a second message.
+    denied: bool,
 }
 
 /// A semaphore on one Consul prefix, for one run.
@@ -360,6 +363,7 @@ impl ConsulSemaphore {
                     }
                 }
                 Err(ConsulError::Denied(why)) => {
+                    self.shared().denied = true;
                     return Some(format!("permission denied: {why}"));
                 }
                 Err(error) => match watcher.on_failure() {
@@ -504,6 +508,9 @@ impl Outage {
             other => Stop::Failed(BackendError::Unavailable(other.to_string())),
         }
         };
+        if let ConsulError::Denied(_) = error {
+            semaphore.shared().denied = true;
+        }
         if !matches!(error, ConsulError::Transient(_)) || !self.ever_reached {
             return Err(give_up(error));
         }
@@ -542,9 +549,12 @@ impl SlotBackend for ConsulSemaphore {
                 .wait_timeout_while(shared, budget / 2, |s| s.writes_in_flight > 0)
                 .unwrap_or_else(|e| e.into_inner());
             shared.holding = false;
-            (shared.session.take(), waited.timed_out())
+            (shared.session.take(), waited.timed_out(), shared.denied)
         };
-        let (session, write_in_flight) = session;
+        let (session, write_in_flight, denied) = session;
+        // A denial here repeats the one that ended the run: not news.
+        let worth_telling =
+            |error: &ConsulError| !(denied && matches!(error, ConsulError::Denied(_)));
         let Some(session) = session else {
             return Ok(());
         };
@@ -566,8 +576,11 @@ impl SlotBackend for ConsulSemaphore {
         // deletes `.lock`, so an idle prefix ends empty. (We are releasing:
         // that others may prune us from this moment is what we want.)
         let client = self.client.with_call_timeout(remaining());
-        if let Err(error) = client.delete(&self.key(&session), None) {
-            problems.push(format!("deleting {}: {error}", self.key(&session)));
+        match client.delete(&self.key(&session), None) {
+            Err(error) if worth_telling(&error) => {
+                problems.push(format!("deleting {}: {error}", self.key(&session)));
+            }
+            _ => {}
         }
 
         // 2. Leave `.lock`: take ourselves out, or delete it if we are the last.
@@ -577,7 +590,9 @@ impl SlotBackend for ConsulSemaphore {
             let listing = match client.list(&self.settings.prefix, Consistency::Consistent, None) {
                 Ok(listing) => listing,
                 Err(error) => {
-                    problems.push(format!("reading {}: {error}", self.settings.prefix));
+                    if worth_telling(&error) {
+                        problems.push(format!("reading {}: {error}", self.settings.prefix));
+                    }
                     break;
                 }
             };
@@ -601,7 +616,9 @@ impl SlotBackend for ConsulSemaphore {
                     break;
                 }
                 Err(error) => {
-                    problems.push(format!("updating {lock_key}: {error}"));
+                    if worth_telling(&error) {
+                        problems.push(format!("updating {lock_key}: {error}"));
+                    }
                     break;
                 }
             }
@@ -609,11 +626,12 @@ impl SlotBackend for ConsulSemaphore {
 
         // 3. Destroy the session.
         let client = self.client.with_call_timeout(remaining());
-        if let Err(error) = client.destroy_session(&session) {
-            problems.push(format!(
+        match client.destroy_session(&session) {
+            Err(error) if worth_telling(&error) => problems.push(format!(
                 "destroying session {session}: {error}; Consul drops it within {}",
                 crate::duration::human(self.settings.ttl * 2)
-            ));
+            )),
+            _ => {}
         }
         report::event(
             "released",

@@ -108,12 +108,34 @@ fn read_private_key(path: &Path) -> Result<PrivateKey<'static>, String> {
     })
 }
 
-/// Says what a failed TLS handshake means for the settings, or `None` when
-/// the error is not about TLS.
-pub fn explain(error: &ureq::Error, host: &str) -> Option<String> {
+/// Says what a failed TLS exchange means for the settings, or `None` when
+/// the error is not about TLS. `no_client_cert` is true on https when no
+/// client certificate was offered.
+pub fn explain(error: &ureq::Error, host: &str, no_client_cert: bool) -> Option<String> {
     use rustls::{AlertDescription, CertificateError, Error as Tls};
-    let ureq::Error::Rustls(tls) = error else {
-        return None;
+    const CLIENT_CERT_HINT: &str = "the agent verifies clients: set --client-cert and --client-key (CONSUL_CLIENT_CERT, CONSUL_CLIENT_KEY) to a certificate its CA signed";
+    // ureq reports handshake failures as I/O errors wrapping rustls's.
+    let tls = match error {
+        ureq::Error::Rustls(tls) => tls,
+        ureq::Error::Io(io) => match io.get_ref().and_then(|inner| inner.downcast_ref::<Tls>()) {
+            Some(tls) => tls,
+            // Under TLS 1.3 the client's handshake ends before the agent
+            // checks the client: its refusal shows as a closed connection.
+            None if no_client_cert
+                && matches!(
+                    io.kind(),
+                    std::io::ErrorKind::BrokenPipe
+                        | std::io::ErrorKind::ConnectionReset
+                        | std::io::ErrorKind::UnexpectedEof
+                ) =>
+            {
+                return Some(format!(
+                    "the agent closed the TLS connection; if {CLIENT_CERT_HINT}"
+                ));
+            }
+            None => return None,
+        },
+        _ => return None,
     };
     Some(match tls {
         Tls::InvalidCertificate(CertificateError::UnknownIssuer) => {
@@ -129,7 +151,7 @@ pub fn explain(error: &ureq::Error, host: &str) -> Option<String> {
         ),
         Tls::AlertReceived(
             AlertDescription::CertificateRequired | AlertDescription::HandshakeFailure | AlertDescription::BadCertificate,
-        ) => "the agent refused the TLS handshake; it verifies clients: set --client-cert and --client-key (CONSUL_CLIENT_CERT, CONSUL_CLIENT_KEY) to a certificate its CA signed".into(),
+        ) => format!("the agent refused the TLS handshake; {CLIENT_CERT_HINT}"),
         other => format!("TLS failed: {other}"),
     })
 }

@@ -333,7 +333,7 @@ fn a_wrong_ca_exits_69() {
 }
 
 #[test]
-#[ignore = "src bug: tls::explain only matches ureq::Error::Rustls, but ureq 3 reports handshake failures as Error::Io wrapping the rustls error"]
+
 fn a_wrong_ca_names_the_ca_setting() {
     if against_real_agent() {
         return;
@@ -352,7 +352,7 @@ fn no_ca_exits_69() {
 }
 
 #[test]
-#[ignore = "src bug: tls::explain only matches ureq::Error::Rustls, but ureq 3 reports handshake failures as Error::Io wrapping the rustls error"]
+
 fn no_ca_names_the_ca_setting() {
     if against_real_agent() {
         return;
@@ -371,7 +371,7 @@ fn a_certificate_for_another_name_exits_69_naming_the_name() {
 }
 
 #[test]
-#[ignore = "src bug: tls::explain only matches ureq::Error::Rustls, but ureq 3 reports handshake failures as Error::Io wrapping the rustls error"]
+
 fn a_certificate_for_another_name_points_to_tls_server_name() {
     if against_real_agent() {
         return;
@@ -401,7 +401,7 @@ fn mtls_without_a_client_certificate_exits_69() {
 }
 
 #[test]
-#[ignore = "src bug: the agent's refusal reaches consem as a broken pipe after the handshake, reported as 'is the agent running?' instead of naming --client-cert"]
+
 fn mtls_without_a_client_certificate_names_client_cert() {
     if against_real_agent() {
         return;
@@ -627,7 +627,7 @@ fn a_token_without_key_write_exits_77_naming_it() {
 }
 
 #[test]
-#[ignore = "src bug: after a refused acquire, release tries to delete the contender key that was never written and warns 'could not clean up completely' although nothing is left"]
+
 fn a_refused_acquire_says_only_the_error() {
     if against_real_agent() {
         return;
