@@ -234,20 +234,17 @@ impl Contender {
 }
 
 fn wait_picture(snapshot: &Snapshot, holders: &[String], me: &str) -> WaitPicture {
-    let arrived = |name: &str| snapshot.contenders.get(name).map(|e| e.create_index);
-    let mine = arrived(me).unwrap_or(u64::MAX);
-    let ahead = snapshot
-        .contenders
-        .values()
-        .filter(|e| e.name != me && snapshot.is_live(&e.name) && !holders.contains(&e.name))
-        .filter(|e| e.create_index < mine)
-        .count();
+    let held: Vec<Entry> = holders
+        .iter()
+        .filter_map(|h| snapshot.contenders.get(h).cloned())
+        .collect();
+    let record = semaphore::LockRecord {
+        holders: holders.to_vec(),
+        ..semaphore::LockRecord::new(1)
+    };
     WaitPicture {
-        holders: holders
-            .iter()
-            .filter_map(|h| snapshot.contenders.get(h).cloned())
-            .collect(),
-        ahead,
+        ahead: semaphore::waiters_ahead(snapshot, &record, me),
+        holders: held,
     }
 }
 

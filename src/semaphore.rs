@@ -277,6 +277,15 @@ pub enum Decision {
 
 /// Decides whether `me` can take a slot. Pure: the same snapshot always gives
 /// the same decision.
+///
+/// Slots go in order of arrival (the contender key's CreateIndex): `me` takes
+/// one only while the live holders plus the live waiters that arrived before
+/// it are fewer than Limit, so a late contender never overtakes an earlier
+/// one. A waiter ahead that does not take its turn holds the others up only
+/// until its session goes (2×TTL once it stops renewing) or its blocking read
+/// returns. `consul lock` contenders do not queue; they count as waiters
+/// ahead of later consem contenders, and may take a slot out of turn, never
+/// more than Limit.
 pub fn decide(snapshot: &Snapshot, me: &str, limit: u32) -> Result<Decision, Conflict> {
     let record = snapshot
         .lock_record(limit)?
@@ -288,7 +297,7 @@ pub fn decide(snapshot: &Snapshot, me: &str, limit: u32) -> Result<Decision, Con
         return Ok(Decision::Holding);
     }
     let mut pruned = prune(&record, snapshot);
-    if pruned.holders.len() >= limit as usize {
+    if pruned.holders.len() + waiters_ahead(snapshot, &pruned, me) >= limit as usize {
         return Ok(Decision::Full {
             holders: pruned.holders,
         });
@@ -298,6 +307,20 @@ pub fn decide(snapshot: &Snapshot, me: &str, limit: u32) -> Result<Decision, Con
         value: encode_lock(&pruned),
         cas: snapshot.lock_cas(),
     })
+}
+
+/// Live contenders without a slot that arrived before `me`.
+pub fn waiters_ahead(snapshot: &Snapshot, holders: &LockRecord, me: &str) -> usize {
+    let mine = snapshot
+        .contenders
+        .get(me)
+        .map_or(u64::MAX, |e| e.create_index);
+    snapshot
+        .contenders
+        .values()
+        .filter(|e| e.name != me && e.create_index < mine)
+        .filter(|e| snapshot.is_live(&e.name) && !holders.holds(&e.name))
+        .count()
 }
 
 /// Why a held slot counts as lost.
@@ -496,6 +519,32 @@ mod tests {
                 cas: 9
             }
         );
+    }
+
+    #[test]
+    fn slots_go_in_order_of_arrival() {
+        // One slot free (limit 2, A holds); B arrived before C.
+        let value = format!(r#"{{"Limit":2,"Holders":{{"{A}":true}}}}"#);
+        let snap = snapshot(vec![
+            lock(&value, 9),
+            contender(A, 5),
+            contender(B, 6),
+            contender(C, 7),
+        ]);
+        assert!(matches!(
+            decide(&snap, C, 2).unwrap(),
+            Decision::Full { .. }
+        ));
+        assert!(matches!(
+            decide(&snap, B, 2).unwrap(),
+            Decision::Take { .. }
+        ));
+        // A waiter ahead whose key is gone (dead) does not hold C up.
+        let snap = snapshot(vec![lock(&value, 9), contender(A, 5), contender(C, 7)]);
+        assert!(matches!(
+            decide(&snap, C, 2).unwrap(),
+            Decision::Take { .. }
+        ));
     }
 
     #[test]

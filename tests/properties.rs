@@ -118,6 +118,8 @@ proptest! {
                 // Every other holder written is live; with us, at most Limit.
                 prop_assert!(written.holders.iter().all(|h| h == &me || snap.is_live(h)));
                 prop_assert!(written.holders.len() <= limit as usize);
+                // Nobody who arrived earlier is overtaken.
+                prop_assert!(written.holders.len() + semaphore::waiters_ahead(&snap, &written, &me) <= limit as usize);
                 prop_assert_eq!(cas, snap.lock.as_ref().map_or(0, |l| l.modify_index));
                 // A record that exists keeps its form.
                 if let Ok(Some(found)) = snap.lock_record(limit) {
@@ -125,7 +127,9 @@ proptest! {
                 }
             }
             Ok(Decision::Full { holders }) => {
-                prop_assert!(holders.len() >= limit as usize);
+                // Full, or full once the waiters that arrived first are in.
+                let record = LockRecord { holders: holders.clone(), ..LockRecord::new(limit) };
+                prop_assert!(holders.len() + semaphore::waiters_ahead(&snap, &record, &me) >= limit as usize);
                 prop_assert!(holders.iter().all(|h| snap.is_live(h)));
             }
             Ok(Decision::Holding) => {

@@ -508,3 +508,28 @@ fn json_log_lines_are_one_object_each() {
     assert_eq!(acquired["prefix"], world.prefix.as_str());
     world.assert_clean();
 }
+
+#[test]
+fn waiters_get_their_slot_in_order_of_arrival() {
+    let world = World::new("fifo");
+    let holder = hold_slot(&world, 1, "ready", "go");
+    let log = world.path("order");
+    let mut waiters = Vec::new();
+    for position in 0..5 {
+        let script = format!("echo {position} >> '{log}'");
+        waiters.push(world.spawn(1, &[], &["sh", "-c", &script]));
+        // The next one arrives only once this one's contender key exists.
+        wait_until(PROMPT, "the waiter's contender key", || {
+            world.contender_keys() == position + 2
+        });
+    }
+    world.touch("go");
+    assert_eq!(finish(holder).status.code(), Some(0));
+    for waiter in waiters {
+        let output = finish(waiter);
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    }
+    let order = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(order, "0\n1\n2\n3\n4\n", "slots went out of arrival order");
+    world.assert_clean();
+}
