@@ -32,7 +32,8 @@ Examples:
   # In CI: wait up to 10 minutes for one of 3 deploy slots.
   consem run --prefix ci/deploy --limit 3 --timeout 10m -- make deploy
 
-  # In a script: tell 'busy' apart from the job's own failure.
+  # In a script: someone else syncing is fine (exit 0); the job's own
+  # failures still fail.
   consem run --prefix jobs/sync --limit 1 --try -E 0 -- ./sync.sh";
 
 #[derive(Debug, Parser)]
@@ -43,7 +44,7 @@ Examples:
     long_about = "Run a command while holding one of N slots of a distributed semaphore kept in \
 HashiCorp Consul, so that at most N copies of a job run at once across many machines. \
 consem shares its prefix layout with `consul lock -n N`.",
-    after_help = EXIT_CODES,
+    after_help = format!("{RUN_EXAMPLES}\n\n{EXIT_CODES}"),
     propagate_version = true
 )]
 pub struct Cli {
@@ -287,6 +288,21 @@ mod tests {
     #[test]
     fn definition_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn help_shows_examples_and_exit_codes() {
+        let top = Cli::command().render_long_help().to_string();
+        let run = Cli::command()
+            .find_subcommand_mut("run")
+            .unwrap()
+            .render_long_help()
+            .to_string();
+        for help in [top, run] {
+            assert!(help.contains("--try -- /opt/nightly.sh"), "{help}");
+            assert!(help.contains("--timeout 10m -- make deploy"), "{help}");
+            assert!(help.contains("76         the slot was lost"), "{help}");
+        }
     }
 
     #[test]
