@@ -295,10 +295,11 @@ fn release_holder(args: ReleaseArgs, env: impl Fn(&str) -> Option<String>) -> Ou
             ));
         }
     };
-    remove_holder(&client, &prefix, &victim)?;
     // Destroying the session deletes its contender key: the consem that held
-    // the slot sees the loss and stops its command.
+    // the slot sees the loss and stops its command. Only then is `.lock`
+    // tidied, so that a failure here leaves nothing half done.
     client.destroy_session(&victim).map_err(consul_failure)?;
+    remove_holder(&client, &prefix, &victim)?;
     println!("released {victim} from {prefix}");
     Ok(0)
 }
@@ -338,6 +339,9 @@ fn reset_lock(args: ResetArgs, env: impl Fn(&str) -> Option<String>) -> Outcome 
     let (prefix, client) = connect(&args.prefix, args.consul, env)?;
     let key = format!("{prefix}/{LOCK_KEY_NAME}");
     let mut evicted = 0;
+    // With --force, only the holders live when reset began are evicted:
+    // waiters that take the freed slots afterwards started after the reset.
+    let mut evictable: Option<Vec<String>> = None;
     for _ in 0..CAS_ATTEMPTS {
         let snapshot = read(&client, &prefix)?;
         let Some((record, index)) = lock_record(&snapshot, &prefix)? else {
@@ -365,7 +369,20 @@ fn reset_lock(args: ResetArgs, env: impl Fn(&str) -> Option<String>) -> Outcome 
                     ),
                 ));
             }
-            for id in live {
+            let first =
+                evictable.get_or_insert_with(|| live.iter().map(|s| s.to_string()).collect());
+            let targets: Vec<String> = live
+                .iter()
+                .filter(|id| first.contains(id))
+                .map(|s| s.to_string())
+                .collect();
+            if targets.is_empty() {
+                return Err((
+                    NOTHING,
+                    format!("new holders took the freed slots at {prefix} after the reset began; reset again to evict them too"),
+                ));
+            }
+            for id in &targets {
                 client.destroy_session(id).map_err(consul_failure)?;
                 evicted += 1;
             }

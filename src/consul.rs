@@ -549,7 +549,14 @@ impl Client {
         };
         let address = &self.config.address;
         let no_client_cert = address.https && self.config.tls.client_cert.is_none();
-        let mut response = result.map_err(|e| match tls::explain(&e, address.host(), no_client_cert) {
+        // The name the certificate is checked against.
+        let checked = self
+            .config
+            .tls
+            .server_name
+            .as_deref()
+            .unwrap_or(address.host());
+        let mut response = result.map_err(|e| match tls::explain(&e, checked, no_client_cert) {
             Some(why) => ConsulError::Transient(format!("cannot talk to Consul at {address}: {why}")),
             None => ConsulError::Transient(format!(
                 "cannot reach Consul at {address}: {e} (is the agent running? check --http-addr or CONSUL_HTTP_ADDR)"
@@ -557,8 +564,16 @@ impl Client {
         })?;
         let status = response.status().as_u16();
         if status == 403 {
+            let body = response.body_mut().read_to_string().unwrap_or_default();
+            let body = one_line(body.as_bytes());
+            // Consul answers "ACL not found" for a token it does not know.
+            if body.to_ascii_lowercase().contains("acl not found") {
+                return Err(ConsulError::Denied(
+                    "Consul does not know the token (ACL not found): check --token, --token-file, CONSUL_HTTP_TOKEN or CONSUL_HTTP_TOKEN_FILE".into(),
+                ));
+            }
             return Err(ConsulError::Denied(format!(
-                "the token lacks {permission} (Consul answered 403)"
+                "the token lacks {permission} (Consul answered 403: {body})"
             )));
         }
         // With ACLs, a listing silently leaves out what the token cannot

@@ -77,8 +77,10 @@ pub fn run(options: RunOptions) -> i32 {
         timeout: options.timeout,
         kill_grace: options.kill_grace,
         // The waiting line is for people at a terminal; logs get `-v` events.
+        // (`-v` writes events instead: the two would garble each other.)
         progress_line: (std::io::stderr().is_terminal()
-            && options.log_format == report::LogFormat::Text)
+            && options.log_format == report::LogFormat::Text
+            && !options.verbose)
             .then(|| options.prefix.clone()),
     };
     match supervise::run(backend, &plan) {

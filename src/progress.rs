@@ -1,7 +1,7 @@
 //! The status line drawn while waiting for a slot, when stderr is a
 //! terminal: one line, redrawn in place, erased when the wait ends.
 //!
-//! `waiting for a slot at service/db: 2/2 held (web-3 pid 812 for 4m12s, web-7 pid 55 for 10s), 3 ahead of you, 00:14`
+//! `waiting for a slot at service/db: 2/2 held (web-3 pid 812, started 4m12s ago; web-7 pid 55, started 10s ago), 3 ahead of you, 00:14`
 
 use std::io::Write as _;
 use std::time::{Duration, SystemTime};
@@ -41,6 +41,9 @@ impl ProgressLine {
     }
 
     pub fn redraw(&mut self, waited: Duration) {
+        if !crate::sys::stderr_in_foreground() {
+            return;
+        }
         if let Some(progress) = &self.last {
             let line = render(&self.prefix, progress, waited, SystemTime::now());
             write(&format!("{CLEAR}{line}"));
@@ -73,22 +76,22 @@ pub fn render(prefix: &str, progress: &Progress, waited: Duration, now: SystemTi
             if let Some(pid) = holder.pid {
                 text.push_str(&format!(" pid {pid}"));
             }
-            if let Some(held) = holder
+            if let Some(up) = holder
                 .since
                 .and_then(|since| now.duration_since(since).ok())
             {
                 text.push_str(&format!(
-                    " for {}",
-                    duration::human(Duration::from_secs(held.as_secs()))
+                    ", started {} ago",
+                    duration::human(Duration::from_secs(up.as_secs()))
                 ));
             }
             text
         })
         .collect();
-    let mut holders = named.join(", ");
+    let mut holders = named.join("; ");
     if progress.holders.len() > NAMED_HOLDERS {
         holders.push_str(&format!(
-            ", {} more",
+            "; {} more",
             progress.holders.len() - NAMED_HOLDERS
         ));
     }
@@ -134,7 +137,7 @@ mod tests {
         };
         assert_eq!(
             render("service/db", &progress, Duration::from_secs(14), now),
-            "waiting for a slot at service/db: 2/2 held (web-3 pid 812 for 4m12s, web-7 pid 55 for 10s), 3 ahead of you, 00:14"
+            "waiting for a slot at service/db: 2/2 held (web-3 pid 812, started 4m12s ago; web-7 pid 55, started 10s ago), 3 ahead of you, 00:14"
         );
         // A consul lock holder describes nothing; more than three are counted.
         let progress = Progress {
@@ -150,7 +153,7 @@ mod tests {
         };
         assert_eq!(
             render("jobs", &progress, Duration::from_secs(3725), now),
-            "waiting for a slot at jobs: 5/5 held (?, ?, ?, 2 more), next in line, 1:02:05"
+            "waiting for a slot at jobs: 5/5 held (?; ?; ?; 2 more), next in line, 1:02:05"
         );
     }
 }

@@ -118,6 +118,13 @@ pub fn wait_child(pid: u32) -> std::io::Result<ChildChange> {
     }
 }
 
+/// True if stderr is a terminal whose foreground group is ours: a consem in
+/// the background must not draw over what the user types.
+pub fn stderr_in_foreground() -> bool {
+    // SAFETY: plain queries on fd 2 and on our own process.
+    unsafe { libc::isatty(2) == 1 && libc::tcgetpgrp(2) == libc::getpgrp() }
+}
+
 /// Whether the process `pid` is stopped right now, from /proc (Linux).
 /// Elsewhere this cannot be told and is false: stop reports alone count.
 pub fn is_stopped(pid: u32) -> bool {

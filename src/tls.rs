@@ -130,7 +130,7 @@ pub fn explain(error: &ureq::Error, host: &str, no_client_cert: bool) -> Option<
                 ) =>
             {
                 return Some(format!(
-                    "the agent closed the TLS connection; if {CLIENT_CERT_HINT}"
+                    "the agent closed the connection ({io}); if {CLIENT_CERT_HINT}"
                 ));
             }
             None => return None,

@@ -27,7 +27,7 @@ fn a_waiter_on_a_terminal_shows_who_holds_and_erases_the_line() {
     let screen = terminal.screen.clone();
     let wanted = format!("waiting for a slot at {}: 1/1 held (", world.prefix);
     screen.wait_for(&wanted);
-    screen.wait_for(&format!("pid {holder_pid} for "));
+    screen.wait_for(&format!("pid {holder_pid}, started "));
     screen.wait_for("next in line");
     // The clock moves: the line is redrawn with a later time.
     screen.wait_for("00:01");

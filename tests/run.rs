@@ -533,3 +533,28 @@ fn waiters_get_their_slot_in_order_of_arrival() {
     assert_eq!(order, "0\n1\n2\n3\n4\n", "slots went out of arrival order");
     world.assert_clean();
 }
+
+#[test]
+fn option_errors_speak_json_too() {
+    let output = Command::new(env!("CARGO_BIN_EXE_consem"))
+        .args([
+            "run",
+            "--log-format",
+            "json",
+            "--prefix",
+            "/",
+            "--limit",
+            "1",
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let line: serde_json::Value = serde_json::from_slice(&output.stderr).unwrap();
+    assert_eq!(line["level"], "error");
+    assert!(
+        line["message"].as_str().unwrap().contains("--prefix"),
+        "{line}"
+    );
+}
