@@ -406,30 +406,6 @@ fn timeout_0_exits_75_at_once_when_full() {
 
 // ---- more signals while waiting -------------------------------------------
 
-/// SIGQUIT ends a wait like SIGINT, SIGTERM and SIGHUP do: 128 + 3.
-#[test]
-fn sigquit_while_waiting_exits_131() {
-    let world = World::new("sigquit-waiting");
-    let holder = hold_slot(&world, 1, "ready", "go");
-    let mut waiter = world.spawn(1, &[], &["true"]);
-    wait_until(PROMPT, "the waiter's contender key", || {
-        world.contender_keys() == 2
-    });
-    let started = Instant::now();
-    signal(&waiter, libc::SIGQUIT);
-    let status = wait_with_deadline(&mut waiter, PROMPT, "the waiter to exit");
-    assert_eq!(status.code(), Some(131));
-    assert!(
-        started.elapsed() < Duration::from_secs(3),
-        "took {:?}",
-        started.elapsed()
-    );
-    assert_eq!(world.contender_keys(), 1, "the waiter's key is gone");
-    world.touch("go");
-    assert_eq!(finish(holder).status.code(), Some(0));
-    world.assert_clean();
-}
-
 /// SIGUSR1 and SIGUSR2 do not end a wait: consem notes them (with -v) and
 /// keeps waiting, then runs its command once the holder is done.
 #[test]

@@ -244,6 +244,7 @@ fn a_signal_while_waiting_ends_the_wait_promptly() {
         (libc::SIGINT, 130),
         (libc::SIGTERM, 143),
         (libc::SIGHUP, 129),
+        (libc::SIGQUIT, 131),
     ] {
         let world = World::new(&format!("signal-waiting-{sig}"));
         let holder = hold_slot(&world, 1, "ready", "go");
