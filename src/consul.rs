@@ -386,8 +386,36 @@ impl Client {
         block: Option<(u64, Duration)>,
     ) -> Result<Listing, ConsulError> {
         let dir = format!("{prefix}/");
-        let path = format!("/v1/kv/{}", encode_path(&dir));
-        let mut query = vec![("recurse", String::new())];
+        self.read_kv(&dir, &dir, true, consistency, block)
+    }
+
+    /// `GET /v1/kv/<prefix>/<name>`: one key, as a listing of at most one
+    /// entry. Blocking on it wakes only when that key changes or goes.
+    pub fn get(
+        &self,
+        prefix: &str,
+        name: &str,
+        consistency: Consistency,
+        block: Option<(u64, Duration)>,
+    ) -> Result<Listing, ConsulError> {
+        let dir = format!("{prefix}/");
+        self.read_kv(&format!("{dir}{name}"), &dir, false, consistency, block)
+    }
+
+    /// Reads `key` (a prefix with `recurse`); entries are named relative to `dir`.
+    fn read_kv(
+        &self,
+        key: &str,
+        dir: &str,
+        recurse: bool,
+        consistency: Consistency,
+        block: Option<(u64, Duration)>,
+    ) -> Result<Listing, ConsulError> {
+        let path = format!("/v1/kv/{}", encode_path(key));
+        let mut query = Vec::new();
+        if recurse {
+            query.push(("recurse", String::new()));
+        }
         if consistency == Consistency::Consistent {
             query.push(("consistent", String::new()));
         }
@@ -399,9 +427,9 @@ impl Client {
             }
             _ => self.call_timeout,
         };
-        let permission = format!("key:read on {dir}");
+        let permission = format!("key:read on {key}");
         let reply = self.call(http::Method::GET, &path, &query, None, timeout, &permission)?;
-        // A missing prefix answers 404 with an index, like an empty listing.
+        // A missing key or prefix answers 404 with an index, like an empty listing.
         let reply = if reply.status == 404 && reply.index.is_some() {
             Reply {
                 body: b"[]".to_vec(),
@@ -417,7 +445,7 @@ impl Client {
         let entries = raw
             .into_iter()
             .filter_map(|e| {
-                let name = e.key.strip_prefix(&dir)?.to_string();
+                let name = e.key.strip_prefix(dir)?.to_string();
                 let value = match e.value {
                     None => Vec::new(),
                     Some(text) => base64::engine::general_purpose::STANDARD

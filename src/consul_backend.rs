@@ -14,7 +14,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::backend::{BackendError, Contend, Holder, Notify, Progress, SlotBackend, SlotEvent};
 use crate::consul::{Client, Consistency, ConsulError, Listing, Renewal, SessionSpec};
-use crate::contender::{Answer, Call, Contender, Note, Step, WaitPicture, Watcher};
+use crate::contender::{Answer, Call, Contender, Note, Step, WaitPicture, Watched, Watcher};
 use crate::report;
 use crate::semaphore::{self, ReleaseStep, Snapshot, SEMAPHORE_FLAGS};
 
@@ -142,7 +142,7 @@ impl ConsulSemaphore {
     fn contend_thread(self: Arc<Self>, mode: Contend, notify: Notify) {
         let _guard = PanicReport(Arc::clone(&notify));
         match self.acquire(mode) {
-            Ok((fence, index)) => {
+            Ok((fence, key_index)) => {
                 self.shared().fence = Some(fence);
                 report::event(
                     "acquired",
@@ -152,11 +152,24 @@ impl ConsulSemaphore {
                 // Only now may the renewer report a loss: one reported before
                 // `Acquired` would reach a supervisor still waiting.
                 self.shared().holding = true;
-                if let Some(reason) = self.watch(index) {
-                    if !self.closing() {
-                        notify(SlotEvent::Lost(reason));
-                    }
-                }
+                let Some(session) = self.shared().session.clone() else {
+                    return;
+                };
+                let (limit, retry) = (self.settings.limit, self.settings.monitor_retry);
+                let key = Watcher::new(&session, limit, Watched::Key, key_index, retry);
+                let this = Arc::clone(&self);
+                let key_notify = Arc::clone(&notify);
+                thread::Builder::new()
+                    .name("consem-watch-key".into())
+                    .spawn(move || {
+                        let _guard = PanicReport(Arc::clone(&key_notify));
+                        this.watch(key, &key_notify);
+                    })
+                    .expect("cannot start the watch thread");
+                self.watch(
+                    Watcher::new(&session, limit, Watched::Lock, fence, retry),
+                    &notify,
+                );
             }
             Err(Stop::NoSlot) => notify(SlotEvent::NoSlot),
             Err(Stop::Closing) => {}
@@ -164,8 +177,8 @@ impl ConsulSemaphore {
         }
     }
 
-    /// Runs the [`Contender`] until a slot is ours. Returns the fence and
-    /// the index to watch from.
+    /// Runs the [`Contender`] until a slot is ours. Returns the fence (where
+    /// watching `.lock` starts) and our key's index (where watching it starts).
     fn acquire(self: &Arc<Self>, mode: Contend) -> Result<(u64, u64), Stop> {
         let mut contender = Contender::new(self.settings.limit, mode);
         let mut outage = Outage::new(self.settings.ttl);
@@ -216,7 +229,7 @@ impl ConsulSemaphore {
             }
             call = match step {
                 Step::Call(next) => next,
-                Step::Acquired { fence, index } => return Ok((fence, index)),
+                Step::Acquired { fence, key_index } => return Ok((fence, key_index)),
                 Step::NoSlot => return Err(Stop::NoSlot),
                 Step::Conflict(conflict) => {
                     return Err(Stop::Failed(BackendError::Conflict(format!(
@@ -281,6 +294,22 @@ impl ConsulSemaphore {
                 )
                 .map(|r| r.map(Answer::KeyAcquired)),
             Call::List { .. } => Some(self.read(call).map(Answer::Listing)),
+            Call::Get { .. } => Some(self.read(call).map(Answer::Key)),
+            // Whatever the answer, the slot is confirmed; the watch sees a
+            // session that went meanwhile.
+            Call::Relay { session } => self
+                .guarded(
+                    || {
+                        self.client.acquire(
+                            &self.key(session),
+                            session,
+                            self.settings.contender_value.clone(),
+                            SEMAPHORE_FLAGS,
+                        )
+                    },
+                    |_, _| {},
+                )
+                .map(|r| r.map(|_| Answer::Relayed)),
             Call::PutLock { value, cas } => {
                 let key = self.key(semaphore::LOCK_KEY_NAME);
                 self.guarded(
@@ -295,17 +324,24 @@ impl ConsulSemaphore {
         }
     }
 
-    /// Makes a [`Call::List`].
+    /// Makes a [`Call::List`] or a [`Call::Get`].
     fn read(&self, call: &Call) -> Result<Listing, ConsulError> {
-        let Call::List {
-            consistency,
-            block_on,
-        } = call
-        else {
-            unreachable!("read() takes only Call::List, not {call:?}");
-        };
-        let block = (*block_on > 0).then_some((*block_on, BLOCKING_WAIT));
-        self.client.list(&self.settings.prefix, *consistency, block)
+        let block = |index: u64| (index > 0).then_some((index, BLOCKING_WAIT));
+        let prefix = &self.settings.prefix;
+        match call {
+            Call::List {
+                consistency,
+                block_on,
+            } => self.client.list(prefix, *consistency, block(*block_on)),
+            Call::Get {
+                name,
+                consistency,
+                block_on,
+            } => self
+                .client
+                .get(prefix, name, *consistency, block(*block_on)),
+            other => unreachable!("read() takes only reads, not {other:?}"),
+        }
     }
 
     fn create_session(self: &Arc<Self>) -> Option<Result<String, ConsulError>> {
@@ -340,25 +376,27 @@ impl ConsulSemaphore {
 
     // ---- holding --------------------------------------------------------
 
-    /// Runs the [`Watcher`] while the command runs. Returns why the slot is
-    /// lost, or `None` if release began.
-    fn watch(&self, index: u64) -> Option<String> {
-        let session = self.shared().session.clone()?;
-        let mut watcher = Watcher::new(
-            &session,
-            self.settings.limit,
-            index,
-            self.settings.monitor_retry,
-        );
+    /// Runs a [`Watcher`] while the command runs, and reports the loss of
+    /// the slot unless release began first.
+    fn watch(&self, watcher: Watcher, notify: &Notify) {
+        if let Some(reason) = self.watch_until_lost(watcher) {
+            if !self.closing() {
+                notify(SlotEvent::Lost(reason));
+            }
+        }
+    }
+
+    /// Returns why the slot is lost, or `None` if release began.
+    fn watch_until_lost(&self, mut watcher: Watcher) -> Option<String> {
         let mut backoff = FIRST_BACKOFF;
         loop {
             if self.closing() {
                 return None;
             }
             match self.read(&watcher.call()) {
-                Ok(listing) => {
+                Ok(read) => {
                     backoff = FIRST_BACKOFF;
-                    if let Err(loss) = watcher.on_listing(listing) {
+                    if let Err(loss) = watcher.on_read(read) {
                         return (!self.closing()).then(|| loss.to_string());
                     }
                 }
@@ -571,15 +609,19 @@ impl SlotBackend for ConsulSemaphore {
             ));
         }
 
-        // 1. Delete the contender key first: whoever of several leaving
-        // holders reads `.lock` last then sees no other contender key and
-        // deletes `.lock`, so an idle prefix ends empty. (We are releasing:
-        // that others may prune us from this moment is what we want.)
+        // 1. Destroy the session: its `delete` behaviour removes our
+        // contender key in the same write. The key goes before `.lock` is
+        // read, so that whoever of several leaving holders reads `.lock` last
+        // sees no other contender key and deletes `.lock`: an idle prefix
+        // ends empty. (We are releasing: that others may prune us from this
+        // moment is what we want.)
         let client = self.client.with_call_timeout(remaining());
-        match client.delete(&self.key(&session), None) {
-            Err(error) if worth_telling(&error) => {
-                problems.push(format!("deleting {}: {error}", self.key(&session)));
-            }
+        match client.destroy_session(&session) {
+            Err(error) if worth_telling(&error) => problems.push(format!(
+                "destroying session {session}: {error}; Consul drops it and its key {} within {}",
+                self.key(&session),
+                crate::duration::human(self.settings.ttl * 2)
+            )),
             _ => {}
         }
 
@@ -624,15 +666,6 @@ impl SlotBackend for ConsulSemaphore {
             }
         }
 
-        // 3. Destroy the session.
-        let client = self.client.with_call_timeout(remaining());
-        match client.destroy_session(&session) {
-            Err(error) if worth_telling(&error) => problems.push(format!(
-                "destroying session {session}: {error}; Consul drops it within {}",
-                crate::duration::human(self.settings.ttl * 2)
-            )),
-            _ => {}
-        }
         report::event(
             "released",
             &[("prefix", &self.settings.prefix), ("session", &session)],
@@ -678,6 +711,7 @@ pub fn contender_value(command: &[String]) -> Vec<u8> {
         "Pid": std::process::id(),
         "Command": shown,
         "Started": report::timestamp(SystemTime::now()),
+        semaphore::RELAYS_FIELD: true,
     }))
     .expect("a JSON value always encodes")
 }

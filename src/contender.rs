@@ -6,7 +6,7 @@
 
 use crate::backend::Contend;
 use crate::consul::{Acquire, Consistency, Listing};
-use crate::semaphore::{self, Conflict, Decision, Entry, Loss, Snapshot};
+use crate::semaphore::{self, Conflict, Decision, Entry, Loss, Snapshot, WaitOn, LOCK_KEY_NAME};
 
 /// A Consul call the recipe needs next.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,8 +20,18 @@ pub enum Call {
         consistency: Consistency,
         block_on: u64,
     },
+    /// Read the one key `<prefix>/<name>`; `block_on` > 0 blocks until that
+    /// key's index moves past it (it changes or goes).
+    Get {
+        name: String,
+        consistency: Consistency,
+        block_on: u64,
+    },
     /// Write `.lock` with `?cas=`.
     PutLock { value: Vec<u8>, cas: u64 },
+    /// Rewrite our contender key (acquire again with our session), which
+    /// wakes the waiter that blocks on it ([`WaitOn::Key`]).
+    Relay { session: String },
 }
 
 /// The answer to a [`Call`] that went through.
@@ -30,17 +40,21 @@ pub enum Answer {
     SessionCreated(String),
     KeyAcquired(Acquire),
     Listing(Listing),
+    /// The answer to [`Call::Get`]: at most one entry.
+    Key(Listing),
     LockWritten(bool),
+    Relayed,
 }
 
 /// What the contender wants after an answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {
     Call(Call),
-    /// The slot is ours; `index` is where watching starts.
+    /// The slot is ours. `fence` is `.lock`'s ModifyIndex and `key_index`
+    /// our contender key's, where watching them starts.
     Acquired {
         fence: u64,
-        index: u64,
+        key_index: u64,
     },
     /// `--try` found every slot taken.
     NoSlot,
@@ -84,6 +98,8 @@ pub struct Contender {
     confirm: bool,
     /// The last wait picture noted, so that only changes are noted.
     last_picture: Option<WaitPicture>,
+    /// The slot is confirmed ours; reported once the relay is written.
+    relaying: Option<Step>,
     pending: Call,
     notes: Vec<Note>,
 }
@@ -97,6 +113,7 @@ impl Contender {
             index: 0,
             confirm: false,
             last_picture: None,
+            relaying: None,
             pending: Call::CreateSession,
             notes: Vec::new(),
         }
@@ -129,7 +146,7 @@ impl Contender {
                     block_on: 0,
                 }
             }
-            Call::PutLock { .. } => {
+            Call::Get { .. } | Call::PutLock { .. } => {
                 self.index = 0;
                 self.read()
             }
@@ -154,6 +171,16 @@ impl Contender {
                 session: self.session.clone().unwrap_or_default(),
             },
             Answer::Listing(listing) => self.on_listing(listing),
+            // The key we block on changed or went: the waiter ahead took its
+            // slot or left. Look at the whole picture again.
+            Answer::Key(_) => Step::Call(Call::List {
+                consistency: Consistency::Default,
+                block_on: 0,
+            }),
+            Answer::Relayed => self
+                .relaying
+                .take()
+                .expect("a relay is only written for a confirmed slot"),
             Answer::LockWritten(true) => {
                 // Confirm the win with a fresh, consistent read.
                 self.confirm = true;
@@ -188,9 +215,18 @@ impl Contender {
         match decision {
             Decision::Holding if self.confirm => {
                 let fence = snapshot.lock.as_ref().map_or(0, |lock| lock.modify_index);
-                Step::Acquired {
-                    fence,
-                    index: self.index,
+                let key_index = snapshot
+                    .contenders
+                    .get(&session)
+                    .map_or(0, |key| key.modify_index);
+                let acquired = Step::Acquired { fence, key_index };
+                // Anyone waiting behind us may block on our key alone: wake it.
+                let record = snapshot.lock_record(self.limit).ok().flatten();
+                if record.is_some_and(|r| semaphore::waiters_behind(&snapshot, &r, &session)) {
+                    self.relaying = Some(acquired);
+                    Step::Call(Call::Relay { session })
+                } else {
+                    acquired
                 }
             }
             Decision::Holding => {
@@ -205,7 +241,7 @@ impl Contender {
                 self.confirm = false;
                 Step::Call(Call::AcquireKey { session })
             }
-            Decision::Full { holders } => {
+            Decision::Full { holders, wait_on } => {
                 self.confirm = false;
                 if self.mode == Contend::Try {
                     return Step::NoSlot;
@@ -215,7 +251,14 @@ impl Contender {
                     self.last_picture = Some(picture.clone());
                     self.notes.push(Note::Waiting(picture));
                 }
-                Step::Call(self.read())
+                match wait_on {
+                    WaitOn::Prefix => Step::Call(self.read()),
+                    WaitOn::Key(name) => Step::Call(Call::Get {
+                        name,
+                        consistency: Consistency::Default,
+                        block_on: self.index,
+                    }),
+                }
             }
             Decision::Take { value, cas } => Step::Call(Call::PutLock { value, cas }),
         }
@@ -248,47 +291,74 @@ fn wait_picture(snapshot: &Snapshot, holders: &[String], me: &str) -> WaitPictur
     }
 }
 
-/// Checks, while the command runs, that the slot stays ours.
+/// Which key a [`Watcher`] watches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Watched {
+    /// `.lock`: whoever takes a slot away writes it.
+    Lock,
+    /// Our contender key: it goes the moment our session ends.
+    Key,
+}
+
+/// Checks, while the command runs, that the slot stays ours: one watcher on
+/// `.lock` and one on our contender key, each blocking on its own key, so
+/// that the holders do not wake for every waiter that joins or leaves.
 #[derive(Debug, Clone)]
 pub struct Watcher {
     session: String,
     limit: u32,
+    watched: Watched,
     index: u64,
     failures: u32,
     retry: u32,
 }
 
 impl Watcher {
-    /// Watches from `index` (from [`Step::Acquired`]), tolerating `retry`
-    /// consecutive failed reads.
-    pub fn new(session: &str, limit: u32, index: u64, retry: u32) -> Watcher {
+    /// Watches from `index` (the key's ModifyIndex from
+    /// [`Step::Acquired`]), tolerating `retry` consecutive failed reads.
+    pub fn new(session: &str, limit: u32, watched: Watched, index: u64, retry: u32) -> Watcher {
         Watcher {
             session: session.to_string(),
             limit,
+            watched,
             index,
             failures: 0,
             retry,
         }
     }
 
+    fn name(&self) -> &str {
+        match self.watched {
+            Watched::Lock => LOCK_KEY_NAME,
+            Watched::Key => &self.session,
+        }
+    }
+
     /// The next read: consistent, blocking on the last index.
     pub fn call(&self) -> Call {
-        Call::List {
+        Call::Get {
+            name: self.name().to_string(),
             consistency: Consistency::Consistent,
             block_on: self.index,
         }
     }
 
-    /// Checks a listing; `Err` when the slot is no longer ours.
-    pub fn on_listing(&mut self, listing: Listing) -> Result<(), Loss> {
+    /// Checks a read of the watched key; `Err` when the slot is no longer ours.
+    pub fn on_read(&mut self, read: Listing) -> Result<(), Loss> {
         self.failures = 0;
-        self.index = if listing.index < self.index {
+        // An index below the one sent is either a wait that ran out (a key
+        // answers with its own ModifyIndex) or a restarted agent: reading
+        // once without blocking settles both.
+        self.index = if read.index < self.index {
             0
         } else {
-            listing.index
+            read.index
         };
-        let snapshot = Snapshot::from_entries(listing.entries);
-        semaphore::check_holding(&snapshot, &self.session, self.limit)
+        let entry = read.entries.iter().find(|e| e.name == self.name());
+        match self.watched {
+            Watched::Lock => semaphore::check_lock(entry, &self.session, self.limit),
+            Watched::Key => semaphore::check_key(entry, &self.session),
+        }
     }
 
     /// Counts a failed read; `Err` with the count once more than `retry`
@@ -376,7 +446,7 @@ mod tests {
             c.on_answer(confirmed),
             Step::Acquired {
                 fence: 11,
-                index: 12
+                key_index: 5
             }
         );
     }
@@ -476,7 +546,7 @@ mod tests {
             c.on_answer(won()),
             Step::Acquired {
                 fence: 11,
-                index: 12
+                key_index: 5
             }
         );
     }
@@ -511,38 +581,140 @@ mod tests {
         );
     }
 
+    fn relaying_entry(session: &str, index: u64) -> Entry {
+        Entry {
+            value: format!(r#"{{"{}":true}}"#, semaphore::RELAYS_FIELD).into_bytes(),
+            create_index: index,
+            modify_index: index,
+            ..contender_entry(session)
+        }
+    }
+
     #[test]
-    fn watcher_counts_failures_and_sees_losses() {
-        let mut w = Watcher::new(ME, 1, 12, 2);
+    fn relays_to_a_waiter_behind_once_the_slot_is_confirmed() {
+        let mut c = joined(Contend::Wait);
+        c.on_answer(Answer::KeyAcquired(Acquire::Held));
+        let waiter = relaying_entry(OTHER, 6);
+        c.on_answer(listing(10, vec![contender_entry(ME), waiter.clone()]));
+        c.on_answer(Answer::LockWritten(true));
+        let confirmed = listing(12, vec![contender_entry(ME), waiter, lock_entry(&[ME], 11)]);
+        assert_eq!(
+            c.on_answer(confirmed),
+            Step::Call(Call::Relay { session: ME.into() })
+        );
+        // A relay whose answer is lost is written again.
+        assert_eq!(c.after_failure(), Call::Relay { session: ME.into() });
+        assert_eq!(
+            c.on_answer(Answer::Relayed),
+            Step::Acquired {
+                fence: 11,
+                key_index: 5
+            }
+        );
+    }
+
+    #[test]
+    fn a_waiter_further_back_blocks_on_the_key_ahead_then_looks_again() {
+        const THIRD: &str = "cccccccc-0000-0000-0000-000000000003";
+        // Limit 1: OTHER holds, THIRD waits first, ME second.
+        let mut c = joined(Contend::Wait);
+        c.on_answer(Answer::KeyAcquired(Acquire::Held));
+        let mut me = contender_entry(ME);
+        me.create_index = 8;
+        let queue = listing(
+            20,
+            vec![
+                relaying_entry(OTHER, 6),
+                relaying_entry(THIRD, 7),
+                me,
+                lock_entry(&[OTHER], 9),
+            ],
+        );
+        assert_eq!(
+            c.on_answer(queue),
+            Step::Call(Call::Get {
+                name: THIRD.into(),
+                consistency: Consistency::Default,
+                block_on: 20
+            })
+        );
+        assert_eq!(
+            c.take_notes(),
+            vec![Note::Waiting(WaitPicture {
+                holders: vec![relaying_entry(OTHER, 6)],
+                ahead: 1,
+            })]
+        );
+        let moved = Listing {
+            index: 23,
+            entries: vec![relaying_entry(THIRD, 23)],
+        };
+        let look_again = Call::List {
+            consistency: Consistency::Default,
+            block_on: 0,
+        };
+        assert_eq!(
+            c.on_answer(Answer::Key(moved)),
+            Step::Call(look_again.clone())
+        );
+        // A failed blocking read of the key is settled by looking again too.
+        assert_eq!(c.after_failure(), look_again);
+    }
+
+    #[test]
+    fn watchers_count_failures_and_see_losses() {
+        let mut w = Watcher::new(ME, 1, Watched::Lock, 11, 2);
         assert_eq!(
             w.call(),
-            Call::List {
+            Call::Get {
+                name: LOCK_KEY_NAME.into(),
                 consistency: Consistency::Consistent,
-                block_on: 12
+                block_on: 11
             }
         );
         let held = |index| Listing {
             index,
-            entries: vec![contender_entry(ME), lock_entry(&[ME], 11)],
+            entries: vec![lock_entry(&[ME], index)],
         };
-        assert_eq!(w.on_listing(held(13)), Ok(()));
+        assert_eq!(w.on_read(held(13)), Ok(()));
         assert_eq!(w.on_failure(), Ok(1));
         assert_eq!(
             w.call(),
-            Call::List {
+            Call::Get {
+                name: LOCK_KEY_NAME.into(),
                 consistency: Consistency::Consistent,
                 block_on: 0
             }
         );
         assert_eq!(w.on_failure(), Ok(2));
-        assert_eq!(w.on_listing(held(14)), Ok(()));
+        assert_eq!(w.on_read(held(14)), Ok(()));
         assert_eq!(w.on_failure(), Ok(1));
         assert_eq!(w.on_failure(), Ok(2));
         assert_eq!(w.on_failure(), Err(3));
         let evicted = Listing {
             index: 15,
-            entries: vec![contender_entry(ME), lock_entry(&[], 15)],
+            entries: vec![lock_entry(&[], 15)],
         };
-        assert_eq!(w.on_listing(evicted), Err(Loss::NotInHolders));
+        assert_eq!(w.on_read(evicted), Err(Loss::NotInHolders));
+
+        let mut k = Watcher::new(ME, 1, Watched::Key, 5, 2);
+        assert_eq!(
+            k.call(),
+            Call::Get {
+                name: ME.into(),
+                consistency: Consistency::Consistent,
+                block_on: 5
+            }
+        );
+        let mine = Listing {
+            index: 5,
+            entries: vec![contender_entry(ME)],
+        };
+        assert_eq!(k.on_read(mine), Ok(()));
+        let gone = Listing {
+            index: 30,
+            entries: vec![],
+        };
+        assert_eq!(k.on_read(gone), Err(Loss::ContenderGone));
     }
 }

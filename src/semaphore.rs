@@ -22,6 +22,13 @@ pub const MUTEX_FLAGS: u64 = 0x2ddccbc058a50c18;
 /// The name of the key that records the limit and the holders.
 pub const LOCK_KEY_NAME: &str = ".lock";
 
+/// The field of a contender key's value (a JSON object) by which a contender
+/// promises to relay: once it holds a slot it rewrites its contender key if
+/// anyone waits behind it, so that the waiter just behind may block on that
+/// one key instead of the whole prefix. consem sets it; `consul lock` writes
+/// an empty value and does not relay.
+pub const RELAYS_FIELD: &str = "Relays";
+
 /// The highest `--limit`: 1024 holders in map form take about 45 KiB, a tenth
 /// of Consul's 512 KiB value limit, leaving room for foreign entries.
 pub const MAX_LIMIT: u32 = 1024;
@@ -227,26 +234,38 @@ impl Snapshot {
     /// Decodes `.lock` and checks that it is a semaphore record with our
     /// limit. `None` when there is no `.lock` yet.
     pub fn lock_record(&self, limit: u32) -> Result<Option<LockRecord>, Conflict> {
-        let Some(entry) = &self.lock else {
-            return Ok(None);
-        };
-        if entry.flags != SEMAPHORE_FLAGS {
-            return Err(Conflict::ForeignFlags(entry.flags));
-        }
-        let record = decode_lock(&entry.value)?;
-        if record.limit != limit {
-            return Err(Conflict::LimitMismatch {
-                found: record.limit,
-                ours: limit,
-            });
-        }
-        Ok(Some(record))
+        self.lock
+            .as_ref()
+            .map(|entry| lock_record(entry, limit))
+            .transpose()
     }
 
     /// The ModifyIndex to CAS `.lock` against; 0 creates it.
     fn lock_cas(&self) -> u64 {
         self.lock.as_ref().map_or(0, |e| e.modify_index)
     }
+}
+
+/// Decodes a `.lock` entry and checks that it is a semaphore record with our
+/// limit.
+pub fn lock_record(entry: &Entry, limit: u32) -> Result<LockRecord, Conflict> {
+    if entry.flags != SEMAPHORE_FLAGS {
+        return Err(Conflict::ForeignFlags(entry.flags));
+    }
+    let record = decode_lock(&entry.value)?;
+    if record.limit != limit {
+        return Err(Conflict::LimitMismatch {
+            found: record.limit,
+            ours: limit,
+        });
+    }
+    Ok(record)
+}
+
+/// Whether a contender key's value promises to relay ([`RELAYS_FIELD`]).
+pub fn relays(entry: &Entry) -> bool {
+    serde_json::from_slice::<Value>(&entry.value)
+        .is_ok_and(|value| value.get(RELAYS_FIELD) == Some(&Value::Bool(true)))
 }
 
 /// Drops holders whose contender key is gone or no longer held by them.
@@ -269,10 +288,27 @@ pub enum Decision {
     Holding,
     /// Write `value` to `.lock` with `?cas=<cas>` to take a slot.
     Take { value: Vec<u8>, cas: u64 },
-    /// Every slot is held by a live holder: wait for a change.
-    Full { holders: Vec<String> },
+    /// Every slot is held by a live holder, or promised to a waiter ahead:
+    /// wait for a change, blocking on `wait_on`.
+    Full {
+        holders: Vec<String>,
+        wait_on: WaitOn,
+    },
     /// Our own contender key is gone: our session was invalidated.
     SessionLost,
+}
+
+/// What a waiter blocks on until its turn may have come.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WaitOn {
+    /// The whole prefix: the next departure of a holder or of a waiter ahead
+    /// may give us a slot.
+    Prefix,
+    /// The contender key of the relaying waiter just ahead of us. Our turn
+    /// needs at least two departures ahead of us, so that waiter's turn comes
+    /// first; it rewrites this key when it takes its slot, and the key goes
+    /// when it leaves or its session ends.
+    Key(String),
 }
 
 /// Decides whether `me` can take a slot. Pure: the same snapshot always gives
@@ -286,6 +322,10 @@ pub enum Decision {
 /// returns. `consul lock` contenders do not queue; they count as waiters
 /// ahead of later consem contenders, and may take a slot out of turn, never
 /// more than Limit.
+///
+/// A waiter that one departure could serve blocks on the prefix; one further
+/// back blocks on the key of the waiter just ahead if that waiter relays
+/// (see [`WaitOn`]), so that a change wakes only the waiters it can serve.
 pub fn decide(snapshot: &Snapshot, me: &str, limit: u32) -> Result<Decision, Conflict> {
     let record = snapshot
         .lock_record(limit)?
@@ -297,9 +337,18 @@ pub fn decide(snapshot: &Snapshot, me: &str, limit: u32) -> Result<Decision, Con
         return Ok(Decision::Holding);
     }
     let mut pruned = prune(&record, snapshot);
-    if pruned.holders.len() + waiters_ahead(snapshot, &pruned, me) >= limit as usize {
+    let queued = pruned.holders.len() + waiters_ahead(snapshot, &pruned, me);
+    if queued >= limit as usize {
+        let just_ahead = waiters_before(snapshot, &pruned, me).max_by_key(|e| e.create_index);
+        let wait_on = match just_ahead {
+            Some(entry) if queued > limit as usize && relays(entry) => {
+                WaitOn::Key(entry.name.clone())
+            }
+            _ => WaitOn::Prefix,
+        };
         return Ok(Decision::Full {
             holders: pruned.holders,
+            wait_on,
         });
     }
     pruned.holders.push(me.to_string());
@@ -311,16 +360,41 @@ pub fn decide(snapshot: &Snapshot, me: &str, limit: u32) -> Result<Decision, Con
 
 /// Live contenders without a slot that arrived before `me`.
 pub fn waiters_ahead(snapshot: &Snapshot, holders: &LockRecord, me: &str) -> usize {
-    let mine = snapshot
-        .contenders
-        .get(me)
-        .map_or(u64::MAX, |e| e.create_index);
+    waiters_before(snapshot, holders, me).count()
+}
+
+/// Whether a live contender without a slot arrived after `me`: one that may
+/// block on our key, so that taking a slot must relay.
+pub fn waiters_behind(snapshot: &Snapshot, holders: &LockRecord, me: &str) -> bool {
+    let mine = create_index_of(snapshot, me);
+    waiters(snapshot, holders).any(|e| e.name != me && e.create_index > mine)
+}
+
+fn waiters_before<'a>(
+    snapshot: &'a Snapshot,
+    holders: &'a LockRecord,
+    me: &str,
+) -> impl Iterator<Item = &'a Entry> + 'a {
+    let mine = create_index_of(snapshot, me);
+    let me = me.to_string();
+    waiters(snapshot, holders).filter(move |e| e.name != me && e.create_index < mine)
+}
+
+fn waiters<'a>(
+    snapshot: &'a Snapshot,
+    holders: &'a LockRecord,
+) -> impl Iterator<Item = &'a Entry> + 'a {
     snapshot
         .contenders
         .values()
-        .filter(|e| e.name != me && e.create_index < mine)
         .filter(|e| snapshot.is_live(&e.name) && !holders.holds(&e.name))
-        .count()
+}
+
+fn create_index_of(snapshot: &Snapshot, session: &str) -> u64 {
+    snapshot
+        .contenders
+        .get(session)
+        .map_or(u64::MAX, |e| e.create_index)
 }
 
 /// Why a held slot counts as lost.
@@ -343,16 +417,22 @@ impl std::fmt::Display for Loss {
     }
 }
 
-/// Checks, while holding, that the slot is still ours.
-pub fn check_holding(snapshot: &Snapshot, me: &str, limit: u32) -> Result<(), Loss> {
-    if !snapshot.is_live(me) {
-        return Err(Loss::ContenderGone);
+/// Checks, while holding, that `.lock` (`None`: missing) still names us.
+pub fn check_lock(lock: Option<&Entry>, me: &str, limit: u32) -> Result<(), Loss> {
+    match lock.map(|entry| lock_record(entry, limit)) {
+        None => Err(Loss::LockGone),
+        Some(Err(conflict)) => Err(Loss::LockChanged(conflict)),
+        Some(Ok(record)) if record.holds(me) => Ok(()),
+        Some(Ok(_)) => Err(Loss::NotInHolders),
     }
-    match snapshot.lock_record(limit) {
-        Err(conflict) => Err(Loss::LockChanged(conflict)),
-        Ok(None) => Err(Loss::LockGone),
-        Ok(Some(record)) if record.holds(me) => Ok(()),
-        Ok(Some(_)) => Err(Loss::NotInHolders),
+}
+
+/// Checks, while holding, that our contender key (`None`: missing) is still
+/// held by our session.
+pub fn check_key(key: Option<&Entry>, me: &str) -> Result<(), Loss> {
+    match key {
+        Some(entry) if entry.session.as_deref() == Some(me) => Ok(()),
+        _ => Err(Loss::ContenderGone),
     }
 }
 
@@ -500,9 +580,78 @@ mod tests {
         assert_eq!(
             decide(&snap, C, 2).unwrap(),
             Decision::Full {
-                holders: vec![A.to_string(), B.to_string()]
+                holders: vec![A.to_string(), B.to_string()],
+                wait_on: WaitOn::Prefix,
             }
         );
+    }
+
+    fn relaying(session: &str, index: u64) -> Entry {
+        Entry {
+            value: format!(r#"{{"Host":"h","{RELAYS_FIELD}":true}}"#).into_bytes(),
+            ..contender(session, index)
+        }
+    }
+
+    #[test]
+    fn only_a_waiter_one_departure_could_serve_blocks_on_the_prefix() {
+        const D: &str = "dddddddd-0000-0000-0000-000000000004";
+        // Limit 1, A holds; B, C and D wait in that order.
+        let value = format!(r#"{{"Limit":1,"Holders":{{"{A}":true}}}}"#);
+        let queue = |b: Entry, c: Entry| {
+            snapshot(vec![lock(&value, 9), relaying(A, 5), b, c, contender(D, 8)])
+        };
+        let snap = queue(relaying(B, 6), relaying(C, 7));
+        let wait_on = |me| match decide(&snap, me, 1).unwrap() {
+            Decision::Full { wait_on, .. } => wait_on,
+            other => panic!("{other:?}"),
+        };
+        // B is served by A's departure; C and D need B's turn first.
+        assert_eq!(wait_on(B), WaitOn::Prefix);
+        assert_eq!(wait_on(C), WaitOn::Key(B.to_string()));
+        assert_eq!(wait_on(D), WaitOn::Key(C.to_string()));
+        // A waiter ahead that does not relay (`consul lock`) is no signal.
+        let snap = queue(relaying(B, 6), contender(C, 7));
+        assert!(matches!(
+            decide(&snap, D, 1).unwrap(),
+            Decision::Full {
+                wait_on: WaitOn::Prefix,
+                ..
+            }
+        ));
+        // With limit 2 and one holder, B takes and C waits on the prefix.
+        let two = format!(r#"{{"Limit":2,"Holders":{{"{A}":true}}}}"#);
+        let snap = snapshot(vec![
+            lock(&two, 9),
+            relaying(A, 5),
+            relaying(B, 6),
+            relaying(C, 7),
+        ]);
+        assert!(matches!(
+            decide(&snap, B, 2).unwrap(),
+            Decision::Take { .. }
+        ));
+        assert!(matches!(
+            decide(&snap, C, 2).unwrap(),
+            Decision::Full {
+                wait_on: WaitOn::Prefix,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn knows_who_waits_behind_and_who_relays() {
+        let value = format!(r#"{{"Limit":1,"Holders":{{"{A}":true}}}}"#);
+        let snap = snapshot(vec![lock(&value, 9), contender(A, 5), contender(B, 6)]);
+        let record = snap.lock_record(1).unwrap().unwrap();
+        assert!(waiters_behind(&snap, &record, A));
+        assert!(!waiters_behind(&snap, &record, B));
+        assert!(relays(&relaying(A, 5)));
+        assert!(!relays(&contender(A, 5)));
+        let mut says_no = relaying(A, 5);
+        says_no.value = format!(r#"{{"{RELAYS_FIELD}":"yes"}}"#).into_bytes();
+        assert!(!relays(&says_no));
     }
 
     #[test]
@@ -578,22 +727,19 @@ mod tests {
     #[test]
     fn checks_a_held_slot() {
         let value = format!(r#"{{"Limit":2,"Holders":{{"{A}":true}}}}"#);
-        let held = snapshot(vec![lock(&value, 9), contender(A, 5)]);
-        assert_eq!(check_holding(&held, A, 2), Ok(()));
-        let evicted = snapshot(vec![
-            lock(r#"{"Limit":2,"Holders":{}}"#, 10),
-            contender(A, 5),
-        ]);
-        assert_eq!(check_holding(&evicted, A, 2), Err(Loss::NotInHolders));
-        let gone = snapshot(vec![lock(&value, 9)]);
-        assert_eq!(check_holding(&gone, A, 2), Err(Loss::ContenderGone));
-        let no_lock = snapshot(vec![contender(A, 5)]);
-        assert_eq!(check_holding(&no_lock, A, 2), Err(Loss::LockGone));
-        let overwritten = snapshot(vec![lock("x", 11), contender(A, 5)]);
+        assert_eq!(check_lock(Some(&lock(&value, 9)), A, 2), Ok(()));
+        let evicted = lock(r#"{"Limit":2,"Holders":{}}"#, 10);
+        assert_eq!(check_lock(Some(&evicted), A, 2), Err(Loss::NotInHolders));
+        assert_eq!(check_lock(None, A, 2), Err(Loss::LockGone));
         assert!(matches!(
-            check_holding(&overwritten, A, 2),
+            check_lock(Some(&lock("x", 11)), A, 2),
             Err(Loss::LockChanged(_))
         ));
+        assert_eq!(check_key(Some(&contender(A, 5)), A), Ok(()));
+        assert_eq!(check_key(None, A), Err(Loss::ContenderGone));
+        let mut released = contender(A, 5);
+        released.session = None;
+        assert_eq!(check_key(Some(&released), A), Err(Loss::ContenderGone));
     }
 
     #[test]

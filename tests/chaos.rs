@@ -22,9 +22,10 @@
 //!   a row) or on any read of the prefix.
 //! - A nudge (a write to `<prefix>/nudge/x`) wakes every blocking query so
 //!   that the faults are met at once.
-//! - Sessions expire when the test says so: a SIGKILLed holder's once its
-//!   child is confirmed gone (a 10 s TTL would idle its slot for 20 s), the
-//!   rest with `expire_sessions_idle_for(0)` after the run.
+//! - Sessions expire when the test says so: a SIGKILLed consem's once its
+//!   child is confirmed gone (a 10 s TTL would idle the slot it held, or the
+//!   waiters queued behind it, for 20 s), the rest with
+//!   `expire_sessions_idle_for(0)` after the run.
 //!
 //! The chaos is seeded. `CONSEM_CHAOS_SEED=<n>` (decimal or `0x` hex) runs
 //! another seed; a failure names the seed it ran. The seed fixes what is
@@ -698,12 +699,10 @@ impl<'a> Chaos<'a> {
 
     /// Wakes every blocking query on the prefix, so that watchers read (and
     /// meet a fault just injected) now.
+    /// Rewrites `.lock` unchanged: the holders' watchers and the waiters
+    /// that block on the prefix wake and read.
     fn nudge(&self) {
-        self.double.put_raw(
-            &format!("{}/nudge/x", self.world.prefix),
-            now_ns().to_string().as_bytes(),
-            0,
-        );
+        self.double.rewrite(&self.world.key(".lock"));
     }
 
     fn kill(&mut self, i: usize) -> Done {
@@ -740,16 +739,13 @@ impl<'a> Chaos<'a> {
             }
             children.push((pid, gone));
         }
-        // Its TTL would free a slot it held only after up to 20 s: end the
-        // session now that its child is gone, as the TTL would.
+        // Its TTL would free a slot it held, or the waiters queued behind
+        // it, only after up to 20 s: end its sessions now that its child is
+        // gone, as the TTL would.
         let in_lock = self.lock_entry_holders();
         let sessions = self.fleet.0[i].sessions();
-        let named: Vec<String> = sessions
-            .into_iter()
-            .filter(|s| in_lock.contains(s))
-            .collect();
-        let holding = !children.is_empty() || !named.is_empty();
-        for session in &named {
+        let holding = !children.is_empty() || sessions.iter().any(|s| in_lock.contains(s));
+        for session in &sessions {
             self.double.destroy_session(session);
             self.expired_early.push(session.clone());
         }

@@ -64,7 +64,7 @@ fn bad_answers_while_holding_count_against_monitor_retry() {
     double.inject(Fault::status(200, "[]", 1).on(kv_reads.clone()));
     double.inject(Fault::truncate(1).on(kv_reads));
     let reads_before = double.requests().len();
-    nudge(&world);
+    nudge(double, &world);
     wait_until(PROMPT, "three bad answers and a good one", || {
         double.requests()[reads_before..]
             .iter()
@@ -75,9 +75,6 @@ fn bad_answers_while_holding_count_against_monitor_retry() {
     world.touch("go");
     let output = finish(holder);
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
-    world
-        .consul
-        .delete_tree(&format!("{}/nudge/", world.prefix));
     world.assert_clean();
 }
 

@@ -8,7 +8,7 @@ use proptest::prelude::*;
 use consem::consul::encode_path;
 use consem::semaphore::{
     self, decode_lock, encode_lock, Decision, Entry, HoldersForm, LockRecord, ReleaseStep,
-    Snapshot, LOCK_KEY_NAME, SEMAPHORE_FLAGS,
+    Snapshot, WaitOn, LOCK_KEY_NAME, RELAYS_FIELD, SEMAPHORE_FLAGS,
 };
 
 /// Session-like names, a few of them so that collisions happen.
@@ -39,20 +39,30 @@ fn record() -> impl Strategy<Value = LockRecord> {
 
 /// A contender key: held by its own session, by nobody, or by another.
 fn contender() -> impl Strategy<Value = Entry> {
-    (session(), 0u8..3, prop::bool::ANY, 1u64..100).prop_map(
-        |(name, held, semaphore_flags, index)| Entry {
+    (
+        session(),
+        0u8..3,
+        prop::bool::ANY,
+        1u64..100,
+        prop::bool::ANY,
+    )
+        .prop_map(|(name, held, semaphore_flags, index, relays)| Entry {
             session: match held {
                 0 => Some(name.clone()),
                 1 => None,
                 _ => Some("someone-else".into()),
             },
             name,
-            value: Vec::new(),
+            // consem's value promises to relay; `consul lock`'s is empty.
+            value: if relays {
+                format!(r#"{{"{RELAYS_FIELD}":true}}"#).into_bytes()
+            } else {
+                Vec::new()
+            },
             flags: if semaphore_flags { SEMAPHORE_FLAGS } else { 0 },
             create_index: index,
             modify_index: index,
-        },
-    )
+        })
 }
 
 /// A `.lock` value: ours, another limit's, or hostile bytes.
@@ -126,11 +136,28 @@ proptest! {
                     prop_assert_eq!(written.form, found.form);
                 }
             }
-            Ok(Decision::Full { holders }) => {
+            Ok(Decision::Full { holders, wait_on }) => {
                 // Full, or full once the waiters that arrived first are in.
                 let record = LockRecord { holders: holders.clone(), ..LockRecord::new(limit) };
-                prop_assert!(holders.len() + semaphore::waiters_ahead(&snap, &record, &me) >= limit as usize);
+                let queued = holders.len() + semaphore::waiters_ahead(&snap, &record, &me);
+                prop_assert!(queued >= limit as usize);
                 prop_assert!(holders.iter().all(|h| snap.is_live(h)));
+                if let WaitOn::Key(ahead) = wait_on {
+                    // Only a waiter that one departure cannot serve blocks on
+                    // a key, and only on the relaying waiter just ahead of it.
+                    prop_assert!(queued > limit as usize);
+                    let entry = &snap.contenders[&ahead];
+                    prop_assert!(semaphore::relays(entry) && snap.is_live(&ahead) && !record.holds(&ahead));
+                    let mine = snap.contenders[&me].create_index;
+                    prop_assert!(entry.create_index < mine);
+                    let skipped = snap.contenders.values().any(|e| {
+                        snap.is_live(&e.name)
+                            && !record.holds(&e.name)
+                            && e.create_index > entry.create_index
+                            && e.create_index < mine
+                    });
+                    prop_assert!(!skipped);
+                }
             }
             Ok(Decision::Holding) => {
                 prop_assert!(snap.lock_record(limit).unwrap().unwrap().holds(&me));

@@ -544,6 +544,21 @@ impl ConsulDouble {
         self.shared.changed.notify_all();
     }
 
+    /// Rewrites `key` with its own value and flags, as a CAS write of what
+    /// was read would, in one step: its ModifyIndex moves and whoever blocks
+    /// on it wakes. False if the key does not exist.
+    pub fn rewrite(&self, key: &str) -> bool {
+        let mut store = lock(&self.shared.store);
+        let Some(entry) = store.kv.get(key).cloned() else {
+            return false;
+        };
+        let index = store.next_index();
+        store.set(index, key, &entry.value, entry.flags);
+        drop(store);
+        self.shared.changed.notify_all();
+        true
+    }
+
     /// Every request read so far, in arrival order.
     pub fn requests(&self) -> Vec<RecordedRequest> {
         lock(&self.shared.requests).clone()

@@ -235,10 +235,11 @@ pub fn peer_session(world: &World, name: &str) -> String {
         .to_string()
 }
 
-/// Wakes the holder's blocking watch by writing a key below the prefix that
-/// is not a contender key.
-pub fn nudge(world: &World) {
-    world.consul.put(&world.key("nudge/x"), b"", 0);
+/// Wakes the holders' blocking watch of `.lock` by rewriting it unchanged
+/// (the double does it in one step, like a CAS write of what was read, and
+/// without a read that faults injected on reads would meet).
+pub fn nudge(double: &ConsulDouble, world: &World) {
+    assert!(double.rewrite(&world.key(".lock")), "no .lock to rewrite");
 }
 
 /// Waits for the pid a child wrote to `name` in the scratch directory with

@@ -11,12 +11,15 @@
 
 mod model;
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use consem::backend::Contend;
 use consem::consul::{Acquire, Listing};
-use consem::contender::{Answer, Call, Contender, Step, Watcher};
-use consem::semaphore::{self, ReleaseStep, Snapshot, LOCK_KEY_NAME, SEMAPHORE_FLAGS};
+use consem::contender::{Answer, Call, Contender, Step, Watched, Watcher};
+use consem::semaphore::{
+    self, Decision, ReleaseStep, Snapshot, LOCK_KEY_NAME, RELAYS_FIELD, SEMAPHORE_FLAGS,
+};
 
 use model::{Consul, Millis};
 
@@ -60,9 +63,8 @@ enum Exit {
 
 #[derive(Debug)]
 enum ReleaseStage {
-    Lock { attempts: u32 },
-    Key,
     Session,
+    Lock { attempts: u32 },
 }
 
 #[derive(Debug)]
@@ -74,11 +76,11 @@ enum Phase {
         blocked_since: Millis,
     },
     Hold {
-        watcher: Watcher,
+        /// The watchers of `.lock` and of our contender key, and whether the
+        /// server lost the slot in a way the next read of that key must see.
+        watches: [(Watcher, bool); 2],
         session: String,
         work_left: u32,
-        /// The slot was lost on the server: the next watch must say so.
-        must_notice: bool,
         since: Millis,
     },
     Release {
@@ -92,6 +94,11 @@ enum Phase {
 
 struct Client {
     phase: Phase,
+    /// Relays like consem; otherwise it stands for a peer that does not
+    /// (`consul lock`): an empty contender value, and no relay written.
+    relays: bool,
+    /// The session it had when it crashed, for telling who waits behind it.
+    crashed_session: Option<String>,
     /// Renewals are due then; a stalled renewer (a frozen process, a
     /// partition) skips them until `stalled_until`.
     renew_due: Millis,
@@ -150,6 +157,8 @@ impl Sim {
                     call: Call::CreateSession,
                     blocked_since: 0,
                 },
+                relays: !rng.chance(250),
+                crashed_session: None,
                 renew_due: TTL / 2,
                 stalled_until: 0,
             })
@@ -211,6 +220,9 @@ impl Sim {
                     && self.consul.now() >= c.stalled_until
             })
             .collect();
+        if runnable.is_empty() {
+            self.check_no_lost_wakeup()?;
+        }
         let choices = runnable.len() + renewals.len();
         if choices == 0 {
             // Everyone blocks: let time pass (waits run out, TTLs expire).
@@ -240,7 +252,9 @@ impl Sim {
                 // lives on until its TTL runs out.
                 self.stats.crashes += 1;
                 self.log(|| format!("client {victim} crashes"));
-                self.clients[victim].phase = Phase::Crashed;
+                let client = &mut self.clients[victim];
+                client.crashed_session = client.session().map(str::to_string);
+                client.phase = Phase::Crashed;
             }
             40..=54 => {
                 if let Some(session) = self.clients[victim].session().map(str::to_string) {
@@ -300,6 +314,14 @@ impl Sim {
                 self.consul.prefix_index(DIR) != *block_on
                     || self.consul.now() >= blocked_since + BLOCKING_WAIT
             }
+            Phase::Contend {
+                call: Call::Get { name, block_on, .. },
+                blocked_since,
+                ..
+            } if *block_on > 0 => {
+                self.key_index(name) > *block_on
+                    || self.consul.now() >= blocked_since + BLOCKING_WAIT
+            }
             Phase::Contend { .. } | Phase::Hold { .. } | Phase::Release { .. } => true,
             Phase::Done(_) | Phase::Crashed => false,
         }
@@ -314,24 +336,38 @@ impl Sim {
             self.log(|| format!("client {i}: {call:?} fails (5xx)"));
             return None;
         }
+        let value = if self.clients[i].relays {
+            format!(r#"{{"{RELAYS_FIELD}":true}}"#).into_bytes()
+        } else {
+            Vec::new()
+        };
         let answer = match call {
             Call::CreateSession => Answer::SessionCreated(self.consul.create_session(TTL)),
             Call::AcquireKey { session } => {
                 let key = format!("{DIR}{session}");
                 Answer::KeyAcquired(
-                    match self
-                        .consul
-                        .acquire(&key, session, Vec::new(), SEMAPHORE_FLAGS)
-                    {
+                    match self.consul.acquire(&key, session, value, SEMAPHORE_FLAGS) {
                         None => Acquire::UnknownSession,
                         Some(true) => Acquire::Held,
                         Some(false) => Acquire::Refused,
                     },
                 )
             }
+            Call::Relay { session } => {
+                if self.clients[i].relays {
+                    let key = format!("{DIR}{session}");
+                    self.consul.acquire(&key, session, value, SEMAPHORE_FLAGS);
+                }
+                Answer::Relayed
+            }
             Call::List { .. } => {
                 let (index, entries) = self.consul.list(DIR);
                 Answer::Listing(Listing { index, entries })
+            }
+            Call::Get { name, .. } => {
+                let (index, entry) = self.consul.get(DIR, &format!("{DIR}{name}"));
+                let entries = entry.into_iter().collect();
+                Answer::Key(Listing { index, entries })
             }
             Call::PutLock { value, cas } => {
                 let key = format!("{DIR}{LOCK_KEY_NAME}");
@@ -341,7 +377,7 @@ impl Sim {
                 )
             }
         };
-        let is_write = !matches!(call, Call::List { .. });
+        let is_write = !matches!(call, Call::List { .. } | Call::Get { .. });
         if self.faults && is_write && self.rng.chance(30) {
             self.stats.lost_answers += 1;
             self.log(|| format!("client {i}: {call:?} took effect, answer lost"));
@@ -368,8 +404,8 @@ impl Sim {
                 };
                 match step {
                     Step::Call(next) => {
-                        let blocked_since = if matches!(next, Call::List { block_on, .. } if block_on > 0)
-                        {
+                        let blocks = matches!(next, Call::List { block_on, .. } | Call::Get { block_on, .. } if block_on > 0);
+                        let blocked_since = if blocks {
                             self.consul.now()
                         } else {
                             blocked_since
@@ -380,15 +416,20 @@ impl Sim {
                             blocked_since,
                         }
                     }
-                    Step::Acquired { index, .. } => {
+                    Step::Acquired { fence, key_index } => {
                         self.stats.acquisitions += 1;
                         let session = contender.session().unwrap().to_string();
                         self.log(|| format!("client {i}: acquired, runs its command"));
+                        let watch = |what, index| {
+                            (
+                                Watcher::new(&session, self.limit, what, index, MONITOR_RETRY),
+                                false,
+                            )
+                        };
                         Phase::Hold {
-                            watcher: Watcher::new(&session, self.limit, index, MONITOR_RETRY),
+                            watches: [watch(Watched::Lock, fence), watch(Watched::Key, key_index)],
                             session,
                             work_left: 1 + self.rng.below(20) as u32,
-                            must_notice: false,
                             since: self.consul.now(),
                         }
                     }
@@ -398,19 +439,18 @@ impl Sim {
                         self.log(|| format!("client {i}: unexpected {step:?}"));
                         Phase::Release {
                             session: contender.session().map(str::to_string),
-                            stage: ReleaseStage::Key,
+                            stage: ReleaseStage::Session,
                             exit: Exit::SlotLost,
                         }
                     }
                 }
             }
             Phase::Hold {
-                mut watcher,
+                watches,
                 session,
                 work_left,
-                must_notice,
                 since,
-            } => self.hold_step(i, &mut watcher, session, work_left, must_notice, since)?,
+            } => self.hold_step(i, watches, session, work_left, since)?,
             Phase::Release {
                 session,
                 stage,
@@ -421,46 +461,49 @@ impl Sim {
         Ok(())
     }
 
-    /// The command works on, or the watch reads (when the prefix moved).
+    /// The command works on, or a watch reads (when its key moved).
     fn hold_step(
         &mut self,
         i: usize,
-        watcher: &mut Watcher,
+        mut watches: [(Watcher, bool); 2],
         session: String,
         work_left: u32,
-        must_notice: bool,
         since: Millis,
     ) -> Result<Phase, Violation> {
         let release = |exit| Phase::Release {
             session: Some(session.clone()),
-            stage: ReleaseStage::Key,
+            stage: ReleaseStage::Session,
             exit,
         };
-        let call = watcher.call();
-        let Call::List { block_on, .. } = call else {
-            unreachable!()
-        };
-        let watch_due = block_on == 0 || self.consul.prefix_index(DIR) != block_on;
-        if !watch_due || self.rng.chance(500) {
+        let due: Vec<usize> = (0..2)
+            .filter(|&w| {
+                let Call::Get { name, block_on, .. } = watches[w].0.call() else {
+                    unreachable!()
+                };
+                block_on == 0 || self.key_index(&name) > block_on
+            })
+            .collect();
+        if due.is_empty() || self.rng.chance(500) {
             if work_left == 0 {
                 self.log(|| format!("client {i}: command exits, releasing"));
                 return Ok(release(Exit::Ran));
             }
             return Ok(Phase::Hold {
-                watcher: watcher.clone(),
-                session: session.clone(),
+                watches,
+                session,
                 work_left: work_left - 1,
-                must_notice,
                 since,
             });
         }
+        let w = due[self.rng.below(due.len() as u64) as usize];
+        let call = watches[w].0.call();
+        let (watcher, must_notice) = &mut watches[w];
         Ok(match self.call(i, &call) {
             None => match watcher.on_failure() {
                 Ok(_) => Phase::Hold {
-                    watcher: watcher.clone(),
-                    session: session.clone(),
+                    watches,
+                    session,
                     work_left,
-                    must_notice,
                     since,
                 },
                 Err(_) => {
@@ -469,17 +512,16 @@ impl Sim {
                     release(Exit::SlotLost)
                 }
             },
-            Some(Answer::Listing(listing)) => match watcher.on_listing(listing) {
-                Ok(()) if must_notice => {
+            Some(Answer::Key(read)) => match watcher.on_read(read) {
+                Ok(()) if *must_notice => {
                     return Err(self.describe(&format!(
-                        "client {i}'s watch did not see that the slot it holds since {since}ms was lost"
+                        "client {i}'s watch ({call:?}) did not see that the slot it holds since {since}ms was lost"
                     )))
                 }
                 Ok(()) => Phase::Hold {
-                    watcher: watcher.clone(),
-                    session: session.clone(),
+                    watches,
+                    session,
                     work_left,
-                    must_notice,
                     since,
                 },
                 Err(loss) => {
@@ -488,12 +530,78 @@ impl Sim {
                     release(Exit::SlotLost)
                 }
             },
-            Some(other) => unreachable!("a list answered {other:?}"),
+            Some(other) => unreachable!("a watch read answered {other:?}"),
         })
     }
 
-    /// One step of `ConsulSemaphore::release`: the contender key, then
-    /// `.lock`, then the session.
+    /// X-Consul-Index of a read of `<prefix>/<name>`.
+    fn key_index(&self, name: &str) -> u64 {
+        self.consul.get(DIR, &format!("{DIR}{name}")).0
+    }
+
+    /// When no client can move, no live waiter may be able to take a slot:
+    /// that would be a wake-up lost, a waiter blocked on a key that no longer
+    /// tells it anything. The one stall allowed is behind a crashed waiter,
+    /// directly or through a chain of waiters each blocked on the key of the
+    /// one ahead: the crashed one's key goes when its session expires (2×TTL).
+    fn check_no_lost_wakeup(&self) -> Result<(), Violation> {
+        let (_, entries) = self.consul.list(DIR);
+        let snapshot = Snapshot::from_entries(entries);
+        // Who blocks on whose key, by session.
+        let mut blocks_on: BTreeMap<&str, &str> = BTreeMap::new();
+        for client in &self.clients {
+            if let Phase::Contend {
+                contender,
+                call: Call::Get { name, .. },
+                ..
+            } = &client.phase
+            {
+                if let Some(session) = contender.session() {
+                    blocks_on.insert(session, name);
+                }
+            }
+        }
+        let crashed: Vec<&str> = self
+            .clients
+            .iter()
+            .filter(|c| matches!(c.phase, Phase::Crashed))
+            .filter_map(|c| c.crashed_session.as_deref())
+            .collect();
+        let behind_crashed = |start: &str| {
+            let mut session = start;
+            for _ in 0..self.clients.len() {
+                match blocks_on.get(session) {
+                    Some(ahead) if crashed.contains(ahead) => return true,
+                    Some(ahead) => session = ahead,
+                    None => return false,
+                }
+            }
+            false
+        };
+        for (i, client) in self.clients.iter().enumerate() {
+            let Phase::Contend {
+                contender, call, ..
+            } = &client.phase
+            else {
+                continue;
+            };
+            let Some(session) = contender.session() else {
+                continue;
+            };
+            if behind_crashed(session) {
+                continue;
+            }
+            if let Ok(Decision::Take { .. }) = semaphore::decide(&snapshot, session, self.limit) {
+                return Err(self.describe(&format!(
+                    "client {i} could take a slot but nothing will wake it (it waits with {call:?})"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// One step of `ConsulSemaphore::release`: the session (and with it
+    /// the contender key), then `.lock`.
     fn release_step(
         &mut self,
         i: usize,
@@ -506,16 +614,25 @@ impl Sim {
         };
         let fails = self.faults && self.rng.chance(30);
         match stage {
+            ReleaseStage::Session => {
+                if fails {
+                    self.stats.failed_calls += 1;
+                } else {
+                    self.consul.invalidate(&id);
+                }
+                Phase::Release {
+                    session,
+                    stage: ReleaseStage::Lock { attempts: 0 },
+                    exit,
+                }
+            }
             ReleaseStage::Lock { attempts } => {
                 if fails {
                     // Release gives up on `.lock` after an error: the next
                     // contender prunes us.
                     self.stats.failed_calls += 1;
-                    return Phase::Release {
-                        session,
-                        stage: ReleaseStage::Session,
-                        exit,
-                    };
+                    self.log(|| format!("client {i}: done ({exit:?}), .lock left to prune"));
+                    return Phase::Done(exit);
                 }
                 let (_, entries) = self.consul.list(DIR);
                 let snapshot = Snapshot::from_entries(entries);
@@ -528,35 +645,18 @@ impl Sim {
                     ReleaseStep::Delete { cas } => self.consul.delete(&lock_key, Some(cas)),
                 };
                 self.log(|| format!("client {i}: release .lock -> {written}"));
-                let stage = if written || attempts + 1 >= RELEASE_CAS_ATTEMPTS {
-                    ReleaseStage::Session
+                if written || attempts + 1 >= RELEASE_CAS_ATTEMPTS {
+                    self.log(|| format!("client {i}: done ({exit:?})"));
+                    Phase::Done(exit)
                 } else {
-                    ReleaseStage::Lock {
-                        attempts: attempts + 1,
+                    Phase::Release {
+                        session,
+                        stage: ReleaseStage::Lock {
+                            attempts: attempts + 1,
+                        },
+                        exit,
                     }
-                };
-                Phase::Release {
-                    session,
-                    stage,
-                    exit,
                 }
-            }
-            ReleaseStage::Key => {
-                if !fails {
-                    self.consul.delete(&format!("{DIR}{id}"), None);
-                }
-                Phase::Release {
-                    session,
-                    stage: ReleaseStage::Lock { attempts: 0 },
-                    exit,
-                }
-            }
-            ReleaseStage::Session => {
-                if !fails {
-                    self.consul.invalidate(&id);
-                }
-                self.log(|| format!("client {i}: done ({exit:?})"));
-                Phase::Done(exit)
             }
         }
     }
@@ -578,7 +678,7 @@ impl Sim {
             self.log(|| format!("client {i}: renewal answers 404, stops its command"));
             self.clients[i].phase = Phase::Release {
                 session: Some(session),
-                stage: ReleaseStage::Key,
+                stage: ReleaseStage::Session,
                 exit: Exit::SlotLost,
             };
         }
@@ -609,18 +709,18 @@ impl Sim {
             }
         }
         // 2. A client that believes it holds is a live holder, or learns of
-        // the loss at its next watch.
+        // the loss at its next read of the key that shows it: `.lock` when
+        // it is no longer a holder there, its contender key when that went.
         for i in 0..self.clients.len() {
             if let Phase::Hold {
-                session,
-                must_notice,
-                ..
+                session, watches, ..
             } = &mut self.clients[i].phase
             {
-                let held =
-                    snapshot.is_live(session) && record.as_ref().is_some_and(|r| r.holds(session));
-                if !held {
-                    *must_notice = true;
+                if !record.as_ref().is_some_and(|r| r.holds(session)) {
+                    watches[0].1 = true;
+                }
+                if !snapshot.is_live(session) {
+                    watches[1].1 = true;
                 }
             }
         }
@@ -650,6 +750,8 @@ impl Sim {
                 call: Call::CreateSession,
                 blocked_since: 0,
             },
+            relays: true,
+            crashed_session: None,
             renew_due: self.consul.now() + TTL / 2,
             stalled_until: 0,
         }];

@@ -218,6 +218,25 @@ impl Consul {
         (self.prefix_index(dir), entries)
     }
 
+    /// `GET <key>`: X-Consul-Index (the key's ModifyIndex, or the index of
+    /// its delete) and the entry, named relative to `dir`.
+    pub fn get(&self, dir: &str, key: &str) -> (u64, Option<Entry>) {
+        match self.kv.get(key) {
+            Some(v) => (
+                v.modify_index,
+                Some(Entry {
+                    name: key[dir.len()..].to_string(),
+                    value: v.value.clone(),
+                    flags: v.flags,
+                    session: v.session.clone(),
+                    create_index: v.create_index,
+                    modify_index: v.modify_index,
+                }),
+            ),
+            None => (self.tombstones.get(key).copied().unwrap_or(0).max(1), None),
+        }
+    }
+
     /// The highest index of a live key or a delete under `dir`, at least 1.
     pub fn prefix_index(&self, dir: &str) -> u64 {
         let live = self
