@@ -251,29 +251,35 @@ impl Client {
             // turn a PUT into a GET. Report the answer instead.
             .max_redirects(0)
             .timeout_connect(Some(CONNECT_TIMEOUT))
+            // Consul's answers stream through; their headers are small. The
+            // default, 128 KiB each way per connection, is time spent zeroing.
+            .input_buffer_size(IO_BUFFER)
+            .output_buffer_size(IO_BUFFER)
             .user_agent(concat!("consem/", env!("CARGO_PKG_VERSION")));
         if address.https {
             builder = builder.tls_config(config.tls.load()?);
         }
         let server_name = config.tls.server_name.as_deref().filter(|_| address.https);
-        let (agent, base_url) = match server_name {
+        let (pinned, base_url) = match server_name {
             // URLs name the certificate's host, so that rustls checks it; the
             // resolver still connects to the address given.
             Some(name) => {
-                let agent = ureq::Agent::with_parts(
-                    builder.build(),
-                    DefaultConnector::new(),
-                    PinnedResolver {
-                        target: format!("https://{}/", address.host_port),
-                    },
-                );
+                let target = format!("https://{}/", address.host_port);
+                let target: http::Uri = target
+                    .parse()
+                    .map_err(|_| format!("cannot use {target} as an address"))?;
                 (
-                    agent,
+                    Some(target),
                     format!("https://{name}:{}{}", address.port(), address.path_prefix),
                 )
             }
-            None => (builder.build().into(), address.to_string()),
+            None => (None, address.to_string()),
         };
+        let agent = ureq::Agent::with_parts(
+            builder.build(),
+            DefaultConnector::new(),
+            AgentResolver { pinned },
+        );
         let mut headers = Vec::new();
         if let Some(token) = &config.token {
             headers.push(("X-Consul-Token", token.clone()));
@@ -636,27 +642,43 @@ impl Client {
     }
 }
 
-/// Resolves every URL to one address: the agent's, while URLs carry the
-/// name its certificate is checked against (`--tls-server-name`).
+/// Resolves the agent's address. An IP address is used as it is: ureq's
+/// default resolver starts a thread for every request to bound a name
+/// lookup by the timeout, which costs more than the request on loopback.
+/// With `pinned` (`--tls-server-name`), every URL resolves to the agent's
+/// address, while URLs carry the name its certificate is checked against.
 #[derive(Debug)]
-struct PinnedResolver {
-    target: String,
+struct AgentResolver {
+    pinned: Option<http::Uri>,
 }
 
-impl Resolver for PinnedResolver {
+impl Resolver for AgentResolver {
     fn resolve(
         &self,
-        _uri: &http::Uri,
+        uri: &http::Uri,
         config: &ureq::config::Config,
         timeout: NextTimeout,
     ) -> Result<ResolvedSocketAddrs, ureq::Error> {
-        let target: http::Uri = self
-            .target
-            .parse()
-            .map_err(|_| ureq::Error::BadUri(self.target.clone()))?;
-        DefaultResolver::default().resolve(&target, config, timeout)
+        let uri = self.pinned.as_ref().unwrap_or(uri);
+        let ip = uri
+            .host()
+            .map(|host| host.trim_start_matches('[').trim_end_matches(']'))
+            .and_then(|host| host.parse::<std::net::IpAddr>().ok());
+        let https = uri.scheme_str() == Some("https");
+        match ip {
+            Some(ip) => {
+                let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
+                let mut addresses = self.empty();
+                addresses.push(std::net::SocketAddr::new(ip, port));
+                Ok(addresses)
+            }
+            None => DefaultResolver::default().resolve(uri, config, timeout),
+        }
     }
 }
+
+/// Size of each connection's read and write buffers.
+const IO_BUFFER: usize = 16 * 1024;
 
 /// The largest answer read: a prefix listing with the biggest `.lock` Consul
 /// allows (512 KiB, base64-encoded) and many contender keys fits well within.

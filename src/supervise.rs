@@ -4,7 +4,7 @@
 
 use std::ffi::OsString;
 use std::os::unix::process::ExitStatusExt as _;
-use std::process::{Command, ExitStatus};
+use std::process::ExitStatus;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::thread;
@@ -86,7 +86,7 @@ pub fn run(backend: Arc<dyn SlotBackend>, plan: &Plan) -> Outcome {
     let (events, inbox) = mpsc::channel();
     // Handlers go in before the first request, so that no signal is missed.
     sys::set_signal_dispositions();
-    forward_signals(events.clone());
+    let signals = Signals::new(HANDLED_SIGNALS).expect("cannot install signal handlers");
     let started = Instant::now();
     let notify: Notify = {
         let events = events.clone();
@@ -95,6 +95,9 @@ pub fn run(backend: Arc<dyn SlotBackend>, plan: &Plan) -> Outcome {
         })
     };
     Arc::clone(&backend).contend(plan.mode, notify);
+    // The handlers keep what arrives until this thread reads it: starting it
+    // after the backend's lets the first request go out sooner.
+    forward_signals(signals, events.clone());
 
     // A deadline too far to represent is no deadline.
     let deadline = plan.timeout.and_then(|t| started.checked_add(t));
@@ -115,8 +118,7 @@ pub fn run(backend: Arc<dyn SlotBackend>, plan: &Plan) -> Outcome {
     outcome
 }
 
-fn forward_signals(events: Sender<Event>) {
-    let mut signals = Signals::new(HANDLED_SIGNALS).expect("cannot install signal handlers");
+fn forward_signals(mut signals: Signals, events: Sender<Event>) {
     thread::Builder::new()
         .name("consem-signals".into())
         .spawn(move || {
@@ -187,12 +189,9 @@ fn run_child(
     events: Sender<Event>,
     inbox: &Receiver<Event>,
 ) -> Outcome {
-    let mut command = Command::new(&plan.command[0]);
-    command.args(&plan.command[1..]).envs(backend.child_env());
     let mut take_terminal = sys::we_own_the_terminal();
-    sys::prepare_child(&mut command, take_terminal);
-    let child = match command.spawn() {
-        Ok(child) => child,
+    let group = match sys::spawn_child(&plan.command, &backend.child_env(), take_terminal) {
+        Ok(pid) => pid,
         Err(error) => {
             // The child may have taken the terminal before exec failed.
             if take_terminal {
@@ -201,7 +200,6 @@ fn run_child(
             return Outcome::SpawnFailed(error);
         }
     };
-    let group = child.id();
     if take_terminal {
         // The child does the same before exec; doing it here too closes the
         // race where it reads the terminal before it is the foreground.

@@ -1,10 +1,10 @@
-//! The few Unix calls the standard library does not wrap: process groups,
-//! the parent-death signal, handing the terminal to the child, and waiting
-//! for the child to stop as well as to end. Each
-//! `unsafe` block is one libc call with its reason.
+//! The few Unix calls the standard library does not wrap: starting the child
+//! without copying consem's memory, in its own process group and with the
+//! parent-death signal; handing it the terminal; and waiting for it to stop
+//! as well as to end. Each `unsafe` block gives its reason.
 
-use std::os::unix::process::CommandExt as _;
-use std::process::Command;
+use std::ffi::OsString;
+use std::io;
 
 /// This machine's name, for the contender key's description.
 pub fn hostname() -> String {
@@ -53,26 +53,168 @@ pub fn take_terminal_back() {
     unsafe { libc::tcsetpgrp(0, libc::getpgrp()) };
 }
 
-/// Sets the child up to run in a process group of its own (so that stopping
-/// it reaches everything it starts), to die with consem on Linux (parent-death
-/// signal), and, if asked, to take the terminal as its foreground group.
-pub fn prepare_child(command: &mut Command, take_terminal: bool) {
-    command.process_group(0);
-    // SAFETY: getpid cannot fail.
-    let parent = unsafe { libc::getpid() };
-    let setup = move || -> std::io::Result<()> {
-        // Only async-signal-safe calls here: we are between fork and exec.
-        #[cfg(target_os = "linux")]
-        // SAFETY: prctl and getppid/raise take no pointers.
+/// Starts the command: `argv[0]` is looked up in PATH as `execvp` does, and
+/// `env` is added to consem's environment. The child runs in a process group
+/// of its own (so that stopping it reaches everything it starts), dies with
+/// consem on Linux (parent-death signal), and, if asked, takes the terminal
+/// as its foreground group. Returns its pid.
+#[cfg(target_os = "linux")]
+pub fn spawn_child(
+    argv: &[OsString],
+    env: &[(String, String)],
+    take_terminal: bool,
+) -> io::Result<u32> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt as _;
+    use std::sync::atomic::{AtomicI32, Ordering};
+
+    /// What the child needs, prepared here: it must not allocate.
+    struct Setup {
+        file: *const libc::c_char,
+        argv: Vec<*const libc::c_char>,
+        envp: Vec<*const libc::c_char>,
+        parent: libc::pid_t,
+        take_terminal: bool,
+        last_signal: libc::c_int,
+        /// The signal mask to run the command with: consem's own.
+        mask: libc::sigset_t,
+        /// errno of the step that failed, 0 if exec succeeded.
+        error: AtomicI32,
+    }
+
+    /// Runs in the child, in consem's memory, while the spawning thread
+    /// waits (vfork): only async-signal-safe calls, and none that use the
+    /// thread's identity (`raise` would signal consem's thread).
+    extern "C" fn child(setup: *mut libc::c_void) -> libc::c_int {
+        // SAFETY: `setup` points to the Setup that spawn_child keeps alive
+        // until the child has exec'd or exited.
+        let setup = unsafe { &*setup.cast::<Setup>() };
+        // SAFETY: each call takes plain values or pointers into `setup`, or
+        // into this stack frame.
         unsafe {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            // consem may have died before prctl took effect.
-            if libc::getppid() != parent {
-                libc::raise(libc::SIGKILL);
+            if libc::setpgid(0, 0) == 0 {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                // consem may have died before prctl took effect.
+                if libc::getppid() != setup.parent {
+                    libc::kill(libc::getpid(), libc::SIGKILL);
+                }
+                if setup.take_terminal {
+                    // SIGTTOU is still ignored here (inherited from consem),
+                    // so this cannot stop us.
+                    libc::tcsetpgrp(0, libc::getpid());
+                }
+                // A handler would run here, in consem's memory: back to the
+                // defaults before signals are let in. consem ignores SIGPIPE
+                // (Rust's runtime) and SIGTTOU; the command gets the usual.
+                for signal in 1..=setup.last_signal {
+                    let mut action: libc::sigaction = std::mem::zeroed();
+                    let handled = libc::sigaction(signal, std::ptr::null(), &mut action) == 0
+                        && action.sa_sigaction != libc::SIG_DFL
+                        && (action.sa_sigaction != libc::SIG_IGN
+                            || signal == libc::SIGPIPE
+                            || signal == libc::SIGTTOU);
+                    if handled {
+                        libc::signal(signal, libc::SIG_DFL);
+                    }
+                }
+                libc::pthread_sigmask(libc::SIG_SETMASK, &setup.mask, std::ptr::null_mut());
+                libc::execvpe(setup.file, setup.argv.as_ptr(), setup.envp.as_ptr());
             }
+            let errno = io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EINVAL);
+            setup.error.store(errno, Ordering::Relaxed);
+            libc::_exit(127)
         }
-        #[cfg(not(target_os = "linux"))]
-        let _ = parent;
+    }
+
+    let c_string = |bytes: Vec<u8>| {
+        CString::new(bytes).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
+    };
+    let args = argv
+        .iter()
+        .map(|arg| c_string(arg.as_bytes().to_vec()))
+        .collect::<io::Result<Vec<_>>>()?;
+    let vars = std::env::vars_os()
+        .filter(|(name, _)| !env.iter().any(|(ours, _)| name == ours.as_str()))
+        .map(|(name, value)| [name.as_bytes(), b"=", value.as_bytes()].concat())
+        .chain(
+            env.iter()
+                .map(|(name, value)| format!("{name}={value}").into_bytes()),
+        )
+        .map(c_string)
+        .collect::<io::Result<Vec<_>>>()?;
+    let null_terminated = |strings: &[CString]| {
+        let mut pointers: Vec<_> = strings.iter().map(|s| s.as_ptr()).collect();
+        pointers.push(std::ptr::null());
+        pointers
+    };
+    let mut setup = Setup {
+        file: args[0].as_ptr(),
+        argv: null_terminated(&args),
+        envp: null_terminated(&vars),
+        // SAFETY: getpid cannot fail.
+        parent: unsafe { libc::getpid() },
+        take_terminal,
+        last_signal: libc::SIGRTMAX(),
+        // SAFETY: a sigset_t is plain data; pthread_sigmask fills it below.
+        mask: unsafe { std::mem::zeroed() },
+        error: AtomicI32::new(0),
+    };
+    // The child's stack, sized as glibc's posix_spawn sizes it: execvp may
+    // copy argv onto it (a script without #!) next to a path buffer.
+    let mut stack = Vec::<u8>::with_capacity(64 * 1024 + args.len() * size_of::<usize>());
+    let top = (stack.as_mut_ptr() as usize + stack.capacity()) & !15;
+    // SAFETY: fills a local sigset_t; blocks every signal in this thread so
+    // that none reaches the child before it resets the handlers.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut setup.mask);
+    }
+    // SAFETY: CLONE_VM | CLONE_VFORK: the child shares this memory and this
+    // thread waits until it has exec'd or exited, so `setup` and `stack`
+    // outlive its use of them. A fork would copy consem's page tables only
+    // for exec to throw them away, which costs about half a millisecond.
+    let pid = unsafe {
+        libc::clone(
+            child,
+            top as *mut libc::c_void,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            std::ptr::addr_of_mut!(setup).cast(),
+        )
+    };
+    let clone_error = io::Error::last_os_error();
+    // SAFETY: restores this thread's own mask, saved above.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &setup.mask, std::ptr::null_mut()) };
+    if pid < 0 {
+        return Err(clone_error);
+    }
+    match setup.error.load(Ordering::Relaxed) {
+        0 => Ok(pid.unsigned_abs()),
+        errno => {
+            // The child exited without exec: reap it.
+            let _ = wait_child(pid.unsigned_abs());
+            Err(io::Error::from_raw_os_error(errno))
+        }
+    }
+}
+
+/// Starts the command as the Linux version does, without the parent-death
+/// signal, which other systems do not have.
+#[cfg(not(target_os = "linux"))]
+pub fn spawn_child(
+    argv: &[OsString],
+    env: &[(String, String)],
+    take_terminal: bool,
+) -> io::Result<u32> {
+    use std::os::unix::process::CommandExt as _;
+    let mut command = std::process::Command::new(&argv[0]);
+    command
+        .args(&argv[1..])
+        .envs(env.iter().cloned())
+        .process_group(0);
+    let setup = move || -> io::Result<()> {
         if take_terminal {
             // SAFETY: tcsetpgrp and getpid take no pointers; SIGTTOU is still
             // ignored here (inherited from consem), so this cannot stop us.
@@ -86,6 +228,7 @@ pub fn prepare_child(command: &mut Command, take_terminal: bool) {
     // SAFETY: the closure makes only async-signal-safe calls and allocates
     // nothing.
     unsafe { command.pre_exec(setup) };
+    command.spawn().map(|child| child.id())
 }
 
 /// How the child changed, as `waitpid` with `WUNTRACED` reports it.
@@ -96,10 +239,9 @@ pub enum ChildChange {
 }
 
 /// Waits for the child `pid` to stop or end.
-pub fn wait_child(pid: u32) -> std::io::Result<ChildChange> {
+pub fn wait_child(pid: u32) -> io::Result<ChildChange> {
     use std::os::unix::process::ExitStatusExt as _;
-    let pid =
-        libc::pid_t::try_from(pid).map_err(|_| std::io::Error::from_raw_os_error(libc::ESRCH))?;
+    let pid = libc::pid_t::try_from(pid).map_err(|_| io::Error::from_raw_os_error(libc::ESRCH))?;
     loop {
         let mut status = 0;
         // SAFETY: waitpid writes the status into our local integer.
@@ -111,8 +253,8 @@ pub fn wait_child(pid: u32) -> std::io::Result<ChildChange> {
                 ChildChange::Ended(std::process::ExitStatus::from_raw(status))
             });
         }
-        let error = std::io::Error::last_os_error();
-        if error.kind() != std::io::ErrorKind::Interrupted {
+        let error = io::Error::last_os_error();
+        if error.kind() != io::ErrorKind::Interrupted {
             return Err(error);
         }
     }
@@ -146,7 +288,7 @@ pub fn stop_self() {
 /// default, so that the child is not reaped behind consem's back; SIGTTOU
 /// ignored, so that writing to stderr or taking the terminal back while the
 /// child owns the terminal never stops consem. The child gets SIGTTOU's
-/// default back before exec (see `prepare_child`).
+/// default back before exec (see `spawn_child`).
 pub fn set_signal_dispositions() {
     // SAFETY: plain disposition changes at start-up, before other threads.
     unsafe {
