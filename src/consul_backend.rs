@@ -23,9 +23,10 @@ use crate::semaphore::{self, ReleaseStep, Snapshot, SEMAPHORE_FLAGS};
 const BLOCKING_WAIT: Duration = Duration::from_secs(60);
 
 /// First pause after a failed call; doubles up to [`MAX_BACKOFF`], so that an
-/// error loop never spins.
+/// error loop never spins. The cap is short because the queue moves only
+/// when its first waiter reads: the waiters behind it block on its key.
 const FIRST_BACKOFF: Duration = Duration::from_millis(200);
-const MAX_BACKOFF: Duration = Duration::from_secs(3);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 /// Pause between renewal attempts after a failed one.
 const RENEW_RETRY: Duration = Duration::from_secs(1);
@@ -297,13 +298,13 @@ impl ConsulSemaphore {
             Call::Get { .. } => Some(self.read(call).map(Answer::Key)),
             // Whatever the answer, the slot is confirmed; the watch sees a
             // session that went meanwhile.
-            Call::Relay { session } => self
+            Call::Relay { session, fence } => self
                 .guarded(
                     || {
                         self.client.acquire(
                             &self.key(session),
                             session,
-                            self.settings.contender_value.clone(),
+                            semaphore::holding_value(&self.settings.contender_value, *fence),
                             SEMAPHORE_FLAGS,
                         )
                     },

@@ -29,9 +29,11 @@ pub enum Call {
     },
     /// Write `.lock` with `?cas=`.
     PutLock { value: Vec<u8>, cas: u64 },
-    /// Rewrite our contender key (acquire again with our session), which
-    /// wakes the waiter that blocks on it ([`WaitOn::Key`]).
-    Relay { session: String },
+    /// Rewrite our contender key (acquire again with our session) with a
+    /// value that names the slot (`fence`), which wakes the waiter that
+    /// blocks on it ([`WaitOn::Key`]). The value must change: Consul (1.6
+    /// and later) does not move the index of a write that changes nothing.
+    Relay { session: String, fence: u64 },
 }
 
 /// The answer to a [`Call`] that went through.
@@ -224,7 +226,7 @@ impl Contender {
                 let record = snapshot.lock_record(self.limit).ok().flatten();
                 if record.is_some_and(|r| semaphore::waiters_behind(&snapshot, &r, &session)) {
                     self.relaying = Some(acquired);
-                    Step::Call(Call::Relay { session })
+                    Step::Call(Call::Relay { session, fence })
                 } else {
                     acquired
                 }
@@ -600,10 +602,19 @@ mod tests {
         let confirmed = listing(12, vec![contender_entry(ME), waiter, lock_entry(&[ME], 11)]);
         assert_eq!(
             c.on_answer(confirmed),
-            Step::Call(Call::Relay { session: ME.into() })
+            Step::Call(Call::Relay {
+                session: ME.into(),
+                fence: 11
+            })
         );
         // A relay whose answer is lost is written again.
-        assert_eq!(c.after_failure(), Call::Relay { session: ME.into() });
+        assert_eq!(
+            c.after_failure(),
+            Call::Relay {
+                session: ME.into(),
+                fence: 11
+            }
+        );
         assert_eq!(
             c.on_answer(Answer::Relayed),
             Step::Acquired {

@@ -262,6 +262,21 @@ pub fn lock_record(entry: &Entry, limit: u32) -> Result<LockRecord, Conflict> {
     Ok(record)
 }
 
+/// The field a relay adds to the contender key's value: the fence of the
+/// slot taken, so that the rewrite always changes the key.
+pub const HOLDING_FIELD: &str = "Holding";
+
+/// The contender key's value once it holds the slot `fence`: `value` (a JSON
+/// object) with [`HOLDING_FIELD`] set.
+pub fn holding_value(value: &[u8], fence: u64) -> Vec<u8> {
+    let mut object = match serde_json::from_slice::<Value>(value) {
+        Ok(Value::Object(object)) => object,
+        _ => Map::new(),
+    };
+    object.insert(HOLDING_FIELD.to_string(), Value::from(fence));
+    serde_json::to_vec(&object).expect("a JSON value always encodes")
+}
+
 /// Whether a contender key's value promises to relay ([`RELAYS_FIELD`]).
 pub fn relays(entry: &Entry) -> bool {
     serde_json::from_slice::<Value>(&entry.value)
@@ -652,6 +667,9 @@ mod tests {
         let mut says_no = relaying(A, 5);
         says_no.value = format!(r#"{{"{RELAYS_FIELD}":"yes"}}"#).into_bytes();
         assert!(!relays(&says_no));
+        let held = holding_value(&relaying(A, 5).value, 42);
+        assert_eq!(held, br#"{"Holding":42,"Host":"h","Relays":true}"#);
+        assert_ne!(holding_value(&held, 43), held);
     }
 
     #[test]

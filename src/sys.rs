@@ -114,6 +114,11 @@ pub fn spawn_child(
                             || signal == libc::SIGPIPE
                             || signal == libc::SIGTTOU);
                     if handled {
+                        // Ignoring first discards one that is pending (a
+                        // Ctrl-Z meant for consem would otherwise stop the
+                        // child before exec, with consem stuck in clone);
+                        // consem got it too and forwards it.
+                        libc::signal(signal, libc::SIG_IGN);
                         libc::signal(signal, libc::SIG_DFL);
                     }
                 }

@@ -16,7 +16,7 @@
 //!   a long child has a second left until its watcher lost the slot (3 s at
 //!   most), like a leader election. A burst of N faults would go mostly to
 //!   the 37 waiters the nudge wakes with the watchers, and its leftovers to
-//!   new holders' confirming reads, which back off to 3 s and stall the run.
+//!   new holders' confirming reads, which back off to 1 s and stall the run.
 //! - Failures within the budget are 1 or 2 faults on the watchers' blocking
 //!   reads (a watcher's retry carries no index, so no watcher meets two in
 //!   a row) or on any read of the prefix.

@@ -353,9 +353,10 @@ impl Sim {
                     },
                 )
             }
-            Call::Relay { session } => {
+            Call::Relay { session, fence } => {
                 if self.clients[i].relays {
                     let key = format!("{DIR}{session}");
+                    let value = semaphore::holding_value(&value, *fence);
                     self.consul.acquire(&key, session, value, SEMAPHORE_FLAGS);
                 }
                 Answer::Relayed

@@ -134,6 +134,15 @@ impl Consul {
         }
         match self.kv.get(key) {
             Some(v) if v.session.as_deref().is_some_and(|s| s != session) => return Some(false),
+            // Consul 1.6 and later skip a write that changes nothing: the
+            // index stays, and nobody blocking on the key wakes.
+            Some(v)
+                if v.session.as_deref() == Some(session)
+                    && v.value == value
+                    && v.flags == flags =>
+            {
+                return Some(true)
+            }
             _ => {}
         }
         let index = self.bump();
