@@ -53,29 +53,16 @@ fn bad_answers_while_holding_count_against_monitor_retry() {
     let Some(double) = skip_without_double(&world) else {
         return;
     };
-    let holder = world.spawn(
-        1,
-        &["--monitor-retry", "3"],
-        &strs(&world.held_until("ready", "go", 0)),
-    );
-    wait_until(PROMPT, "the child to start", || world.exists("ready"));
     let kv_reads = Match::method_path("GET", "/v1/kv/");
-    double.inject(Fault::status(200, "<html>oops</html>", 1).on(kv_reads.clone()));
-    double.inject(Fault::status(200, "[]", 1).on(kv_reads.clone()));
-    double.inject(Fault::truncate(1).on(kv_reads));
-    let reads_before = double.requests().len();
-    nudge(double, &world);
-    wait_until(PROMPT, "three bad answers and a good one", || {
-        double.requests()[reads_before..]
-            .iter()
-            .filter(|r| r.method == "GET" && r.path.starts_with("/v1/kv/"))
-            .count()
-            >= 4
-    });
-    world.touch("go");
-    let output = finish(holder);
-    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
-    world.assert_clean();
+    holder_rides_out(
+        &world,
+        double,
+        vec![
+            Fault::status(200, "<html>oops</html>", 1).on(kv_reads.clone()),
+            Fault::status(200, "[]", 1).on(kv_reads.clone()),
+            Fault::truncate(1).on(kv_reads),
+        ],
+    );
 }
 
 #[test]

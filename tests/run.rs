@@ -340,29 +340,15 @@ fn failures_within_monitor_retry_do_not_stop_the_child() {
     let Some(double) = skip_without_double(&world) else {
         return;
     };
-    let holder = world.spawn(
-        1,
-        &["--monitor-retry", "3"],
-        &strs(&world.held_until("ready", "go", 0)),
+    let kv_reads = Match::method_path("GET", "/v1/kv/");
+    holder_rides_out(
+        &world,
+        double,
+        vec![
+            Fault::status(500, "No cluster leader", 2).on(kv_reads.clone()),
+            Fault::drop_connection(1).on(kv_reads),
+        ],
     );
-    wait_until(PROMPT, "the child to start", || world.exists("ready"));
-    let reads_before = double.requests().len();
-    double.inject(
-        Fault::status(500, "No cluster leader", 2).on(Match::method_path("GET", "/v1/kv/")),
-    );
-    double.inject(Fault::drop_connection(1).on(Match::method_path("GET", "/v1/kv/")));
-    nudge(double, &world);
-    wait_until(PROMPT, "three failed reads and a good one", || {
-        double.requests()[reads_before..]
-            .iter()
-            .filter(|r| r.method == "GET" && r.path.starts_with("/v1/kv/"))
-            .count()
-            >= 4
-    });
-    world.touch("go");
-    let output = finish(holder);
-    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
-    world.assert_clean();
 }
 
 #[test]

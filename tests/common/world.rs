@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::Duration;
 
+use super::double::Fault;
 use super::{http, unique_prefix, wait_until, ConsulDouble, KvEntry, TestConsul};
 
 pub const SEMAPHORE_FLAGS: u64 = 16210313421097356768;
@@ -240,6 +241,35 @@ pub fn peer_session(world: &World, name: &str) -> String {
 /// without a read that faults injected on reads would meet).
 pub fn nudge(double: &ConsulDouble, world: &World) {
     assert!(double.rewrite(&world.key(".lock")), "no .lock to rewrite");
+}
+
+/// Holds a slot with `--monitor-retry 3`, makes the holder's watch meet
+/// `faults` (three in all, within that budget) and checks that it rides them
+/// out: it reads again until a good answer, the child ends normally, and
+/// nothing is left.
+pub fn holder_rides_out(world: &World, double: &ConsulDouble, faults: Vec<Fault>) {
+    let holder = world.spawn(
+        1,
+        &["--monitor-retry", "3"],
+        &strs(&world.held_until("ready", "go", 0)),
+    );
+    wait_until(PROMPT, "the child to start", || world.exists("ready"));
+    let reads_before = double.requests().len();
+    for fault in faults {
+        double.inject(fault);
+    }
+    nudge(double, world);
+    wait_until(PROMPT, "three faulty answers and a good one", || {
+        double.requests()[reads_before..]
+            .iter()
+            .filter(|r| r.method == "GET" && r.path.starts_with("/v1/kv/"))
+            .count()
+            >= 4
+    });
+    world.touch("go");
+    let output = finish(holder);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    world.assert_clean();
 }
 
 /// Waits for the pid a child wrote to `name` in the scratch directory with
