@@ -57,6 +57,30 @@ fn read(client: &Client, prefix: &str) -> Result<Snapshot, (i32, String)> {
     Ok(Snapshot::from_entries(listing.entries))
 }
 
+/// Refuses to go on when a holder the listing shows as dead is only hidden
+/// from the token: calling it dead (status) or deleting `.lock` under it
+/// (reset) would be wrong. A direct read of its key tells.
+fn refuse_hidden(
+    client: &Client,
+    prefix: &str,
+    record: &LockRecord,
+    snapshot: &mut Snapshot,
+) -> Result<(), (i32, String)> {
+    let hidden = client
+        .reveal_hidden(prefix, record, snapshot)
+        .map_err(consul_failure)?;
+    match hidden.first() {
+        Some(session) => Err((
+            exit::DENIED,
+            format!(
+                "permission denied: {}",
+                crate::consul::hidden_holder(prefix, session)
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
 /// `.lock` decoded whatever its limit, or why it cannot be.
 fn lock_record(
     snapshot: &Snapshot,
@@ -134,8 +158,11 @@ fn collect_status(
     env: impl Fn(&str) -> Option<String>,
 ) -> Result<Status, (i32, String)> {
     let (prefix, client) = connect(&args.prefix, args.consul, env)?;
-    let snapshot = read(&client, &prefix)?;
+    let mut snapshot = read(&client, &prefix)?;
     let record = lock_record(&snapshot, &prefix)?;
+    if let Some((record, _)) = &record {
+        refuse_hidden(&client, &prefix, record, &mut snapshot)?;
+    }
     let describe = |entry: &Entry| -> Result<Contender, (i32, String)> {
         let session = entry.session.clone().unwrap_or_default();
         let value: serde_json::Value = serde_json::from_slice(&entry.value).unwrap_or_default();
@@ -343,7 +370,7 @@ fn reset_lock(args: ResetArgs, env: impl Fn(&str) -> Option<String>) -> Outcome 
     // waiters that take the freed slots afterwards started after the reset.
     let mut evictable: Option<Vec<String>> = None;
     for _ in 0..CAS_ATTEMPTS {
-        let snapshot = read(&client, &prefix)?;
+        let mut snapshot = read(&client, &prefix)?;
         let Some((record, index)) = lock_record(&snapshot, &prefix)? else {
             if evicted > 0 {
                 // The last evicted consem deleted .lock on its way out.
@@ -352,6 +379,7 @@ fn reset_lock(args: ResetArgs, env: impl Fn(&str) -> Option<String>) -> Outcome 
             }
             return Err((NOTHING, format!("no .lock at {prefix}: nothing to reset")));
         };
+        refuse_hidden(&client, &prefix, &record, &mut snapshot)?;
         let live: Vec<&String> = record
             .holders
             .iter()

@@ -12,7 +12,7 @@ use ureq::unversioned::transport::{DefaultConnector, NextTimeout};
 use ureq::RequestExt as _;
 
 use crate::duration;
-use crate::semaphore::Entry;
+use crate::semaphore::{self, Entry, LockRecord, Snapshot};
 use crate::tls::{self, TlsSettings};
 
 /// Connect timeout: Consul agents run next to their clients, so a connection
@@ -149,6 +149,15 @@ impl std::fmt::Display for ConsulError {
             }
         }
     }
+}
+
+/// Why consem refuses to go on when a holder's contender key is hidden from
+/// its token: the listing left it out without saying so, and the direct
+/// read of the key answered 403 or showed it held.
+pub fn hidden_holder(prefix: &str, session: &str) -> String {
+    format!(
+        "Consul left keys out of the listing because the token cannot read them (the contender key {prefix}/{session} of a holder in .lock); consem will not prune holders it cannot see: the token needs key:read on {prefix}/, for every key"
+    )
 }
 
 /// An answer with its status, `X-Consul-Index`, and body.
@@ -406,6 +415,40 @@ impl Client {
     ) -> Result<Listing, ConsulError> {
         let dir = format!("{prefix}/");
         self.read_kv(&format!("{dir}{name}"), &dir, false, consistency, block)
+    }
+
+    /// Reads directly the contender key of each holder in `record` that the
+    /// listing in `snapshot` shows as dead (the listing may have left it out
+    /// because the token cannot read it), and marks as hidden, so that
+    /// nothing prunes them, the holders whose key is held, or whose key the
+    /// token may not read (403) while their session lives. Returns the
+    /// sessions found hidden.
+    pub fn reveal_hidden(
+        &self,
+        prefix: &str,
+        record: &LockRecord,
+        snapshot: &mut Snapshot,
+    ) -> Result<Vec<String>, ConsulError> {
+        let mut hidden = Vec::new();
+        for suspect in semaphore::suspects(record, snapshot) {
+            let held = match self.get(prefix, &suspect, Consistency::Default, None) {
+                Ok(read) => {
+                    let key = read.entries.iter().find(|e| e.name == suspect);
+                    semaphore::check_key(key, &suspect).is_ok()
+                }
+                Err(ConsulError::Denied(_)) => match self.session_info(&suspect) {
+                    Ok(info) => info.is_some(),
+                    Err(ConsulError::Denied(_)) => true,
+                    Err(other) => return Err(other),
+                },
+                Err(other) => return Err(other),
+            };
+            if held {
+                snapshot.hidden.insert(suspect.clone());
+                hidden.push(suspect);
+            }
+        }
+        Ok(hidden)
     }
 
     /// Reads `key` (a prefix with `recurse`); entries are named relative to `dir`.

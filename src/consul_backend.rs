@@ -238,6 +238,13 @@ impl ConsulSemaphore {
                         self.settings.prefix
                     ))))
                 }
+                Step::Hidden { session } => {
+                    self.shared().denied = true;
+                    return Err(Stop::Failed(BackendError::Denied(format!(
+                        "permission denied: {}",
+                        crate::consul::hidden_holder(&self.settings.prefix, &session)
+                    ))));
+                }
                 Step::KeyTaken { session } => {
                     return Err(Stop::Failed(BackendError::Conflict(format!(
                         "the contender key {} is held by another session; use another --prefix",
@@ -295,6 +302,27 @@ impl ConsulSemaphore {
                 )
                 .map(|r| r.map(Answer::KeyAcquired)),
             Call::List { .. } => Some(self.read(call).map(Answer::Listing)),
+            Call::CheckHolder { name } => Some(
+                match self
+                    .client
+                    .get(&self.settings.prefix, name, Consistency::Default, None)
+                {
+                    Ok(read) => Ok(Answer::HolderKey(Some(read))),
+                    Err(ConsulError::Denied(_)) => Ok(Answer::HolderKey(None)),
+                    Err(other) => Err(other),
+                },
+            ),
+            Call::CheckSession { session } => Some(
+                self.client
+                    .session_info(session)
+                    .map(|info| Answer::SessionAlive(info.is_some()))
+                    .map_err(|error| match error {
+                        ConsulError::Denied(_) => ConsulError::Denied(
+                            crate::consul::hidden_holder(&self.settings.prefix, session),
+                        ),
+                        other => other,
+                    }),
+            ),
             Call::Get { .. } => Some(self.read(call).map(Answer::Key)),
             // Whatever the answer, the slot is confirmed; the watch sees a
             // session that went meanwhile.
@@ -483,6 +511,39 @@ impl ConsulSemaphore {
         }
     }
 
+    /// What release decides on: the prefix as the token sees it, with the
+    /// holders it cannot see marked hidden, so that they are neither pruned
+    /// from `.lock` nor deleted with it. Holders the listing shows as dead
+    /// are read directly first: an ACL may hide them. When Consul refuses
+    /// the listing because the token cannot read all of it, `.lock` alone,
+    /// every other holder in it kept.
+    fn leaving_snapshot(&self, client: &Client, session: &str) -> Result<Snapshot, ConsulError> {
+        let prefix = &self.settings.prefix;
+        let (entries, partial) = match client.list(prefix, Consistency::Consistent, None) {
+            Ok(listing) => (listing.entries, false),
+            Err(ConsulError::Denied(_)) => {
+                let lock = client.get(
+                    prefix,
+                    semaphore::LOCK_KEY_NAME,
+                    Consistency::Consistent,
+                    None,
+                )?;
+                (lock.entries, true)
+            }
+            Err(other) => return Err(other),
+        };
+        let mut snapshot = Snapshot::from_entries(entries);
+        if let Ok(Some(record)) = snapshot.lock_record(self.settings.limit) {
+            if partial {
+                let others = record.holders.iter().filter(|h| *h != session).cloned();
+                snapshot.hidden.extend(others);
+            } else {
+                client.reveal_hidden(prefix, &record, &mut snapshot)?;
+            }
+        }
+        Ok(snapshot)
+    }
+
     fn report_loss_if_holding(&self, reason: &str) {
         let holding = {
             let shared = self.shared();
@@ -630,8 +691,8 @@ impl SlotBackend for ConsulSemaphore {
         let lock_key = self.key(semaphore::LOCK_KEY_NAME);
         for attempt in 1..=RELEASE_CAS_ATTEMPTS {
             let client = self.client.with_call_timeout(remaining());
-            let listing = match client.list(&self.settings.prefix, Consistency::Consistent, None) {
-                Ok(listing) => listing,
+            let snapshot = match self.leaving_snapshot(&client, &session) {
+                Ok(snapshot) => snapshot,
                 Err(error) => {
                     if worth_telling(&error) {
                         problems.push(format!("reading {}: {error}", self.settings.prefix));
@@ -639,7 +700,6 @@ impl SlotBackend for ConsulSemaphore {
                     break;
                 }
             };
-            let snapshot = Snapshot::from_entries(listing.entries);
             let written = match semaphore::plan_release(&snapshot, &session, self.settings.limit) {
                 ReleaseStep::Nothing => break,
                 ReleaseStep::Rewrite { value, cas } => {

@@ -4,6 +4,8 @@
 //! calls over HTTP, and the simulation in `tests/simulation` makes them
 //! against a model, so both run exactly this logic.
 
+use std::collections::BTreeSet;
+
 use crate::backend::Contend;
 use crate::consul::{Acquire, Consistency, Listing};
 use crate::semaphore::{self, Conflict, Decision, Entry, Loss, Snapshot, WaitOn, LOCK_KEY_NAME};
@@ -29,6 +31,13 @@ pub enum Call {
     },
     /// Write `.lock` with `?cas=`.
     PutLock { value: Vec<u8>, cas: u64 },
+    /// Read the contender key `<prefix>/<name>` of a holder that the listing
+    /// shows as dead, before a write prunes it: a listing may leave out a key
+    /// the token cannot read without saying so, a direct read answers 403.
+    CheckHolder { name: String },
+    /// Look up the session of a holder whose key the token cannot read: a
+    /// holder whose session is gone is dead.
+    CheckSession { session: String },
     /// Rewrite our contender key (acquire again with our session) with a
     /// value that names the slot (`fence`), which wakes the waiter that
     /// blocks on it ([`WaitOn::Key`]). The value must change: Consul (1.6
@@ -46,6 +55,11 @@ pub enum Answer {
     Key(Listing),
     LockWritten(bool),
     Relayed,
+    /// The answer to [`Call::CheckHolder`]: at most one entry, or `None`
+    /// when the token may not read the key (403).
+    HolderKey(Option<Listing>),
+    /// The answer to [`Call::CheckSession`]: whether Consul knows the session.
+    SessionAlive(bool),
 }
 
 /// What the contender wants after an answer.
@@ -65,6 +79,11 @@ pub enum Step {
     /// Another session holds our contender key (it is named after our own
     /// session, so this means someone else wrote it).
     KeyTaken {
+        session: String,
+    },
+    /// A holder that the listing left out is alive: the token cannot read the
+    /// whole prefix, so the listing cannot be trusted to show who holds.
+    Hidden {
         session: String,
     },
 }
@@ -102,6 +121,13 @@ pub struct Contender {
     last_picture: Option<WaitPicture>,
     /// The slot is confirmed ours; reported once the relay is written.
     relaying: Option<Step>,
+    /// The listing a take was decided on, while the holders it prunes are
+    /// checked one by one ([`Call::CheckHolder`]).
+    checking: Option<Box<Snapshot>>,
+    /// Holders a direct read confirmed gone, valid for the listing index
+    /// `gone_at`: a new listing is checked again.
+    gone: BTreeSet<String>,
+    gone_at: u64,
     pending: Call,
     notes: Vec<Note>,
 }
@@ -116,6 +142,9 @@ impl Contender {
             confirm: false,
             last_picture: None,
             relaying: None,
+            checking: None,
+            gone: BTreeSet::new(),
+            gone_at: 0,
             pending: Call::CreateSession,
             notes: Vec::new(),
         }
@@ -183,6 +212,8 @@ impl Contender {
                 .relaying
                 .take()
                 .expect("a relay is only written for a confirmed slot"),
+            Answer::HolderKey(read) => self.on_holder_key(read),
+            Answer::SessionAlive(alive) => self.on_holder_session(alive),
             Answer::LockWritten(true) => {
                 // Confirm the win with a fresh, consistent read.
                 self.confirm = true;
@@ -208,7 +239,50 @@ impl Contender {
         } else {
             listing.index
         };
-        let snapshot = Snapshot::from_entries(listing.entries);
+        if listing.index != self.gone_at {
+            self.gone.clear();
+            self.gone_at = listing.index;
+        }
+        self.on_snapshot(Snapshot::from_entries(listing.entries))
+    }
+
+    /// A holder the listing showed as dead was read directly: prune it only
+    /// if its key is really gone or no longer held by it. A key the token
+    /// may not read tells nothing; the holder's session does.
+    fn on_holder_key(&mut self, read: Option<Listing>) -> Step {
+        let Call::CheckHolder { name } = self.pending.clone() else {
+            unreachable!("a holder's key is only read when checking it");
+        };
+        let Some(read) = read else {
+            return Step::Call(Call::CheckSession { session: name });
+        };
+        let key = read.entries.iter().find(|e| e.name == name);
+        let held = semaphore::check_key(key, &name).is_ok();
+        self.on_holder_checked(name, !held)
+    }
+
+    fn on_holder_session(&mut self, alive: bool) -> Step {
+        let Call::CheckSession { session } = self.pending.clone() else {
+            unreachable!("a holder's session is only looked up when checking it");
+        };
+        self.on_holder_checked(session, !alive)
+    }
+
+    /// Decides again on the listing being checked, now that `holder` is
+    /// known to be gone; a holder that may be alive ends the run.
+    fn on_holder_checked(&mut self, holder: String, gone: bool) -> Step {
+        let snapshot = self
+            .checking
+            .take()
+            .expect("a holder is only checked for a listing");
+        if !gone {
+            return Step::Hidden { session: holder };
+        }
+        self.gone.insert(holder);
+        self.on_snapshot(*snapshot)
+    }
+
+    fn on_snapshot(&mut self, snapshot: Snapshot) -> Step {
         let session = self.session.clone().unwrap_or_default();
         let decision = match semaphore::decide(&snapshot, &session, self.limit) {
             Ok(decision) => decision,
@@ -262,7 +336,27 @@ impl Contender {
                     }),
                 }
             }
-            Decision::Take { value, cas } => Step::Call(Call::PutLock { value, cas }),
+            Decision::Take { value, cas } => {
+                // Taking the slot writes `.lock` without the holders that
+                // look dead: each must be confirmed gone first.
+                let unconfirmed =
+                    snapshot
+                        .lock_record(self.limit)
+                        .ok()
+                        .flatten()
+                        .and_then(|record| {
+                            semaphore::suspects(&record, &snapshot)
+                                .into_iter()
+                                .find(|h| !self.gone.contains(h))
+                        });
+                match unconfirmed {
+                    Some(name) => {
+                        self.checking = Some(Box::new(snapshot));
+                        Step::Call(Call::CheckHolder { name })
+                    }
+                    None => Step::Call(Call::PutLock { value, cas }),
+                }
+            }
         }
     }
 
@@ -418,6 +512,94 @@ mod tests {
         assert_eq!(contender.start(), Call::CreateSession);
         contender.on_answer(Answer::SessionCreated(ME.into()));
         contender
+    }
+
+    /// A contender that joined and read a listing in which `.lock` names
+    /// OTHER but OTHER's contender key is missing: it must check OTHER.
+    fn checking_other() -> Contender {
+        let mut c = joined(Contend::Wait);
+        c.on_answer(Answer::KeyAcquired(Acquire::Held));
+        let step = c.on_answer(listing(
+            10,
+            vec![contender_entry(ME), lock_entry(&[OTHER], 9)],
+        ));
+        assert_eq!(step, Step::Call(Call::CheckHolder { name: OTHER.into() }));
+        c
+    }
+
+    fn key_read(entries: Vec<Entry>) -> Answer {
+        Answer::HolderKey(Some(Listing { index: 11, entries }))
+    }
+
+    #[test]
+    fn prunes_a_holder_only_once_a_direct_read_shows_it_gone() {
+        let mut c = checking_other();
+        let Step::Call(Call::PutLock { value, cas: 9 }) = c.on_answer(key_read(vec![])) else {
+            panic!("expected the CAS that prunes the dead holder");
+        };
+        let record = semaphore::decode_lock(&value).unwrap();
+        assert_eq!(record.holders, vec![ME.to_string()]);
+
+        // A key still there but held by no session is as dead.
+        let mut c = checking_other();
+        let mut released = contender_entry(OTHER);
+        released.session = None;
+        assert!(matches!(
+            c.on_answer(key_read(vec![released])),
+            Step::Call(Call::PutLock { .. })
+        ));
+    }
+
+    #[test]
+    fn a_holder_the_listing_hid_ends_the_run() {
+        // The key is there, held: the listing left it out.
+        let mut c = checking_other();
+        assert_eq!(
+            c.on_answer(key_read(vec![contender_entry(OTHER)])),
+            Step::Hidden {
+                session: OTHER.into()
+            }
+        );
+        // The key may not be read (403): the session decides.
+        let mut c = checking_other();
+        assert_eq!(
+            c.on_answer(Answer::HolderKey(None)),
+            Step::Call(Call::CheckSession {
+                session: OTHER.into()
+            })
+        );
+        assert_eq!(
+            c.on_answer(Answer::SessionAlive(true)),
+            Step::Hidden {
+                session: OTHER.into()
+            }
+        );
+        let mut c = checking_other();
+        c.on_answer(Answer::HolderKey(None));
+        assert!(matches!(
+            c.on_answer(Answer::SessionAlive(false)),
+            Step::Call(Call::PutLock { cas: 9, .. })
+        ));
+    }
+
+    #[test]
+    fn a_confirmed_death_holds_only_for_the_listing_it_was_read_for() {
+        let mut c = checking_other();
+        // The CAS loses a race; the same listing index again needs no check,
+        // a new one does.
+        c.on_answer(key_read(vec![]));
+        c.on_answer(Answer::LockWritten(false));
+        let same = listing(10, vec![contender_entry(ME), lock_entry(&[OTHER], 9)]);
+        assert!(matches!(
+            c.on_answer(same),
+            Step::Call(Call::PutLock { .. })
+        ));
+        c.on_answer(Answer::LockWritten(false));
+        let newer = listing(12, vec![contender_entry(ME), lock_entry(&[OTHER], 9)]);
+        assert_eq!(
+            c.on_answer(newer),
+            Step::Call(Call::CheckHolder { name: OTHER.into() })
+        );
     }
 
     #[test]

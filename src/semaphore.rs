@@ -8,7 +8,7 @@
 //!
 //! Both carry [`SEMAPHORE_FLAGS`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Map, Value};
 
@@ -206,6 +206,9 @@ pub struct Snapshot {
     pub lock: Option<Entry>,
     /// Direct children of the prefix other than `.lock`, by name.
     pub contenders: BTreeMap<String, Entry>,
+    /// Holders whose contender key a direct read showed held, though the
+    /// listing left it out: an ACL hides it from us. They count as live.
+    pub hidden: BTreeSet<String>,
 }
 
 impl Snapshot {
@@ -221,14 +224,20 @@ impl Snapshot {
                 contenders.insert(entry.name.clone(), entry);
             }
         }
-        Snapshot { lock, contenders }
+        Snapshot {
+            lock,
+            contenders,
+            hidden: BTreeSet::new(),
+        }
     }
 
     /// A session is alive while its contender key exists and is held by it.
     pub fn is_live(&self, session: &str) -> bool {
-        self.contenders
-            .get(session)
-            .is_some_and(|e| e.session.as_deref() == Some(session))
+        self.hidden.contains(session)
+            || self
+                .contenders
+                .get(session)
+                .is_some_and(|e| e.session.as_deref() == Some(session))
     }
 
     /// Decodes `.lock` and checks that it is a semaphore record with our
@@ -281,6 +290,21 @@ pub fn holding_value(value: &[u8], fence: u64) -> Vec<u8> {
 pub fn relays(entry: &Entry) -> bool {
     serde_json::from_slice::<Value>(&entry.value)
         .is_ok_and(|value| value.get(RELAYS_FIELD) == Some(&Value::Bool(true)))
+}
+
+/// Holders in `record` that the listing shows without a live contender key:
+/// dead, or hidden from us. A listing may leave out keys the token cannot
+/// read without saying so (Consul agents that predate the
+/// `X-Consul-Results-Filtered-By-ACLs` header), so before a write drops
+/// them, a direct read of each key must confirm that it is gone: that read
+/// answers 403 for a key the token cannot read.
+pub fn suspects(record: &LockRecord, snapshot: &Snapshot) -> Vec<String> {
+    record
+        .holders
+        .iter()
+        .filter(|h| !snapshot.is_live(h))
+        .cloned()
+        .collect()
 }
 
 /// Drops holders whose contender key is gone or no longer held by them.

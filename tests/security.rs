@@ -12,8 +12,8 @@ use common::double::{Acl, ConsulDouble, RecordedRequest, Rights};
 use common::pki::{PkiFiles, TestPki, ELSEWHERE_NAME};
 use common::world::*;
 use common::{
-    encode_key, http_agent, http_request, unique_prefix, KvEntry, TestConsul, HELPER_TOKEN,
-    REAL_CONSUL_ENV,
+    encode_key, http_agent, http_request, unique_prefix, wait_until, KvEntry, TestConsul,
+    HELPER_TOKEN, REAL_CONSUL_ENV,
 };
 
 /// The token consem is given in the ACL tests: distinctive, so that a search
@@ -656,16 +656,7 @@ fn every_key_but(prefix: &str, hidden: &str) -> Vec<String> {
 /// Plays a holder whose contender key the test will hide from consem's
 /// token: a session, its contender key, and `.lock` naming it (Limit 1).
 fn hidden_holder(world: &World) -> String {
-    let spec = serde_json::json!({"Name": "hidden peer", "TTL": "30s", "Behavior": "delete"});
-    let (status, body) =
-        world
-            .consul
-            .request("PUT", "/v1/session/create", spec.to_string().as_bytes());
-    assert_eq!(status, 200, "{body}");
-    let id = serde_json::from_str::<serde_json::Value>(&body).unwrap()["ID"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let id = helper_session(world);
     let contender = format!(
         "/v1/kv/{}?acquire={id}&flags={SEMAPHORE_FLAGS}",
         encode_key(&world.key(&id))
@@ -679,26 +670,59 @@ fn hidden_holder(world: &World) -> String {
     id
 }
 
-/// A world where consem's `TOKEN` can write its own contender key and
-/// `.lock`, but cannot read the contender key of a live holder that `.lock`
-/// names (Limit 1): listings leave it out and say so. Pruning on such a
-/// listing would drop the holder and run a second job under Limit 1.
-/// Returns the world and the holder's session.
-fn filtered_world(name: &str) -> (World, String) {
-    let world = acl_world(name, |_| Acl::new());
-    let peer = hidden_holder(&world);
+/// A session made with the helpers' token, for a peer the test plays.
+fn helper_session(world: &World) -> String {
+    let spec = serde_json::json!({"Name": "hidden peer", "TTL": "30s", "Behavior": "delete"});
+    let (status, body) =
+        world
+            .consul
+            .request("PUT", "/v1/session/create", spec.to_string().as_bytes());
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str::<serde_json::Value>(&body).unwrap()["ID"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// How an agent treats a listing that holds keys the token cannot read.
+#[derive(Clone, Copy, Debug)]
+enum Filtering {
+    /// Consul 1.11 and later: left out, and said so in a header.
+    Announced,
+    /// Earlier agents (1.0.8 among them): left out without a word.
+    Silent,
+}
+
+const BOTH_FILTERINGS: [Filtering; 2] = [Filtering::Announced, Filtering::Silent];
+
+/// ACLs in which `TOKEN` can read and write every key under the world's
+/// prefix but `hidden`'s contender key, and the helpers can do anything.
+fn hiding_acl(world: &World, hidden: &str, filtering: Filtering) -> Acl {
     let rights = Rights {
         session_write: true,
         key_read: vec![],
-        key_write: every_key_but(&world.prefix, &peer),
+        key_write: every_key_but(&world.prefix, hidden),
     };
     assert!(rights.can_write(&world.key(".lock")));
-    assert!(!rights.can_read(&world.key(&peer)));
-    double(&world).enable_acls(
-        Acl::new()
-            .token(TOKEN, rights)
-            .token(HELPER_TOKEN, Rights::all()),
-    );
+    assert!(!rights.can_read(&world.key(hidden)));
+    let acl = Acl::new()
+        .token(TOKEN, rights)
+        .token(HELPER_TOKEN, Rights::all());
+    match filtering {
+        Filtering::Announced => acl,
+        Filtering::Silent => acl.silent_filtering(),
+    }
+}
+
+/// A world where consem's `TOKEN` can write its own contender key and
+/// `.lock`, but cannot read the contender key of a live holder that `.lock`
+/// names (Limit 1): listings leave it out, and say so or not as `filtering`
+/// has it. Pruning on such a listing would drop the holder and run a second
+/// job under Limit 1. Returns the world and the holder's session.
+fn filtered_world(name: &str, filtering: Filtering) -> (World, String) {
+    let world = acl_world(name, |_| Acl::new());
+    let peer = hidden_holder(&world);
+    double(&world).enable_acls(hiding_acl(&world, &peer, filtering));
     // What the token sees: .lock naming the holder, but not its key.
     let url = format!(
         "{}/v1/kv/{}/?recurse",
@@ -706,10 +730,11 @@ fn filtered_world(name: &str) -> (World, String) {
         encode_key(&world.prefix)
     );
     let seen = http_request(&http_agent(), "GET", &url, Some(TOKEN), b"").unwrap();
-    assert_eq!(
-        seen.header("X-Consul-Results-Filtered-By-ACLs"),
-        Some("true")
-    );
+    let header = seen.header("X-Consul-Results-Filtered-By-ACLs");
+    match filtering {
+        Filtering::Announced => assert_eq!(header, Some("true")),
+        Filtering::Silent => assert_eq!(header, None),
+    }
     assert!(
         seen.body.contains("/.lock") && !seen.body.contains(&format!("/{peer}\"")),
         "{}",
@@ -726,50 +751,167 @@ fn assert_filtering_explained(world: &World, error: &str) {
     );
 }
 
-#[test]
-fn a_filtered_listing_exits_77_and_changes_nothing() {
-    if against_real_agent() {
-        return;
-    }
-    let (world, peer) = filtered_world("acl-filtered");
-    let before = keys(&world);
-    assert_eq!(before.len(), 2, "{before:?}");
-    let ran = world.path("ran");
-    let child = ["sh", "-c", &format!("touch '{ran}'")];
-    let error = denied(consem_with_token(&world, TOKEN, &child));
-    assert_filtering_explained(&world, &error);
-    assert!(!world.exists("ran"), "the command ran without a slot");
-    assert_eq!(keys(&world), before, ".lock or the holder's key changed");
-    let sessions: Vec<String> = double(&world)
-        .sessions()
-        .into_iter()
-        .map(|s| s.id)
-        .collect();
-    assert_eq!(sessions, vec![peer], "consem's session was left behind");
-}
-
-#[test]
-fn status_on_a_filtered_listing_exits_77_explaining_it() {
-    if against_real_agent() {
-        return;
-    }
-    let (world, _peer) = filtered_world("acl-filtered-status");
-    let before = keys(&world);
+/// `consem <subcommand> --prefix <prefix> --token TOKEN <extra>` against the world.
+fn admin_with_token(world: &World, subcommand: &str, extra: &[&str]) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_consem"));
     for name in CONSUL_ENV {
         command.env_remove(name);
     }
     command
         .env("CONSUL_HTTP_ADDR", world.http_addr())
-        .args(["status", "--prefix", &world.prefix, "--token", TOKEN])
+        .args([subcommand, "--prefix", &world.prefix, "--token", TOKEN])
+        .args(extra)
         .stdin(Stdio::null());
-    let output = run(command);
-    assert_eq!(output.status.code(), Some(77), "{}", stderr(&output));
-    assert_eq!(output.stdout, b"", "no table from a partial listing");
-    let error = one_line(&output);
-    assert!(error.starts_with("consem: error: "), "{error}");
-    assert_filtering_explained(&world, &error);
-    assert_eq!(keys(&world), before, "status changed the semaphore");
+    run(command)
+}
+
+#[test]
+fn a_hidden_holder_is_never_pruned_and_the_run_exits_77() {
+    if against_real_agent() {
+        return;
+    }
+    for filtering in BOTH_FILTERINGS {
+        let (world, peer) = filtered_world("acl-filtered", filtering);
+        let before = keys(&world);
+        assert_eq!(before.len(), 2, "{before:?}");
+        let ran = world.path("ran");
+        let child = ["sh", "-c", &format!("touch '{ran}'")];
+        let error = denied(consem_with_token(&world, TOKEN, &child));
+        assert_filtering_explained(&world, &error);
+        assert!(
+            !world.exists("ran"),
+            "{filtering:?}: the command ran without a slot"
+        );
+        assert_eq!(
+            keys(&world),
+            before,
+            "{filtering:?}: .lock or the holder's key changed"
+        );
+        let sessions: Vec<String> = double(&world)
+            .sessions()
+            .into_iter()
+            .map(|s| s.id)
+            .collect();
+        assert_eq!(
+            sessions,
+            vec![peer],
+            "{filtering:?}: consem's session was left behind"
+        );
+    }
+}
+
+#[test]
+fn status_and_reset_never_call_a_hidden_holder_dead() {
+    if against_real_agent() {
+        return;
+    }
+    for filtering in BOTH_FILTERINGS {
+        let (world, _peer) = filtered_world("acl-filtered-admin", filtering);
+        let before = keys(&world);
+        for (subcommand, extra) in [
+            ("status", &[][..]),
+            ("status", &["--json"][..]),
+            ("reset", &[][..]),
+            ("reset", &["--force"][..]),
+        ] {
+            let output = admin_with_token(&world, subcommand, extra);
+            let what = format!("{filtering:?}: {subcommand} {extra:?}");
+            assert_eq!(
+                output.status.code(),
+                Some(77),
+                "{what}: {}",
+                stderr(&output)
+            );
+            assert_eq!(
+                output.stdout, b"",
+                "{what}: no output from a partial listing"
+            );
+            let error = one_line(&output);
+            assert!(error.starts_with("consem: error: "), "{what}: {error}");
+            assert_filtering_explained(&world, &error);
+            assert_eq!(keys(&world), before, "{what} changed the semaphore");
+        }
+    }
+}
+
+#[test]
+fn a_dead_holder_is_still_pruned_with_a_token_that_cannot_read_everything() {
+    if against_real_agent() {
+        return;
+    }
+    let (world, peer) = filtered_world("acl-dead-holder", Filtering::Silent);
+    // The holder dies: its session goes, and its key with it; .lock still
+    // names it. A direct read shows the key gone, so consem prunes it.
+    world.consul.destroy_session(&peer);
+    let lock = world.lock_value().expect(".lock stays");
+    assert_eq!(lock["Holders"][&peer], true, "{lock}");
+    let output = admin_with_token(&world, "status", &["--json"]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let status: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(
+        status["dead_holders"],
+        serde_json::json!([peer]),
+        "{status}"
+    );
+    let output = run(consem_with_token(&world, TOKEN, &HELLO));
+    assert_ran(&world, &output, HELLO_OUT);
+}
+
+#[test]
+fn leaving_keeps_a_hidden_holder_in_lock() {
+    if against_real_agent() {
+        return;
+    }
+    for filtering in BOTH_FILTERINGS {
+        // consem holds one of 2 slots; then a holder whose key its token
+        // cannot read takes the other. Leaving last as far as it can see,
+        // consem must not delete .lock (nor drop the holder from it).
+        let world = acl_world("acl-hidden-leaving", |_| Acl::new());
+        let peer = helper_session(&world);
+        double(&world).enable_acls(hiding_acl(&world, &peer, filtering));
+        let mut command = world.consem(
+            2,
+            &["--token", TOKEN],
+            &strs(&world.held_until("ready", "go", 0)),
+        );
+        let child = command
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_until(PROMPT, "consem to start its command", || {
+            world.exists("ready")
+        });
+        let acquired = format!(
+            "/v1/kv/{}?acquire={peer}&flags={SEMAPHORE_FLAGS}",
+            encode_key(&world.key(&peer))
+        );
+        let (status, body) = world.consul.request("PUT", &acquired, b"{}");
+        assert_eq!((status, body.trim()), (200, "true"));
+        let mut lock = world.lock_value().expect("consem wrote .lock");
+        lock["Holders"][&peer] = serde_json::Value::Bool(true);
+        world.consul.put(
+            &world.key(".lock"),
+            lock.to_string().as_bytes(),
+            SEMAPHORE_FLAGS,
+        );
+        world.touch("go");
+        let output = finish(child);
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{filtering:?}: {}",
+            stderr(&output)
+        );
+        let lock = world
+            .lock_value()
+            .expect(".lock must stay while the hidden holder holds");
+        assert_eq!(
+            lock["Holders"],
+            serde_json::json!({ peer.clone(): true }),
+            "{filtering:?}: {lock}"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------

@@ -143,6 +143,9 @@ pub struct TlsServer {
 #[derive(Clone, Debug, Default)]
 pub struct Acl {
     pub tokens: Vec<(String, Rights)>,
+    /// Filter listings without `X-Consul-Results-Filtered-By-ACLs`, as
+    /// agents before 1.11 (the recorded 1.0 among them) do.
+    pub silent_filtering: bool,
 }
 
 impl Acl {
@@ -153,6 +156,14 @@ impl Acl {
     /// Adds a token (builder style).
     pub fn token(mut self, token: &str, rights: Rights) -> Acl {
         self.tokens.push((token.to_string(), rights));
+        self
+    }
+
+    /// Leaves keys the token cannot read out of listings without saying so,
+    /// as agents before 1.11 do (a listing with nothing readable is empty, not
+    /// 403); a direct read of such a key still answers 403.
+    pub fn silent_filtering(mut self) -> Acl {
+        self.silent_filtering = true;
         self
     }
 
@@ -828,17 +839,21 @@ impl Shared {
         let method = request.method.as_str();
         let path = request.path.as_str();
         // None while ACLs are off.
-        let rights = lock(&self.acl)
-            .as_ref()
-            .map(|acl| acl.rights(token_of(&request.query, &request.headers)));
+        let (rights, announce_filtering) = match lock(&self.acl).as_ref() {
+            Some(acl) => (
+                Some(acl.rights(token_of(&request.query, &request.headers))),
+                !acl.silent_filtering,
+            ),
+            None => (None, false),
+        };
         if let Some(rights) = &rights {
-            if !allowed(request, rights) {
+            if !allowed(request, rights, announce_filtering) {
                 return Some(permission_denied());
             }
         }
         if let Some(key) = path.strip_prefix("/v1/kv/") {
             return match method {
-                "GET" => self.kv_get(request, key, rights.as_ref()),
+                "GET" => self.kv_get(request, key, rights.as_ref(), announce_filtering),
                 "PUT" => Some(self.kv_put(request, key)),
                 "DELETE" => Some(self.kv_delete(request, key)),
                 _ => Some(method_not_allowed(method)),
@@ -913,8 +928,15 @@ impl Shared {
     // -----------------------------------------------------------------------
 
     /// `rights` is `Some` while ACLs are on: listings then leave out the
-    /// keys the token cannot read, and say so in a header.
-    fn kv_get(&self, request: &Request, key: &str, rights: Option<&Rights>) -> Option<Response> {
+    /// keys the token cannot read, and say so in a header if
+    /// `announce_filtering`.
+    fn kv_get(
+        &self,
+        request: &Request,
+        key: &str,
+        rights: Option<&Rights>,
+        announce_filtering: bool,
+    ) -> Option<Response> {
         let readable = |k: &str| rights.map_or(true, |r| r.can_read(k));
         if request.has("keys") {
             let separator = request.value("separator").unwrap_or("");
@@ -922,7 +944,7 @@ impl Shared {
                 let mut keys = store.keys_under(key, separator);
                 let before = keys.len();
                 keys.retain(|k| readable(k));
-                let filtered = keys.len() < before;
+                let filtered = keys.len() < before && announce_filtering;
                 let index = store.prefix_index(key);
                 // Consul answers the root listing with [] rather than 404.
                 let response = if keys.is_empty() && !key.is_empty() {
@@ -951,7 +973,9 @@ impl Shared {
                 } else {
                     Response::json(200, &entries)
                 };
-                response.with_index(index).filtered_by_acls(filtered)
+                response
+                    .with_index(index)
+                    .filtered_by_acls(filtered && announce_filtering)
             });
         }
         if key.is_empty() {
@@ -2011,12 +2035,14 @@ fn token_of<'a>(query: &'a [(String, String)], headers: &'a [(String, String)]) 
 /// `kv_get`). Requests Consul would refuse before looking at the token (a
 /// wrong method, a missing key name) are let through to be refused the
 /// same way.
-fn allowed(request: &Request, rights: &Rights) -> bool {
+/// `newer`: an agent of 1.11 or later, which refuses a listing with no
+/// readable part; older ones answer it as empty.
+fn allowed(request: &Request, rights: &Rights, newer: bool) -> bool {
     let method = request.method.as_str();
     if let Some(key) = request.path.strip_prefix("/v1/kv/") {
         let listing = request.has("keys") || request.has("recurse");
         return match method {
-            "GET" if listing => rights.can_read_some(key),
+            "GET" if listing => !newer || rights.can_read_some(key),
             // A recursive delete needs write on the whole prefix: a rule
             // that covers it, which `can_write(prefix)` is.
             "GET" | "PUT" | "DELETE" if key.is_empty() && !listing => true,

@@ -4,14 +4,17 @@
 //! order a seeded scheduler picks, with faults injected between calls:
 //! CAS races, lost answers, transient failures, session TTL expiry (stalled
 //! renewals), operator eviction, crashes at any step, and an agent losing
-//! every session. After every step the invariants are checked.
+//! every session. In some seeds an ACL hides one client's keys from some of
+//! the others, as agents before Consul 1.11 do: left out of their listings
+//! without a word, 403 on a direct read. After every step the invariants
+//! are checked.
 //!
 //! `CONSEM_SIM_SEEDS=N` sets how many seeds run (default 2000);
 //! `CONSEM_SIM_SEED=S` replays one seed and prints its trace.
 
 mod model;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
 use consem::backend::Contend;
@@ -59,6 +62,8 @@ impl Rng {
 enum Exit {
     Ran,
     SlotLost,
+    /// Refused to go on: a holder it must not prune is hidden from it.
+    Refused,
 }
 
 #[derive(Debug)]
@@ -97,8 +102,12 @@ struct Client {
     /// Relays like consem; otherwise it stands for a peer that does not
     /// (`consul lock`): an empty contender value, and no relay written.
     relays: bool,
-    /// The session it had when it crashed, for telling who waits behind it.
-    crashed_session: Option<String>,
+    /// The session it had when it crashed or finished, for telling who
+    /// waits behind it: a session a failed release could not destroy lives
+    /// on until its TTL runs out, as a crashed client's does.
+    gone_session: Option<String>,
+    /// Its token cannot read the keys of the hidden client (`Sim::hidden`).
+    restricted: bool,
     /// Renewals are due then; a stalled renewer (a frozen process, a
     /// partition) skips them until `stalled_until`.
     renew_due: Millis,
@@ -131,6 +140,7 @@ struct Stats {
     restarts: u64,
     failed_calls: u64,
     lost_answers: u64,
+    refusals: u64,
 }
 
 struct Sim {
@@ -138,6 +148,13 @@ struct Sim {
     consul: Consul,
     clients: Vec<Client>,
     limit: u32,
+    /// The client whose keys restricted clients cannot read, and the
+    /// sessions it created (its keys are named after them).
+    hidden: Option<usize>,
+    hidden_sessions: BTreeSet<String>,
+    /// Sessions an operator took out of `.lock` (a fault): their holders
+    /// lose the slot with their keys still live.
+    evicted: BTreeSet<String>,
     faults: bool,
     trace: Option<String>,
     stats: Stats,
@@ -150,15 +167,20 @@ impl Sim {
         let mut rng = Rng(seed);
         let count = 2 + rng.below(6) as usize;
         let limit = 1 + rng.below(3) as u32;
+        // Drawn from a generator of its own, so that the seeds without a
+        // hidden client run as they did before it existed.
+        let mut acl_rng = Rng(seed ^ 0x05ee_dac1);
+        let hidden = acl_rng.chance(250).then_some(0);
         let clients = (0..count)
-            .map(|_| Client {
+            .map(|i| Client {
                 phase: Phase::Contend {
                     contender: Contender::new(limit, Contend::Wait),
                     call: Call::CreateSession,
                     blocked_since: 0,
                 },
                 relays: !rng.chance(250),
-                crashed_session: None,
+                gone_session: None,
+                restricted: hidden.is_some() && i > 0 && acl_rng.chance(600),
                 renew_due: TTL / 2,
                 stalled_until: 0,
             })
@@ -168,6 +190,9 @@ impl Sim {
             consul: Consul::default(),
             clients,
             limit,
+            hidden,
+            hidden_sessions: BTreeSet::new(),
+            evicted: BTreeSet::new(),
             faults: true,
             trace: trace.then(String::new),
             stats: Stats::default(),
@@ -253,7 +278,7 @@ impl Sim {
                 self.stats.crashes += 1;
                 self.log(|| format!("client {victim} crashes"));
                 let client = &mut self.clients[victim];
-                client.crashed_session = client.session().map(str::to_string);
+                client.gone_session = client.session().map(str::to_string);
                 client.phase = Phase::Crashed;
             }
             40..=54 => {
@@ -268,6 +293,7 @@ impl Sim {
                     self.stats.evictions += 1;
                     self.log(|| format!("operator removes client {victim} from .lock"));
                     self.remove_holder(&session);
+                    self.evicted.insert(session);
                 }
             }
             70..=94 => {
@@ -341,8 +367,15 @@ impl Sim {
         } else {
             Vec::new()
         };
+        let restricted = self.clients[i].restricted;
         let answer = match call {
-            Call::CreateSession => Answer::SessionCreated(self.consul.create_session(TTL)),
+            Call::CreateSession => {
+                let session = self.consul.create_session(TTL);
+                if self.hidden == Some(i) {
+                    self.hidden_sessions.insert(session.clone());
+                }
+                Answer::SessionCreated(session)
+            }
             Call::AcquireKey { session } => {
                 let key = format!("{DIR}{session}");
                 Answer::KeyAcquired(
@@ -362,8 +395,19 @@ impl Sim {
                 Answer::Relayed
             }
             Call::List { .. } => {
-                let (index, entries) = self.consul.list(DIR);
+                let (index, entries) = self.visible_list(restricted);
                 Answer::Listing(Listing { index, entries })
+            }
+            Call::CheckHolder { name } if restricted && self.hidden_sessions.contains(name) => {
+                Answer::HolderKey(None)
+            }
+            Call::CheckHolder { name } => {
+                let (index, entry) = self.consul.get(DIR, &format!("{DIR}{name}"));
+                let entries = entry.into_iter().collect();
+                Answer::HolderKey(Some(Listing { index, entries }))
+            }
+            Call::CheckSession { session } => {
+                Answer::SessionAlive(self.consul.session_alive(session))
             }
             Call::Get { name, .. } => {
                 let (index, entry) = self.consul.get(DIR, &format!("{DIR}{name}"));
@@ -378,13 +422,29 @@ impl Sim {
                 )
             }
         };
-        let is_write = !matches!(call, Call::List { .. } | Call::Get { .. });
+        let is_write = !matches!(
+            call,
+            Call::List { .. }
+                | Call::Get { .. }
+                | Call::CheckHolder { .. }
+                | Call::CheckSession { .. }
+        );
         if self.faults && is_write && self.rng.chance(30) {
             self.stats.lost_answers += 1;
             self.log(|| format!("client {i}: {call:?} took effect, answer lost"));
             return None;
         }
         Some(answer)
+    }
+
+    /// A listing of the prefix as client `restricted` or not sees it: the
+    /// hidden client's keys left out, without a word.
+    fn visible_list(&self, restricted: bool) -> (u64, Vec<consem::semaphore::Entry>) {
+        let (index, mut entries) = self.consul.list(DIR);
+        if restricted {
+            entries.retain(|e| !self.hidden_sessions.contains(&e.name));
+        }
+        (index, entries)
     }
 
     fn act(&mut self, i: usize) -> Result<(), Violation> {
@@ -432,6 +492,22 @@ impl Sim {
                             session,
                             work_left: 1 + self.rng.below(20) as u32,
                             since: self.consul.now(),
+                        }
+                    }
+                    Step::Hidden { session } => {
+                        if !self.clients[i].restricted {
+                            return Err(self.describe(&format!(
+                                "client {i} sees all keys, yet found holder {session} hidden"
+                            )));
+                        }
+                        self.stats.refusals += 1;
+                        self.log(|| {
+                            format!("client {i}: holder {session} is hidden from it, refuses")
+                        });
+                        Phase::Release {
+                            session: contender.session().map(str::to_string),
+                            stage: ReleaseStage::Session,
+                            exit: Exit::Refused,
                         }
                     }
                     Step::NoSlot | Step::Conflict(_) | Step::KeyTaken { .. } => {
@@ -565,8 +641,8 @@ impl Sim {
         let crashed: Vec<&str> = self
             .clients
             .iter()
-            .filter(|c| matches!(c.phase, Phase::Crashed))
-            .filter_map(|c| c.crashed_session.as_deref())
+            .filter(|c| matches!(c.phase, Phase::Crashed | Phase::Done(_)))
+            .filter_map(|c| c.gone_session.as_deref())
             .collect();
         let behind_crashed = |start: &str| {
             let mut session = start;
@@ -613,6 +689,7 @@ impl Sim {
         let Some(id) = session.clone() else {
             return Phase::Done(exit);
         };
+        self.clients[i].gone_session = Some(id.clone());
         let fails = self.faults && self.rng.chance(30);
         match stage {
             ReleaseStage::Session => {
@@ -635,8 +712,9 @@ impl Sim {
                     self.log(|| format!("client {i}: done ({exit:?}), .lock left to prune"));
                     return Phase::Done(exit);
                 }
-                let (_, entries) = self.consul.list(DIR);
-                let snapshot = Snapshot::from_entries(entries);
+                let (_, entries) = self.visible_list(self.clients[i].restricted);
+                let mut snapshot = Snapshot::from_entries(entries);
+                self.reveal_hidden(i, &mut snapshot);
                 let lock_key = format!("{DIR}{LOCK_KEY_NAME}");
                 let written = match semaphore::plan_release(&snapshot, &id, self.limit) {
                     ReleaseStep::Nothing => true,
@@ -658,6 +736,26 @@ impl Sim {
                         exit,
                     }
                 }
+            }
+        }
+    }
+
+    /// What `Client::reveal_hidden` does before release writes `.lock`:
+    /// each holder the listing shows as dead is read directly, and kept as
+    /// hidden when its key is held, or unreadable while its session lives.
+    fn reveal_hidden(&self, i: usize, snapshot: &mut Snapshot) {
+        let Ok(Some(record)) = snapshot.lock_record(self.limit) else {
+            return;
+        };
+        for suspect in semaphore::suspects(&record, snapshot) {
+            let held = if self.clients[i].restricted && self.hidden_sessions.contains(&suspect) {
+                self.consul.session_alive(&suspect)
+            } else {
+                let (_, key) = self.consul.get(DIR, &format!("{DIR}{suspect}"));
+                semaphore::check_key(key.as_ref(), &suspect).is_ok()
+            };
+            if held {
+                snapshot.hidden.insert(suspect);
             }
         }
     }
@@ -712,12 +810,20 @@ impl Sim {
         // 2. A client that believes it holds is a live holder, or learns of
         // the loss at its next read of the key that shows it: `.lock` when
         // it is no longer a holder there, its contender key when that went.
+        // 3. Nobody prunes a live holder: a holder leaves `.lock` with its
+        // key live only when an operator removes it.
         for i in 0..self.clients.len() {
             if let Phase::Hold {
                 session, watches, ..
             } = &mut self.clients[i].phase
             {
                 if !record.as_ref().is_some_and(|r| r.holds(session)) {
+                    if snapshot.is_live(session) && !self.evicted.contains(session.as_str()) {
+                        let session = session.clone();
+                        return Err(self.describe(&format!(
+                            "client {i} was dropped from .lock while its key {session} is live"
+                        )));
+                    }
                     watches[0].1 = true;
                 }
                 if !snapshot.is_live(session) {
@@ -752,7 +858,8 @@ impl Sim {
                 blocked_since: 0,
             },
             relays: true,
-            crashed_session: None,
+            gone_session: None,
+            restricted: false,
             renew_due: self.consul.now() + TTL / 2,
             stalled_until: 0,
         }];
@@ -827,6 +934,7 @@ fn the_recipe_keeps_its_invariants_under_faults() {
         total.restarts += stats.restarts;
         total.failed_calls += stats.failed_calls;
         total.lost_answers += stats.lost_answers;
+        total.refusals += stats.refusals;
     }
     println!("simulation: {seeds} seeds, 0 violations; totals: {total:?}");
 }
