@@ -440,3 +440,141 @@ fn user_signals_while_waiting_are_ignored() {
     assert_eq!(stdout, "ran");
     world.assert_clean();
 }
+
+// ---- what the tests once missed ------------------------------------------
+
+/// A slot lost while the command runs stops its whole process group: a
+/// job the command started in the background dies with it.
+#[test]
+fn slot_loss_stops_what_the_command_started_in_the_background() {
+    let world = World::new("loss-background");
+    let Some(double) = skip_without_double(&world) else {
+        return;
+    };
+    let script = format!(
+        "sleep 300 & echo $! > '{}'; echo $$ > '{}'; wait",
+        world.path("background"),
+        world.path("pid")
+    );
+    let holder = world.spawn(1, &["--kill-grace", "1s"], &["sh", "-c", &script]);
+    let shell = read_pid(&world, "pid");
+    let background = read_pid(&world, "background");
+    let (session, _) = world.sessions().into_iter().next().expect("a session");
+    double.destroy_session(&session);
+    let output = finish(holder);
+    assert_eq!(output.status.code(), Some(76), "{}", stderr(&output));
+    wait_until(PROMPT, "the command's shell to be gone", || {
+        process_gone(shell)
+    });
+    wait_until(
+        PROMPT,
+        "the job it started in the background to be gone",
+        || process_gone(background),
+    );
+    world.assert_clean();
+}
+
+/// An answer whose index is lower than the one sent (here a restore that
+/// renumbers every index, the state kept) makes a holder's watches start
+/// over from 0: blocking on the old, higher index would hide the loss of
+/// the slot for a whole blocking wait.
+#[test]
+fn a_watch_whose_index_goes_back_starts_over_and_still_sees_the_loss() {
+    let world = World::new("index-back");
+    let Some(double) = skip_without_double(&world) else {
+        return;
+    };
+    // Raise the raft index, so that the restore takes it far down.
+    for i in 0..50 {
+        double.put_raw(&world.key("noise/x"), i.to_string().as_bytes(), 0);
+    }
+    let lock_watches = || {
+        double
+            .requests()
+            .iter()
+            .filter(|r| r.path.ends_with("/.lock") && r.query.iter().any(|(k, _)| k == "index"))
+            .count()
+    };
+    // A long TTL: the watch of .lock, not the renewer, must see the loss.
+    let holder = world.spawn(
+        1,
+        &["--ttl", "1h", "--kill-grace", "1s"],
+        &strs(&pid_then_sleep(&world, "pid")),
+    );
+    let pid = read_pid(&world, "pid");
+    wait_until(PROMPT, "the holder to block on .lock", || {
+        lock_watches() >= 1
+    });
+    let before = lock_watches();
+    double.restore_with_lower_index();
+    wait_until(
+        PROMPT,
+        "the holder's watch of .lock to read again after the restore",
+        || lock_watches() > before,
+    );
+    // The operator takes the holder out of .lock; its session stays.
+    world.consul.put(
+        &world.key(".lock"),
+        br#"{"Limit":1,"Holders":{}}"#,
+        SEMAPHORE_FLAGS,
+    );
+    let mut holder = holder;
+    wait_with_deadline(
+        &mut holder,
+        PROMPT,
+        "consem to see it was removed from .lock",
+    );
+    let output = finish(holder);
+    assert_eq!(output.status.code(), Some(76), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("removed from the holders"),
+        "{}",
+        stderr(&output)
+    );
+    assert!(process_gone(pid), "the child was stopped");
+}
+
+/// Renewals that fail while reads still work: after one TTL without a
+/// renewal the slot counts as lost (the session may expire from then on),
+/// and consem says why. A renewal answered 404 is a loss at once.
+#[test]
+fn renewals_failing_while_reads_work_end_in_76_within_the_ttl() {
+    let world = World::new("renew-fails");
+    let Some(double) = skip_without_double(&world) else {
+        return;
+    };
+    for (status, reason, within) in [
+        (
+            500,
+            "cannot renew the session for longer than its TTL",
+            Duration::from_secs(30),
+        ),
+        (
+            404,
+            "Consul invalidated our session (renewal answered 404)",
+            Duration::from_secs(15),
+        ),
+    ] {
+        double.clear_faults();
+        double.inject(
+            Fault::status(status, "renewal refused by the test", usize::MAX)
+                .on(Match::method_path("PUT", "/v1/session/renew/")),
+        );
+        let mut holder = world.spawn(
+            1,
+            &["--ttl", "10s", "--kill-grace", "1s"],
+            &strs(&pid_then_sleep(&world, "pid")),
+        );
+        let pid = read_pid(&world, "pid");
+        // TTL (10 s), then the next retry (1 s), then the kill grace (1 s).
+        wait_with_deadline(&mut holder, within, "consem to give up on its renewals");
+        let output = finish(holder);
+        assert_eq!(output.status.code(), Some(76), "{}", stderr(&output));
+        let text = stderr(&output);
+        assert!(text.contains(reason), "renewals answered {status}: {text}");
+        assert!(process_gone(pid), "the child was stopped");
+        std::fs::remove_file(world.path("pid")).unwrap();
+        double.clear_faults();
+        world.assert_clean();
+    }
+}

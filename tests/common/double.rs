@@ -500,6 +500,17 @@ impl ConsulDouble {
         self.shared.changed.notify_all();
     }
 
+    /// Like `consul snapshot restore` onto servers whose raft index is lower
+    /// than the one clients last saw: every key and session is kept, every
+    /// index is renumbered from the bottom in the same order, and blocking
+    /// queries are abandoned (Consul wakes them when it swaps the state
+    /// store): they answer at once, with an index lower than the one sent.
+    /// Connections stay open, so a client sees only the index go back.
+    pub fn restore_with_lower_index(&self) {
+        lock(&self.shared.store).renumber();
+        self.shared.changed.notify_all();
+    }
+
     /// Invalidates every session (their behaviours apply); KV is otherwise kept.
     pub fn invalidate_all_sessions(&self) {
         let mut store = lock(&self.shared.store);
@@ -902,6 +913,7 @@ impl Shared {
         if query.min_index == 0 {
             return Some(response);
         }
+        let restores = store.restores;
         let jitter_cap = query.wait / QUERY_JITTER_FRACTION;
         let jitter = jitter_cap.mul_f64(store.rng.fraction());
         let deadline = Instant::now() + query.wait + jitter;
@@ -919,6 +931,11 @@ impl Shared {
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
             response = read(&store);
+            // A restore abandons every blocking query: it answers now, with
+            // whatever index the restored state has.
+            if store.restores != restores {
+                break;
+            }
         }
         Some(response)
     }
@@ -1304,6 +1321,9 @@ struct Store {
     lock_delays: HashMap<String, Instant>,
     ttl_multiplier: f64,
     rng: Rng,
+    /// How many times `restore_with_lower_index` ran: blocking queries
+    /// started before a restore answer at once.
+    restores: u64,
 }
 
 impl Store {
@@ -1317,7 +1337,42 @@ impl Store {
             lock_delays: HashMap::new(),
             ttl_multiplier: 2.0,
             rng,
+            restores: 0,
         }
+    }
+
+    /// Renumbers every index in use (keys, deletes, sessions) from the
+    /// bottom, in the same order: the state as a restore onto servers whose
+    /// raft log is shorter leaves it.
+    fn renumber(&mut self) {
+        let mut used: Vec<u64> = self
+            .kv
+            .values()
+            .flat_map(|e| [e.create_index, e.modify_index])
+            .chain(self.tombstones.values().copied())
+            .chain(self.sessions.values().map(|s| s.create_index))
+            .chain([self.sessions_index])
+            .filter(|&i| i > 0)
+            .collect();
+        used.sort_unstable();
+        used.dedup();
+        let rank = |index: u64| match used.binary_search(&index) {
+            Ok(at) => FIRST_INDEX + 1 + at as u64,
+            Err(_) => index,
+        };
+        for entry in self.kv.values_mut() {
+            entry.create_index = rank(entry.create_index);
+            entry.modify_index = rank(entry.modify_index);
+        }
+        for index in self.tombstones.values_mut() {
+            *index = rank(*index);
+        }
+        for session in self.sessions.values_mut() {
+            session.create_index = rank(session.create_index);
+        }
+        self.sessions_index = rank(self.sessions_index);
+        self.raft_index = FIRST_INDEX + used.len() as u64;
+        self.restores += 1;
     }
 
     fn next_index(&mut self) -> u64 {
