@@ -57,28 +57,36 @@ fn read(client: &Client, prefix: &str) -> Result<Snapshot, (i32, String)> {
     Ok(Snapshot::from_entries(listing.entries))
 }
 
-/// Refuses to go on when a holder the listing shows as dead is only hidden
-/// from the token: calling it dead (status) or deleting `.lock` under it
-/// (reset) would be wrong. A direct read of its key tells.
-fn refuse_hidden(
-    client: &Client,
-    prefix: &str,
-    record: &LockRecord,
-    snapshot: &mut Snapshot,
-) -> Result<(), (i32, String)> {
-    let hidden = client
-        .reveal_hidden(prefix, record, snapshot)
-        .map_err(consul_failure)?;
-    match hidden.first() {
-        Some(session) => Err((
-            exit::DENIED,
-            format!(
-                "permission denied: {}",
-                crate::consul::hidden_holder(prefix, session)
-            ),
-        )),
-        None => Ok(()),
+/// Reads the prefix, and directly each holder the listing shows as dead:
+/// calling a holder dead (status) or deleting `.lock` under it (reset) must
+/// not rest on a listing that an ACL filtered. Refuses (77) when a holder
+/// is hidden from the token; reads again when one came back since.
+fn read_checked(client: &Client, prefix: &str) -> Result<Snapshot, (i32, String)> {
+    for _ in 0..CAS_ATTEMPTS {
+        let mut snapshot = read(client, prefix)?;
+        let Some((record, _)) = lock_record(&snapshot, prefix)? else {
+            return Ok(snapshot);
+        };
+        let revealed = client
+            .reveal_hidden(prefix, &record, &mut snapshot)
+            .map_err(consul_failure)?;
+        if let Some(session) = revealed.hidden.first() {
+            return Err((
+                exit::DENIED,
+                format!(
+                    "permission denied: {}",
+                    crate::consul::hidden_holder(prefix, session)
+                ),
+            ));
+        }
+        if revealed.revived.is_empty() {
+            return Ok(snapshot);
+        }
     }
+    Err((
+        exit::UNAVAILABLE,
+        format!("the holders at {prefix} kept changing while consem read them; try again"),
+    ))
 }
 
 /// `.lock` decoded whatever its limit, or why it cannot be.
@@ -158,11 +166,8 @@ fn collect_status(
     env: impl Fn(&str) -> Option<String>,
 ) -> Result<Status, (i32, String)> {
     let (prefix, client) = connect(&args.prefix, args.consul, env)?;
-    let mut snapshot = read(&client, &prefix)?;
+    let snapshot = read_checked(&client, &prefix)?;
     let record = lock_record(&snapshot, &prefix)?;
-    if let Some((record, _)) = &record {
-        refuse_hidden(&client, &prefix, record, &mut snapshot)?;
-    }
     let describe = |entry: &Entry| -> Result<Contender, (i32, String)> {
         let session = entry.session.clone().unwrap_or_default();
         let value: serde_json::Value = serde_json::from_slice(&entry.value).unwrap_or_default();
@@ -370,7 +375,7 @@ fn reset_lock(args: ResetArgs, env: impl Fn(&str) -> Option<String>) -> Outcome 
     // waiters that take the freed slots afterwards started after the reset.
     let mut evictable: Option<Vec<String>> = None;
     for _ in 0..CAS_ATTEMPTS {
-        let mut snapshot = read(&client, &prefix)?;
+        let snapshot = read_checked(&client, &prefix)?;
         let Some((record, index)) = lock_record(&snapshot, &prefix)? else {
             if evicted > 0 {
                 // The last evicted consem deleted .lock on its way out.
@@ -379,7 +384,6 @@ fn reset_lock(args: ResetArgs, env: impl Fn(&str) -> Option<String>) -> Outcome 
             }
             return Err((NOTHING, format!("no .lock at {prefix}: nothing to reset")));
         };
-        refuse_hidden(&client, &prefix, &record, &mut snapshot)?;
         let live: Vec<&String> = record
             .holders
             .iter()

@@ -151,6 +151,16 @@ impl std::fmt::Display for ConsulError {
     }
 }
 
+/// Holders a listing showed as dead that are not: see
+/// [`Client::reveal_hidden`].
+#[derive(Debug, Default)]
+pub struct Revealed {
+    /// Their keys cannot be read (403) and their sessions live.
+    pub hidden: Vec<String>,
+    /// Their keys are held: they came back since the listing.
+    pub revived: Vec<String>,
+}
+
 /// Why consem refuses to go on when a holder's contender key is hidden from
 /// its token: the listing left it out without saying so, and the direct
 /// read of the key answered 403 or showed it held.
@@ -418,37 +428,39 @@ impl Client {
     }
 
     /// Reads directly the contender key of each holder in `record` that the
-    /// listing in `snapshot` shows as dead (the listing may have left it out
-    /// because the token cannot read it), and marks as hidden, so that
-    /// nothing prunes them, the holders whose key is held, or whose key the
-    /// token may not read (403) while their session lives. Returns the
-    /// sessions found hidden.
+    /// listing in `snapshot` shows as dead: the listing may have left it out
+    /// because the token cannot read it. Marks as live in `snapshot`, so
+    /// that nothing prunes them, the holders whose key the token may not
+    /// read (403) while their session lives (`hidden`), and those whose key
+    /// is held after all (`revived`: back since the listing).
     pub fn reveal_hidden(
         &self,
         prefix: &str,
         record: &LockRecord,
         snapshot: &mut Snapshot,
-    ) -> Result<Vec<String>, ConsulError> {
-        let mut hidden = Vec::new();
+    ) -> Result<Revealed, ConsulError> {
+        let mut revealed = Revealed::default();
         for suspect in semaphore::suspects(record, snapshot) {
-            let held = match self.get(prefix, &suspect, Consistency::Default, None) {
+            match self.get(prefix, &suspect, Consistency::Default, None) {
                 Ok(read) => {
                     let key = read.entries.iter().find(|e| e.name == suspect);
-                    semaphore::check_key(key, &suspect).is_ok()
+                    if semaphore::check_key(key, &suspect).is_ok() {
+                        revealed.revived.push(suspect.clone());
+                    }
                 }
                 Err(ConsulError::Denied(_)) => match self.session_info(&suspect) {
-                    Ok(info) => info.is_some(),
-                    Err(ConsulError::Denied(_)) => true,
+                    Ok(None) => {}
+                    Ok(Some(_)) | Err(ConsulError::Denied(_)) => {
+                        revealed.hidden.push(suspect.clone())
+                    }
                     Err(other) => return Err(other),
                 },
                 Err(other) => return Err(other),
-            };
-            if held {
-                snapshot.hidden.insert(suspect.clone());
-                hidden.push(suspect);
             }
         }
-        Ok(hidden)
+        let live = revealed.hidden.iter().chain(&revealed.revived).cloned();
+        snapshot.hidden.extend(live);
+        Ok(revealed)
     }
 
     /// Reads `key` (a prefix with `recurse`); entries are named relative to `dir`.

@@ -324,21 +324,25 @@ impl ConsulSemaphore {
                     }),
             ),
             Call::Get { .. } => Some(self.read(call).map(Answer::Key)),
-            // Whatever the answer, the slot is confirmed; the watch sees a
-            // session that went meanwhile.
-            Call::Relay { session, fence } => self
+            // A CAS on our key as the confirming read showed it: it keeps
+            // the key's session, and fails if the key changed since.
+            Call::Relay {
+                session,
+                fence,
+                cas,
+            } => self
                 .guarded(
                     || {
-                        self.client.acquire(
+                        self.client.put_cas(
                             &self.key(session),
-                            session,
                             semaphore::holding_value(&self.settings.contender_value, *fence),
+                            *cas,
                             SEMAPHORE_FLAGS,
                         )
                     },
                     |_, _| {},
                 )
-                .map(|r| r.map(|_| Answer::Relayed)),
+                .map(|r| r.map(Answer::Relayed)),
             Call::PutLock { value, cas } => {
                 let key = self.key(semaphore::LOCK_KEY_NAME);
                 self.guarded(

@@ -38,11 +38,19 @@ pub enum Call {
     /// Look up the session of a holder whose key the token cannot read: a
     /// holder whose session is gone is dead.
     CheckSession { session: String },
-    /// Rewrite our contender key (acquire again with our session) with a
-    /// value that names the slot (`fence`), which wakes the waiter that
-    /// blocks on it ([`WaitOn::Key`]). The value must change: Consul (1.6
-    /// and later) does not move the index of a write that changes nothing.
-    Relay { session: String, fence: u64 },
+    /// Rewrite our contender key with a value that names the slot
+    /// (`fence`), which wakes the waiter that blocks on it
+    /// ([`WaitOn::Key`]). The value must change: Consul (1.6 and later) does
+    /// not move the index of a write that changes nothing. The write is a
+    /// CAS on the key's ModifyIndex as the confirming read showed it (a CAS
+    /// keeps the key's session): if an operator deleted or released the key
+    /// since, and others pruned us, an acquire would bring the key back and
+    /// the command would start without a slot; the CAS fails instead.
+    Relay {
+        session: String,
+        fence: u64,
+        cas: u64,
+    },
 }
 
 /// The answer to a [`Call`] that went through.
@@ -54,7 +62,8 @@ pub enum Answer {
     /// The answer to [`Call::Get`]: at most one entry.
     Key(Listing),
     LockWritten(bool),
-    Relayed,
+    /// The answer to [`Call::Relay`]: whether the CAS wrote the key.
+    Relayed(bool),
     /// The answer to [`Call::CheckHolder`]: at most one entry, or `None`
     /// when the token may not read the key (403).
     HolderKey(Option<Listing>),
@@ -128,6 +137,10 @@ pub struct Contender {
     /// `gone_at`: a new listing is checked again.
     gone: BTreeSet<String>,
     gone_at: u64,
+    /// A holder a check found held, though the listing it was checked for
+    /// left it out; `came_back_before`, the same for the listing before.
+    came_back: Option<String>,
+    came_back_before: Option<String>,
     pending: Call,
     notes: Vec<Note>,
 }
@@ -145,6 +158,8 @@ impl Contender {
             checking: None,
             gone: BTreeSet::new(),
             gone_at: 0,
+            came_back: None,
+            came_back_before: None,
             pending: Call::CreateSession,
             notes: Vec::new(),
         }
@@ -167,7 +182,8 @@ impl Contender {
 
     /// The call to make after the previous one failed (no answer, or a
     /// transient error). Reads start over from index 0, since the agent may
-    /// have restarted; a CAS whose answer was lost is settled by a read.
+    /// have restarted; a CAS whose answer was lost is settled by a read (a
+    /// relay's by a confirming read, which relays again if it must).
     pub fn after_failure(&mut self) -> Call {
         self.pending = match &self.pending {
             Call::List { consistency, .. } => {
@@ -181,6 +197,10 @@ impl Contender {
                 self.index = 0;
                 self.read()
             }
+            Call::Relay { .. } => match self.confirm_again() {
+                Step::Call(read) => read,
+                _ => unreachable!("confirming again is a read"),
+            },
             other => other.clone(),
         };
         self.pending.clone()
@@ -208,10 +228,12 @@ impl Contender {
                 consistency: Consistency::Default,
                 block_on: 0,
             }),
-            Answer::Relayed => self
+            Answer::Relayed(true) => self
                 .relaying
                 .take()
                 .expect("a relay is only written for a confirmed slot"),
+            // Our key changed since the confirming read: look again.
+            Answer::Relayed(false) => self.confirm_again(),
             Answer::HolderKey(read) => self.on_holder_key(read),
             Answer::SessionAlive(alive) => self.on_holder_session(alive),
             Answer::LockWritten(true) => {
@@ -243,12 +265,16 @@ impl Contender {
             self.gone.clear();
             self.gone_at = listing.index;
         }
+        self.came_back_before = self.came_back.take();
         self.on_snapshot(Snapshot::from_entries(listing.entries))
     }
 
     /// A holder the listing showed as dead was read directly: prune it only
     /// if its key is really gone or no longer held by it. A key the token
-    /// may not read tells nothing; the holder's session does.
+    /// may not read tells nothing; the holder's session does. A key read
+    /// held came back since the listing (a holder that rejoined): read the
+    /// prefix again; if the next listing leaves it out too, the listing
+    /// hides it.
     fn on_holder_key(&mut self, read: Option<Listing>) -> Step {
         let Call::CheckHolder { name } = self.pending.clone() else {
             unreachable!("a holder's key is only read when checking it");
@@ -257,8 +283,16 @@ impl Contender {
             return Step::Call(Call::CheckSession { session: name });
         };
         let key = read.entries.iter().find(|e| e.name == name);
-        let held = semaphore::check_key(key, &name).is_ok();
-        self.on_holder_checked(name, !held)
+        if semaphore::check_key(key, &name).is_err() {
+            return self.on_holder_checked(name, true);
+        }
+        if self.came_back_before.as_deref() == Some(name.as_str()) {
+            return self.on_holder_checked(name, false);
+        }
+        self.came_back = Some(name);
+        self.checking = None;
+        self.index = 0;
+        Step::Call(self.read())
     }
 
     fn on_holder_session(&mut self, alive: bool) -> Step {
@@ -300,7 +334,11 @@ impl Contender {
                 let record = snapshot.lock_record(self.limit).ok().flatten();
                 if record.is_some_and(|r| semaphore::waiters_behind(&snapshot, &r, &session)) {
                     self.relaying = Some(acquired);
-                    Step::Call(Call::Relay { session, fence })
+                    Step::Call(Call::Relay {
+                        session,
+                        fence,
+                        cas: key_index,
+                    })
                 } else {
                     acquired
                 }
@@ -358,6 +396,15 @@ impl Contender {
                 }
             }
         }
+    }
+
+    /// A consistent read without blocking, that decides again whether the
+    /// slot is ours.
+    fn confirm_again(&mut self) -> Step {
+        self.relaying = None;
+        self.confirm = true;
+        self.index = 0;
+        Step::Call(self.read())
     }
 
     fn read(&self) -> Call {
@@ -552,8 +599,21 @@ mod tests {
 
     #[test]
     fn a_holder_the_listing_hid_ends_the_run() {
-        // The key is there, held: the listing left it out.
+        // The key is there, held: the holder may have rejoined since the
+        // listing. A second listing that leaves it out too hides it.
         let mut c = checking_other();
+        assert_eq!(
+            c.on_answer(key_read(vec![contender_entry(OTHER)])),
+            Step::Call(Call::List {
+                consistency: Consistency::Default,
+                block_on: 0
+            })
+        );
+        let again = listing(13, vec![contender_entry(ME), lock_entry(&[OTHER], 9)]);
+        assert_eq!(
+            c.on_answer(again),
+            Step::Call(Call::CheckHolder { name: OTHER.into() })
+        );
         assert_eq!(
             c.on_answer(key_read(vec![contender_entry(OTHER)])),
             Step::Hidden {
@@ -786,23 +846,48 @@ mod tests {
             c.on_answer(confirmed),
             Step::Call(Call::Relay {
                 session: ME.into(),
-                fence: 11
+                fence: 11,
+                cas: 5
             })
         );
-        // A relay whose answer is lost is written again.
         assert_eq!(
-            c.after_failure(),
-            Call::Relay {
-                session: ME.into(),
-                fence: 11
-            }
-        );
-        assert_eq!(
-            c.on_answer(Answer::Relayed),
+            c.on_answer(Answer::Relayed(true)),
             Step::Acquired {
                 fence: 11,
                 key_index: 5
             }
+        );
+    }
+
+    #[test]
+    fn a_relay_that_fails_or_loses_its_key_confirms_again() {
+        let mut c = joined(Contend::Wait);
+        c.on_answer(Answer::KeyAcquired(Acquire::Held));
+        let waiter = relaying_entry(OTHER, 6);
+        c.on_answer(listing(10, vec![contender_entry(ME), waiter.clone()]));
+        c.on_answer(Answer::LockWritten(true));
+        let confirmed = listing(
+            12,
+            vec![contender_entry(ME), waiter.clone(), lock_entry(&[ME], 11)],
+        );
+        c.on_answer(confirmed.clone());
+        let confirm = Call::List {
+            consistency: Consistency::Consistent,
+            block_on: 0,
+        };
+        // The answer is lost: the write may or may not have landed.
+        assert_eq!(c.after_failure(), confirm);
+        assert!(matches!(
+            c.on_answer(confirmed),
+            Step::Call(Call::Relay { .. })
+        ));
+        // The key changed since the confirming read (an operator deleted or
+        // released it): the slot is not reported; a new read decides.
+        assert_eq!(c.on_answer(Answer::Relayed(false)), Step::Call(confirm));
+        let gone = listing(14, vec![waiter, lock_entry(&[], 13)]);
+        assert_eq!(
+            c.on_answer(gone),
+            Step::Call(Call::AcquireKey { session: ME.into() })
         );
     }
 

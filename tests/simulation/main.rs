@@ -72,6 +72,17 @@ enum ReleaseStage {
     Lock { attempts: u32 },
 }
 
+/// One of a holder's two watches.
+#[derive(Debug)]
+struct Watch {
+    watcher: Watcher,
+    /// The server lost the slot in a way the next read of this key must see.
+    must_notice: bool,
+    /// Restores seen when its last read was made: a read blocked before a
+    /// restore answers at once.
+    restores_seen: u64,
+}
+
 #[derive(Debug)]
 enum Phase {
     Contend {
@@ -81,9 +92,8 @@ enum Phase {
         blocked_since: Millis,
     },
     Hold {
-        /// The watchers of `.lock` and of our contender key, and whether the
-        /// server lost the slot in a way the next read of that key must see.
-        watches: [(Watcher, bool); 2],
+        /// The watchers of `.lock` and of our contender key.
+        watches: [Watch; 2],
         session: String,
         work_left: u32,
         since: Millis,
@@ -108,6 +118,9 @@ struct Client {
     gone_session: Option<String>,
     /// Its token cannot read the keys of the hidden client (`Sim::hidden`).
     restricted: bool,
+    /// Restores seen when its last call was made: a read blocked before a
+    /// restore answers at once.
+    restores_seen: u64,
     /// Renewals are due then; a stalled renewer (a frozen process, a
     /// partition) skips them until `stalled_until`.
     renew_due: Millis,
@@ -141,6 +154,8 @@ struct Stats {
     failed_calls: u64,
     lost_answers: u64,
     refusals: u64,
+    keys_released: u64,
+    restores: u64,
 }
 
 struct Sim {
@@ -155,6 +170,12 @@ struct Sim {
     /// Sessions an operator took out of `.lock` (a fault): their holders
     /// lose the slot with their keys still live.
     evicted: BTreeSet<String>,
+    /// Contender keys an operator released (a fault): held by no session,
+    /// no session's end deletes them.
+    released: BTreeSet<String>,
+    /// A slot taken out of turn, found while a call took effect; reported
+    /// by the next check.
+    fifo_violation: Option<Violation>,
     faults: bool,
     trace: Option<String>,
     stats: Stats,
@@ -181,6 +202,7 @@ impl Sim {
                 relays: !rng.chance(250),
                 gone_session: None,
                 restricted: hidden.is_some() && i > 0 && acl_rng.chance(600),
+                restores_seen: 0,
                 renew_due: TTL / 2,
                 stalled_until: 0,
             })
@@ -193,6 +215,8 @@ impl Sim {
             hidden,
             hidden_sessions: BTreeSet::new(),
             evicted: BTreeSet::new(),
+            released: BTreeSet::new(),
+            fifo_violation: None,
             faults: true,
             trace: trace.then(String::new),
             stats: Stats::default(),
@@ -272,7 +296,7 @@ impl Sim {
         }
         let victim = live[self.rng.below(live.len() as u64) as usize];
         match self.rng.below(100) {
-            0..=39 => {
+            0..=34 => {
                 // A crash at whatever step the client is at: its session
                 // lives on until its TTL runs out.
                 self.stats.crashes += 1;
@@ -281,14 +305,14 @@ impl Sim {
                 client.gone_session = client.session().map(str::to_string);
                 client.phase = Phase::Crashed;
             }
-            40..=54 => {
+            35..=49 => {
                 if let Some(session) = self.clients[victim].session().map(str::to_string) {
                     self.stats.evictions += 1;
                     self.log(|| format!("operator destroys client {victim}'s session"));
                     self.consul.invalidate(&session);
                 }
             }
-            55..=69 => {
+            50..=62 => {
                 if let Some(session) = self.clients[victim].session().map(str::to_string) {
                     self.stats.evictions += 1;
                     self.log(|| format!("operator removes client {victim} from .lock"));
@@ -296,17 +320,32 @@ impl Sim {
                     self.evicted.insert(session);
                 }
             }
-            70..=94 => {
+            63..=70 => {
+                if let Some(session) = self.clients[victim].session().map(str::to_string) {
+                    let key = format!("{DIR}{session}");
+                    if self.consul.release_key(&key) {
+                        self.stats.keys_released += 1;
+                        self.log(|| format!("operator releases client {victim}'s contender key"));
+                        self.released.insert(key);
+                    }
+                }
+            }
+            71..=94 => {
                 // A frozen renewer: the session expires at 2×TTL.
                 self.stats.expiries_forced += 1;
                 let until = self.consul.now() + 2 * TTL + 1 + self.rng.below(TTL);
                 self.log(|| format!("client {victim}'s renewals stall until {until}ms"));
                 self.clients[victim].stalled_until = until;
             }
-            _ => {
+            95..=97 => {
                 self.stats.restarts += 1;
                 self.log(|| "the agent restarts and loses every session".to_string());
                 self.consul.lose_all_sessions();
+            }
+            _ => {
+                self.stats.restores += 1;
+                self.log(|| "a snapshot restore renumbers every index lower".to_string());
+                self.consul.restore_with_lower_index();
             }
         }
     }
@@ -339,6 +378,7 @@ impl Sim {
             } if *block_on > 0 => {
                 self.consul.prefix_index(DIR) != *block_on
                     || self.consul.now() >= blocked_since + BLOCKING_WAIT
+                    || self.clients[i].restores_seen < self.consul.restores()
             }
             Phase::Contend {
                 call: Call::Get { name, block_on, .. },
@@ -347,6 +387,7 @@ impl Sim {
             } if *block_on > 0 => {
                 self.key_index(name) > *block_on
                     || self.consul.now() >= blocked_since + BLOCKING_WAIT
+                    || self.clients[i].restores_seen < self.consul.restores()
             }
             Phase::Contend { .. } | Phase::Hold { .. } | Phase::Release { .. } => true,
             Phase::Done(_) | Phase::Crashed => false,
@@ -386,13 +427,18 @@ impl Sim {
                     },
                 )
             }
-            Call::Relay { session, fence } => {
-                if self.clients[i].relays {
+            Call::Relay {
+                session,
+                fence,
+                cas,
+            } => {
+                // A peer that does not relay writes nothing.
+                let written = !self.clients[i].relays || {
                     let key = format!("{DIR}{session}");
                     let value = semaphore::holding_value(&value, *fence);
-                    self.consul.acquire(&key, session, value, SEMAPHORE_FLAGS);
-                }
-                Answer::Relayed
+                    self.consul.put_cas(&key, value, *cas, SEMAPHORE_FLAGS)
+                };
+                Answer::Relayed(written)
             }
             Call::List { .. } => {
                 let (index, entries) = self.visible_list(restricted);
@@ -416,10 +462,15 @@ impl Sim {
             }
             Call::PutLock { value, cas } => {
                 let key = format!("{DIR}{LOCK_KEY_NAME}");
-                Answer::LockWritten(
-                    self.consul
-                        .put_cas(&key, value.clone(), *cas, SEMAPHORE_FLAGS),
-                )
+                let written = self
+                    .consul
+                    .put_cas(&key, value.clone(), *cas, SEMAPHORE_FLAGS);
+                if written {
+                    if let Err(violation) = self.check_fifo(i) {
+                        self.fifo_violation.get_or_insert(violation);
+                    }
+                }
+                Answer::LockWritten(written)
             }
         };
         let is_write = !matches!(
@@ -456,6 +507,9 @@ impl Sim {
                 blocked_since,
             } => {
                 let answer = self.call(i, &call);
+                // Only an answer that carries an index can tell the
+                // contender that the index went back.
+                let indexed = matches!(answer, Some(Answer::Listing(_) | Answer::Key(_)));
                 let step = match answer {
                     None => Step::Call(contender.after_failure()),
                     Some(answer) => {
@@ -463,9 +517,23 @@ impl Sim {
                         contender.on_answer(answer)
                     }
                 };
+                self.clients[i].restores_seen = self.consul.restores();
                 match step {
                     Step::Call(next) => {
                         let blocks = matches!(next, Call::List { block_on, .. } | Call::Get { block_on, .. } if block_on > 0);
+                        // A waiter blocks on the listing's index, for the
+                        // prefix or for the key ahead (which wakes only when
+                        // that key moves past it).
+                        if let (true, Call::List { block_on, .. } | Call::Get { block_on, .. }) =
+                            (indexed, &next)
+                        {
+                            let index = self.consul.prefix_index(DIR);
+                            if *block_on > index {
+                                return Err(self.describe(&format!(
+                                    "client {i} blocks on index {block_on}, above the prefix's {index}: it would miss changes for a whole wait"
+                                )));
+                            }
+                        }
                         let blocked_since = if blocks {
                             self.consul.now()
                         } else {
@@ -481,11 +549,11 @@ impl Sim {
                         self.stats.acquisitions += 1;
                         let session = contender.session().unwrap().to_string();
                         self.log(|| format!("client {i}: acquired, runs its command"));
-                        let watch = |what, index| {
-                            (
-                                Watcher::new(&session, self.limit, what, index, MONITOR_RETRY),
-                                false,
-                            )
+                        let restores_seen = self.consul.restores();
+                        let watch = |what, index| Watch {
+                            watcher: Watcher::new(&session, self.limit, what, index, MONITOR_RETRY),
+                            must_notice: false,
+                            restores_seen,
                         };
                         Phase::Hold {
                             watches: [watch(Watched::Lock, fence), watch(Watched::Key, key_index)],
@@ -542,7 +610,7 @@ impl Sim {
     fn hold_step(
         &mut self,
         i: usize,
-        mut watches: [(Watcher, bool); 2],
+        mut watches: [Watch; 2],
         session: String,
         work_left: u32,
         since: Millis,
@@ -554,10 +622,12 @@ impl Sim {
         };
         let due: Vec<usize> = (0..2)
             .filter(|&w| {
-                let Call::Get { name, block_on, .. } = watches[w].0.call() else {
+                let Call::Get { name, block_on, .. } = watches[w].watcher.call() else {
                     unreachable!()
                 };
-                block_on == 0 || self.key_index(&name) > block_on
+                block_on == 0
+                    || self.key_index(&name) > block_on
+                    || watches[w].restores_seen < self.consul.restores()
             })
             .collect();
         if due.is_empty() || self.rng.chance(500) {
@@ -573,8 +643,13 @@ impl Sim {
             });
         }
         let w = due[self.rng.below(due.len() as u64) as usize];
-        let call = watches[w].0.call();
-        let (watcher, must_notice) = &mut watches[w];
+        let call = watches[w].watcher.call();
+        watches[w].restores_seen = self.consul.restores();
+        let Watch {
+            watcher,
+            must_notice,
+            ..
+        } = &mut watches[w];
         Ok(match self.call(i, &call) {
             None => match watcher.on_failure() {
                 Ok(_) => Phase::Hold {
@@ -595,12 +670,22 @@ impl Sim {
                         "client {i}'s watch ({call:?}) did not see that the slot it holds since {since}ms was lost"
                     )))
                 }
-                Ok(()) => Phase::Hold {
-                    watches,
-                    session,
-                    work_left,
-                    since,
-                },
+                Ok(()) => {
+                    if let Call::Get { name, block_on, .. } = watcher.call() {
+                        let index = self.key_index(&name);
+                        if block_on > index {
+                            return Err(self.describe(&format!(
+                                "client {i}'s watch of {name} blocks on index {block_on}, above the key's {index}: it would miss changes for a whole wait"
+                            )));
+                        }
+                    }
+                    Phase::Hold {
+                        watches,
+                        session,
+                        work_left,
+                        since,
+                    }
+                }
                 Err(loss) => {
                     self.stats.losses_noticed += 1;
                     self.log(|| format!("client {i}: watch sees the loss ({loss}), stops its command"));
@@ -609,6 +694,53 @@ impl Sim {
             },
             Some(other) => unreachable!("a watch read answered {other:?}"),
         })
+    }
+
+    /// Whether `<prefix>/<session>` exists and is held by that session.
+    fn held_by_own_session(&self, session: &str) -> bool {
+        let (_, key) = self.consul.get(DIR, &format!("{DIR}{session}"));
+        key.is_some_and(|k| k.session.as_deref() == Some(session))
+    }
+
+    /// Slots go in order of arrival: when client `i` has just written
+    /// `.lock` to take a slot, the other live holders plus the live waiters
+    /// that arrived before it (lower CreateIndex) are fewer than Limit.
+    /// Clients that cannot see every key are exempt: a waiter hidden from
+    /// them can be overtaken (never a holder: they refuse to prune it).
+    fn check_fifo(&self, i: usize) -> Result<(), Violation> {
+        if self.clients[i].restricted {
+            return Ok(());
+        }
+        let Some(me) = self.clients[i].session().map(str::to_string) else {
+            return Ok(());
+        };
+        let (_, entries) = self.consul.list(DIR);
+        let snapshot = Snapshot::from_entries(entries);
+        let Ok(Some(record)) = snapshot.lock_record(self.limit) else {
+            return Ok(());
+        };
+        let Some(mine) = snapshot.contenders.get(&me).map(|e| e.create_index) else {
+            return Ok(());
+        };
+        let holders = record
+            .holders
+            .iter()
+            .filter(|h| **h != me && self.held_by_own_session(h))
+            .count();
+        let ahead: Vec<&String> = snapshot
+            .contenders
+            .values()
+            .filter(|e| e.create_index < mine && !record.holds(&e.name))
+            .filter(|e| self.held_by_own_session(&e.name))
+            .map(|e| &e.name)
+            .collect();
+        if holders + ahead.len() >= self.limit as usize {
+            return Err(self.describe(&format!(
+                "client {i} took a slot out of turn: {holders} other live holder(s) and waiters {ahead:?} ahead of it, limit {}",
+                self.limit
+            )));
+        }
+        Ok(())
     }
 
     /// X-Consul-Index of a read of `<prefix>/<name>`.
@@ -785,6 +917,9 @@ impl Sim {
 
     /// The invariants that hold after every step.
     fn check(&mut self) -> Result<(), Violation> {
+        if let Some(violation) = self.fifo_violation.take() {
+            return Err(violation);
+        }
         let (_, entries) = self.consul.list(DIR);
         let snapshot = Snapshot::from_entries(entries);
         let record = match snapshot.lock_record(self.limit) {
@@ -793,12 +928,14 @@ impl Sim {
                 return Err(self.describe(&format!(".lock became unusable: {conflict}")))
             }
         };
+        // Liveness as Consul has it, not as consem's code computes it: the
+        // contender key exists and is held by the holder's own session.
         // 1. `.lock` never lists more than Limit live holders.
         if let Some(record) = &record {
             let live = record
                 .holders
                 .iter()
-                .filter(|h| snapshot.is_live(h))
+                .filter(|h| self.held_by_own_session(h))
                 .count();
             if live > self.limit as usize {
                 return Err(self.describe(&format!(
@@ -813,22 +950,20 @@ impl Sim {
         // 3. Nobody prunes a live holder: a holder leaves `.lock` with its
         // key live only when an operator removes it.
         for i in 0..self.clients.len() {
-            if let Phase::Hold {
-                session, watches, ..
-            } = &mut self.clients[i].phase
-            {
-                if !record.as_ref().is_some_and(|r| r.holds(session)) {
-                    if snapshot.is_live(session) && !self.evicted.contains(session.as_str()) {
-                        let session = session.clone();
-                        return Err(self.describe(&format!(
-                            "client {i} was dropped from .lock while its key {session} is live"
-                        )));
-                    }
-                    watches[0].1 = true;
-                }
-                if !snapshot.is_live(session) {
-                    watches[1].1 = true;
-                }
+            let Phase::Hold { session, .. } = &self.clients[i].phase else {
+                continue;
+            };
+            let in_lock = record.as_ref().is_some_and(|r| r.holds(session));
+            let key_held = self.held_by_own_session(session);
+            if !in_lock && key_held && !self.evicted.contains(session.as_str()) {
+                let session = session.clone();
+                return Err(self.describe(&format!(
+                    "client {i} was dropped from .lock while its key {session} is live"
+                )));
+            }
+            if let Phase::Hold { watches, .. } = &mut self.clients[i].phase {
+                watches[0].must_notice |= !in_lock;
+                watches[1].must_notice |= !key_held;
             }
         }
         Ok(())
@@ -841,6 +976,15 @@ impl Sim {
         self.consul.advance(self.consul.now() + 3 * TTL);
         if self.consul.session_count() > 0 {
             return Err(self.describe("sessions left after every TTL ran out"));
+        }
+        // A key an operator released is held by no session, so no session's
+        // end deletes it: the operator who released it deletes it.
+        for key in std::mem::take(&mut self.released) {
+            let (_, entry) = self.consul.get(DIR, &key);
+            if entry.is_some_and(|e| e.session.is_none()) {
+                self.log(|| format!("operator deletes the released key {key}"));
+                self.consul.delete(&key, None);
+            }
         }
         let leftovers: Vec<String> = self
             .consul
@@ -860,6 +1004,7 @@ impl Sim {
             relays: true,
             gone_session: None,
             restricted: false,
+            restores_seen: self.consul.restores(),
             renew_due: self.consul.now() + TTL / 2,
             stalled_until: 0,
         }];
@@ -935,6 +1080,8 @@ fn the_recipe_keeps_its_invariants_under_faults() {
         total.failed_calls += stats.failed_calls;
         total.lost_answers += stats.lost_answers;
         total.refusals += stats.refusals;
+        total.keys_released += stats.keys_released;
+        total.restores += stats.restores;
     }
     println!("simulation: {seeds} seeds, 0 violations; totals: {total:?}");
 }

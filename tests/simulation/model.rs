@@ -34,6 +34,9 @@ pub struct Consul {
     kv: BTreeMap<String, Value>,
     /// Index of the latest delete under each key, so listings never go back.
     tombstones: BTreeMap<String, u64>,
+    /// How many restores happened: a blocking read started before one
+    /// answers at once, as Consul abandons blocking queries on a restore.
+    restores: u64,
 }
 
 impl Consul {
@@ -163,6 +166,47 @@ impl Consul {
             },
         );
         Some(true)
+    }
+
+    /// `PUT ?release=<session>` by an operator: the key stays, held by no
+    /// session (so no session's end deletes it). False if it is not held.
+    pub fn release_key(&mut self, key: &str) -> bool {
+        if !self.kv.get(key).is_some_and(|v| v.session.is_some()) {
+            return false;
+        }
+        let index = self.bump();
+        let value = self.kv.get_mut(key).expect("checked above");
+        value.session = None;
+        value.modify_index = index;
+        true
+    }
+
+    /// `consul snapshot restore` onto servers whose raft log is shorter:
+    /// every key and session kept, every index renumbered from the bottom
+    /// in the same order, so clients see indexes lower than they sent.
+    pub fn restore_with_lower_index(&mut self) {
+        let mut used: Vec<u64> = self
+            .kv
+            .values()
+            .flat_map(|v| [v.create_index, v.modify_index])
+            .chain(self.tombstones.values().copied())
+            .collect();
+        used.sort_unstable();
+        used.dedup();
+        let rank = |index: u64| 2 + used.binary_search(&index).unwrap_or(0) as u64;
+        for value in self.kv.values_mut() {
+            value.create_index = rank(value.create_index);
+            value.modify_index = rank(value.modify_index);
+        }
+        for index in self.tombstones.values_mut() {
+            *index = rank(*index);
+        }
+        self.index = 2 + used.len() as u64;
+        self.restores += 1;
+    }
+
+    pub fn restores(&self) -> u64 {
+        self.restores
     }
 
     /// `PUT ?cas=`: 0 creates only.
