@@ -7,8 +7,6 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::semaphore::MAX_LIMIT;
-
 pub const EXIT_CODES: &str = "\
 Exit codes:
   <child's>  the command ran and exited by itself
@@ -107,6 +105,9 @@ pub struct StatusArgs {
     pub json: bool,
 
     #[command(flatten)]
+    pub store: StoreArgs,
+
+    #[command(flatten)]
     pub consul: ConsulArgs,
 }
 
@@ -131,6 +132,9 @@ pub struct ReleaseArgs {
     pub pid: Option<u32>,
 
     #[command(flatten)]
+    pub store: StoreArgs,
+
+    #[command(flatten)]
     pub consul: ConsulArgs,
 }
 
@@ -146,6 +150,9 @@ pub struct ResetArgs {
     pub force: bool,
 
     #[command(flatten)]
+    pub store: StoreArgs,
+
+    #[command(flatten)]
     pub consul: ConsulArgs,
 }
 
@@ -156,7 +163,7 @@ pub struct RunArgs {
     pub prefix: String,
 
     /// Number of slots; every contender on the prefix must use the same limit
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_LIMIT)))]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub limit: u32,
 
     /// Give up waiting for a slot after this long (default: wait forever)
@@ -171,19 +178,19 @@ pub struct RunArgs {
     #[arg(short = 'E', long, value_name = "CODE", default_value_t = 75)]
     pub no_slot_exit_code: u8,
 
-    /// Session TTL, renewed every TTL/2 (10s to 24h)
-    #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = parse_ttl)]
-    pub ttl: Duration,
+    /// Consul: session TTL, renewed every TTL/2 (10s to 24h; default 15s)
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub ttl: Option<Duration>,
 
     /// Time between SIGTERM and SIGKILL when consem must stop the command
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
     pub kill_grace: Duration,
 
-    /// Consecutive transient Consul failures tolerated while holding a slot
-    #[arg(long, value_name = "N", default_value_t = 3)]
-    pub monitor_retry: u32,
+    /// Consul: consecutive transient failures tolerated while holding a slot (default 3)
+    #[arg(long, value_name = "N")]
+    pub monitor_retry: Option<u32>,
 
-    /// Session name (default: "consem: <command> at <prefix>")
+    /// Consul: session name (default: "consem: <command> at <prefix>")
     #[arg(long, value_name = "NAME")]
     pub name: Option<String>,
 
@@ -196,6 +203,9 @@ pub struct RunArgs {
     pub log_format: crate::report::LogFormat,
 
     #[command(flatten)]
+    pub store: StoreArgs,
+
+    #[command(flatten)]
     pub consul: ConsulArgs,
 
     /// The command and its arguments, after `--`; run directly, not by a shell
@@ -203,23 +213,30 @@ pub struct RunArgs {
     pub command: Vec<OsString>,
 }
 
-/// How to reach Consul; the environment variables are the consul CLI's.
+/// Which store keeps the semaphore.
 #[derive(Debug, Args)]
+pub struct StoreArgs {
+    /// Where the semaphore lives: consul, local (this host only, no server)
+    /// or local:DIR [default: CONSEM_STORE, else consul]
+    #[arg(long, value_name = "STORE")]
+    pub store: Option<String>,
+}
+
+/// How to reach Consul (with `--store consul`); each option's default comes
+/// from the consul CLI's environment variable, read in `store::consul`.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Consul options")]
 pub struct ConsulArgs {
     /// Consul HTTP API address: host:port, http://host:port or https://host:port
-    #[arg(
-        long,
-        value_name = "ADDR",
-        env = "CONSUL_HTTP_ADDR",
-        default_value = "127.0.0.1:8500"
-    )]
-    pub http_addr: String,
+    /// [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]
+    #[arg(long, value_name = "ADDR")]
+    pub http_addr: Option<String>,
 
-    /// ACL token (also CONSUL_HTTP_TOKEN); sent in the X-Consul-Token header
-    #[arg(long, value_name = "TOKEN", hide_env_values = true)]
+    /// ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]
+    #[arg(long, value_name = "TOKEN")]
     pub token: Option<String>,
 
-    /// File holding the ACL token (also CONSUL_HTTP_TOKEN_FILE)
+    /// File holding the ACL token; wins over a token [default: CONSUL_HTTP_TOKEN_FILE]
     #[arg(long, value_name = "PATH")]
     pub token_file: Option<PathBuf>,
 
@@ -227,57 +244,60 @@ pub struct ConsulArgs {
     #[arg(long, value_name = "DC")]
     pub datacenter: Option<String>,
 
-    /// Namespace to use (Consul Enterprise)
-    #[arg(long, value_name = "NS", env = "CONSUL_NAMESPACE")]
+    /// Namespace to use (Consul Enterprise) [default: CONSUL_NAMESPACE]
+    #[arg(long, value_name = "NS")]
     pub namespace: Option<String>,
 
-    /// Admin partition to use (Consul Enterprise)
-    #[arg(long, value_name = "PARTITION", env = "CONSUL_PARTITION")]
+    /// Admin partition to use (Consul Enterprise) [default: CONSUL_PARTITION]
+    #[arg(long, value_name = "PARTITION")]
     pub partition: Option<String>,
 
-    /// PEM file of the CA that signs the agent's certificate
-    #[arg(long, value_name = "PATH", env = "CONSUL_CACERT")]
+    /// PEM file of the CA that signs the agent's certificate [default: CONSUL_CACERT]
+    #[arg(long, value_name = "PATH")]
     pub ca_file: Option<PathBuf>,
 
-    /// Directory of PEM CA certificates
-    #[arg(long, value_name = "DIR", env = "CONSUL_CAPATH")]
+    /// Directory of PEM CA certificates [default: CONSUL_CAPATH]
+    #[arg(long, value_name = "DIR")]
     pub ca_path: Option<PathBuf>,
 
-    /// PEM client certificate, for agents that verify clients (mTLS)
-    #[arg(
-        long,
-        value_name = "PATH",
-        env = "CONSUL_CLIENT_CERT",
-        requires = "client_key"
-    )]
+    /// PEM client certificate, for agents that verify clients (mTLS) [default: CONSUL_CLIENT_CERT]
+    #[arg(long, value_name = "PATH")]
     pub client_cert: Option<PathBuf>,
 
-    /// PEM private key of the client certificate
-    #[arg(
-        long,
-        value_name = "PATH",
-        env = "CONSUL_CLIENT_KEY",
-        requires = "client_cert"
-    )]
+    /// PEM private key of the client certificate [default: CONSUL_CLIENT_KEY]
+    #[arg(long, value_name = "PATH")]
     pub client_key: Option<PathBuf>,
 
     /// Name to verify the agent's certificate against, instead of the address's host
-    #[arg(long, value_name = "NAME", env = "CONSUL_TLS_SERVER_NAME")]
+    /// [default: CONSUL_TLS_SERVER_NAME]
+    #[arg(long, value_name = "NAME")]
     pub tls_server_name: Option<String>,
+}
+
+impl ConsulArgs {
+    /// The first Consul option given on the command line, to refuse it
+    /// with a store that does not use it.
+    pub fn first_given(&self) -> Option<&'static str> {
+        [
+            ("--http-addr", self.http_addr.is_some()),
+            ("--token", self.token.is_some()),
+            ("--token-file", self.token_file.is_some()),
+            ("--datacenter", self.datacenter.is_some()),
+            ("--namespace", self.namespace.is_some()),
+            ("--partition", self.partition.is_some()),
+            ("--ca-file", self.ca_file.is_some()),
+            ("--ca-path", self.ca_path.is_some()),
+            ("--client-cert", self.client_cert.is_some()),
+            ("--client-key", self.client_key.is_some()),
+            ("--tls-server-name", self.tls_server_name.is_some()),
+        ]
+        .into_iter()
+        .find_map(|(flag, given)| given.then_some(flag))
+    }
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
     crate::duration::parse(text)
-}
-
-fn parse_ttl(text: &str) -> Result<Duration, String> {
-    let ttl = crate::duration::parse(text)?;
-    if ttl < Duration::from_secs(10) || ttl > Duration::from_secs(86_400) {
-        return Err(format!(
-            "TTL {text} is outside what Consul accepts: use 10s to 24h"
-        ));
-    }
-    Ok(ttl)
 }
 
 #[cfg(test)]
@@ -333,9 +353,7 @@ mod tests {
     fn refuses_out_of_range_values() {
         for args in [
             &["--limit", "0"][..],
-            &["--limit", "1025"],
-            &["--limit", "1", "--ttl", "5s"],
-            &["--limit", "1", "--ttl", "25h"],
+            &["--limit", "1", "--ttl", "5"],
             &["--limit", "1", "--try", "--timeout", "1s"],
         ] {
             let mut line = vec!["consem", "run", "--prefix", "p"];

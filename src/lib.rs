@@ -1,37 +1,37 @@
-//! consem: run a command while holding one of N slots of a distributed
-//! semaphore kept in HashiCorp Consul.
+//! consem: run a command while holding one of N slots of a counting
+//! semaphore kept in a store: Consul (fleet-wide) or the local store (one
+//! host, no server).
 //!
-//! Layers, from the outside in: `cli` and `options` (the command line),
-//! `supervise` (the child, signals, exit paths; backend-agnostic), `backend`
-//! (the interface to a semaphore store), `consul_backend` (the recipe over
-//! Consul), `consul` (the HTTP client), and `semaphore` (pure decisions).
+//! Layers, from the outside in: `cli` and `options` (the command line and
+//! the validated settings), `supervise` (the child, signals, exit paths;
+//! store-neutral), `admin` (the operators' commands, store-neutral),
+//! `store` (the store interface) and one folder per store below it. This
+//! file builds the chosen store and maps every outcome to an exit code.
 
 pub mod admin;
-pub mod backend;
 pub mod cli;
-pub mod consul;
-pub mod consul_backend;
-pub mod contender;
 pub mod duration;
 pub mod options;
 pub mod progress;
 pub mod report;
-pub mod semaphore;
+pub mod store;
 pub mod supervise;
 mod sys;
-pub mod tls;
 
 use std::io::IsTerminal as _;
 use std::os::unix::process::ExitStatusExt as _;
 use std::sync::Arc;
 
-use backend::BackendError;
-use consul_backend::{ConsulSemaphore, Settings};
-use options::RunOptions;
+use options::{RunOptions, StoreOptions};
+use store::consul::recipe::{ConsulSemaphore, Settings};
+use store::local::LocalSemaphore;
+use store::{ContenderInfo, SlotBackend, StoreError};
 use supervise::{Outcome, Plan};
 
 /// Exit codes of consem's own (see `cli::EXIT_CODES`).
 pub mod exit {
+    /// `status`, `release`, `reset`: nothing there, or nothing to do.
+    pub const NOTHING: i32 = 1;
     pub const USAGE: i32 = 2;
     pub const CONFLICT: i32 = 65;
     pub const UNAVAILABLE: i32 = 69;
@@ -39,6 +39,51 @@ pub mod exit {
     pub const DENIED: i32 = 77;
     pub const NOT_EXECUTABLE: i32 = 126;
     pub const NOT_FOUND: i32 = 127;
+}
+
+/// The exit code of a store's failure.
+pub fn exit_code_of(error: &StoreError) -> i32 {
+    match error {
+        StoreError::Usage(_) => exit::USAGE,
+        StoreError::Conflict(_) => exit::CONFLICT,
+        StoreError::Unavailable(_) => exit::UNAVAILABLE,
+        StoreError::Denied(_) => exit::DENIED,
+    }
+}
+
+/// Builds the chosen store for one run.
+fn open_store(
+    options: &RunOptions,
+    info: ContenderInfo,
+) -> Result<Arc<dyn SlotBackend>, StoreError> {
+    Ok(match &options.store {
+        StoreOptions::Consul(consul) => {
+            let client =
+                store::consul::Client::new(consul.config.clone()).map_err(StoreError::Usage)?;
+            if !consul.config.tls.verify && consul.config.address.https {
+                report::warning(
+                    "CONSUL_HTTP_SSL_VERIFY=false: the agent's certificate is not checked, so anyone on the path can pose as Consul",
+                );
+            }
+            Arc::new(ConsulSemaphore::new(
+                client,
+                Settings {
+                    prefix: options.prefix.clone(),
+                    limit: options.limit,
+                    ttl: consul.ttl,
+                    session_name: consul.session_name.clone(),
+                    contender_value: store::consul::recipe::contender_value(&info),
+                    monitor_retry: consul.monitor_retry,
+                },
+            ))
+        }
+        StoreOptions::Local(local) => Arc::new(LocalSemaphore::open(
+            local,
+            &options.prefix,
+            options.limit,
+            info,
+        )?),
+    })
 }
 
 /// Runs `consem run` and returns the exit code.
@@ -50,27 +95,13 @@ pub fn run(options: RunOptions) -> i32 {
         .iter()
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
-    let settings = Settings {
-        prefix: options.prefix.clone(),
-        limit: options.limit,
-        ttl: options.ttl,
-        session_name: options.session_name.clone(),
-        contender_value: consul_backend::contender_value(&command),
-        monitor_retry: options.monitor_retry,
-    };
-    let client = match consul::Client::new(options.consul.clone()) {
-        Ok(client) => client,
-        Err(message) => {
-            report::error(&message);
-            return exit::USAGE;
+    let backend = match open_store(&options, ContenderInfo::of_this_process(&command)) {
+        Ok(backend) => backend,
+        Err(error) => {
+            report::error(&error.to_string());
+            return exit_code_of(&error);
         }
     };
-    if !options.consul.tls.verify && options.consul.address.https {
-        report::warning(
-            "CONSUL_HTTP_SSL_VERIFY=false: the agent's certificate is not checked, so anyone on the path can pose as Consul",
-        );
-    }
-    let backend = Arc::new(ConsulSemaphore::new(client, settings));
     let plan = Plan {
         command: options.command.clone(),
         mode: options.mode,
@@ -93,11 +124,7 @@ pub fn run(options: RunOptions) -> i32 {
         Outcome::SlotLost => exit::SLOT_LOST,
         Outcome::Failed(error) => {
             report::error(&error.to_string());
-            match error {
-                BackendError::Conflict(_) => exit::CONFLICT,
-                BackendError::Unavailable(_) => exit::UNAVAILABLE,
-                BackendError::Denied(_) => exit::DENIED,
-            }
+            exit_code_of(&error)
         }
         Outcome::SpawnFailed(error) => {
             let (hint, code) = if error.kind() == std::io::ErrorKind::NotFound {

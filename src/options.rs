@@ -2,13 +2,11 @@
 //! the token sources) is checked here, with messages that say how to fix it.
 
 use std::ffi::OsString;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::backend::Contend;
 use crate::cli::{ConsulArgs, RunArgs};
-use crate::consul::{Address, ConsulConfig};
-use crate::tls::TlsSettings;
+use crate::store::{consul, local, Contend};
 
 #[derive(Debug, Clone)]
 pub struct RunOptions {
@@ -17,14 +15,76 @@ pub struct RunOptions {
     pub mode: Contend,
     pub timeout: Option<Duration>,
     pub no_slot_exit_code: u8,
-    pub ttl: Duration,
     pub kill_grace: Duration,
-    pub monitor_retry: u32,
-    pub session_name: String,
     pub verbose: bool,
     pub log_format: crate::report::LogFormat,
-    pub consul: ConsulConfig,
     pub command: Vec<OsString>,
+    pub store: StoreOptions,
+}
+
+/// The chosen store and what it alone needs.
+#[derive(Debug, Clone)]
+pub enum StoreOptions {
+    Consul(Box<consul::RunSettings>),
+    Local(local::Settings),
+}
+
+/// `--store`, else `CONSEM_STORE`, else Consul.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreChoice {
+    Consul,
+    /// The directory of `local:<DIR>`, or the default one.
+    Local(Option<PathBuf>),
+}
+
+impl StoreChoice {
+    pub fn from_args(
+        flag: Option<String>,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<StoreChoice, String> {
+        let (text, source) = match flag {
+            Some(text) => (text, "--store"),
+            None => match env("CONSEM_STORE").filter(|s| !s.trim().is_empty()) {
+                Some(text) => (text, "CONSEM_STORE"),
+                None => return Ok(StoreChoice::Consul),
+            },
+        };
+        let text = text.trim();
+        match text {
+            "consul" => Ok(StoreChoice::Consul),
+            "local" => Ok(StoreChoice::Local(None)),
+            _ => {
+                if let Some(dir) = text.strip_prefix("local:") {
+                    if dir.is_empty() {
+                        return Err(format!(
+                            "{source} '{text}' names no directory: write local:/path/to/dir, or local for the default"
+                        ));
+                    }
+                    return Ok(StoreChoice::Local(Some(PathBuf::from(dir))));
+                }
+                let scheme = text.split("://").next().unwrap_or(text);
+                if ["redis", "rediss", "etcd", "etcds"].contains(&scheme) && text.contains("://") {
+                    return Err(format!(
+                        "{source} '{scheme}://...': the {} store is not in this version of consem; use consul or local",
+                        if scheme.starts_with("redis") { "Redis" } else { "etcd" }
+                    ));
+                }
+                Err(format!(
+                    "{source} '{text}' is not a store: use consul, local, or local:DIR"
+                ))
+            }
+        }
+    }
+}
+
+/// Refuses the Consul options with a store that does not use them.
+pub fn refuse_consul_options(consul: &ConsulArgs, store: &str) -> Result<(), String> {
+    match consul.first_given() {
+        Some(flag) => Err(format!(
+            "{flag} is an option of the Consul store, and --store is {store}: drop it, or use --store consul"
+        )),
+        None => Ok(()),
+    }
 }
 
 impl RunOptions {
@@ -33,15 +93,41 @@ impl RunOptions {
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<RunOptions, String> {
         let prefix = normalize_prefix(&args.prefix)?;
+        let choice = StoreChoice::from_args(args.store.store, &env)?;
         let shown_command = args
             .command
             .iter()
             .map(|a| a.to_string_lossy())
             .collect::<Vec<_>>()
             .join(" ");
-        let session_name = args
-            .name
-            .unwrap_or_else(|| format!("consem: {shown_command} at {prefix}"));
+        let store = match choice {
+            StoreChoice::Consul => {
+                let session_name = args
+                    .name
+                    .unwrap_or_else(|| format!("consem: {shown_command} at {prefix}"));
+                StoreOptions::Consul(Box::new(consul::RunSettings::new(
+                    consul::config(args.consul, &env)?,
+                    args.limit,
+                    args.ttl,
+                    args.monitor_retry,
+                    session_name,
+                )?))
+            }
+            StoreChoice::Local(dir) => {
+                refuse_consul_options(&args.consul, "local")?;
+                let consul_only = [
+                    ("--ttl", args.ttl.is_some()),
+                    ("--monitor-retry", args.monitor_retry.is_some()),
+                    ("--name", args.name.is_some()),
+                ];
+                if let Some((flag, _)) = consul_only.iter().find(|(_, given)| *given) {
+                    return Err(format!(
+                        "{flag} does not apply to the local store, which holds a slot with a kernel lock that ends with consem: drop it"
+                    ));
+                }
+                StoreOptions::Local(local::Settings::new(dir, &env, args.limit)?)
+            }
+        };
         Ok(RunOptions {
             prefix,
             limit: args.limit,
@@ -53,14 +139,11 @@ impl RunOptions {
             },
             timeout: args.timeout.filter(|t| !t.is_zero()),
             no_slot_exit_code: args.no_slot_exit_code,
-            ttl: args.ttl,
             kill_grace: args.kill_grace,
-            monitor_retry: args.monitor_retry,
-            session_name,
             verbose: args.verbose,
             log_format: args.log_format,
-            consul: consul_config(args.consul, env)?,
             command: args.command,
+            store,
         })
     }
 }
@@ -85,75 +168,6 @@ pub fn normalize_prefix(prefix: &str) -> Result<String, String> {
         ));
     }
     Ok(trimmed.to_string())
-}
-
-/// Resolves the connection settings as the consul CLI does. Tokens: a token
-/// file (`--token-file`, else `CONSUL_HTTP_TOKEN_FILE`) wins over a token
-/// (`--token`, else `CONSUL_HTTP_TOKEN`) when both are set, as in Consul's
-/// API client ("if the TokenFile is set, always use that"); an empty file
-/// falls back to the token.
-pub fn consul_config(
-    args: ConsulArgs,
-    env: impl Fn(&str) -> Option<String>,
-) -> Result<ConsulConfig, String> {
-    let non_empty = |v: Option<String>| v.filter(|s| !s.trim().is_empty());
-    let flag = |name: &str| -> Result<Option<bool>, String> {
-        match non_empty(env(name)) {
-            None => Ok(None),
-            Some(value) => parse_bool(&value)
-                .map(Some)
-                .ok_or_else(|| format!("{name}='{value}' is not a boolean: use true or false")),
-        }
-    };
-    let address = Address::parse(&args.http_addr, flag("CONSUL_HTTP_SSL")?.unwrap_or(false))?;
-    let token_file = match args.token_file {
-        Some(path) => Some((path, "--token-file")),
-        None => non_empty(env("CONSUL_HTTP_TOKEN_FILE"))
-            .map(|p| (PathBuf::from(p), "CONSUL_HTTP_TOKEN_FILE")),
-    };
-    let from_file = match token_file {
-        Some((path, source)) => read_token_file(&path, source)?,
-        None => None,
-    };
-    let token =
-        from_file.or_else(|| non_empty(args.token).or_else(|| non_empty(env("CONSUL_HTTP_TOKEN"))));
-    let verify = flag("CONSUL_HTTP_SSL_VERIFY")?.unwrap_or(true);
-    Ok(ConsulConfig {
-        address,
-        token,
-        basic_auth: non_empty(env("CONSUL_HTTP_AUTH")),
-        datacenter: non_empty(args.datacenter),
-        namespace: non_empty(args.namespace),
-        partition: non_empty(args.partition),
-        tls: TlsSettings {
-            ca_file: args.ca_file,
-            ca_path: args.ca_path,
-            client_cert: args.client_cert,
-            client_key: args.client_key,
-            server_name: non_empty(args.tls_server_name),
-            verify,
-        },
-    })
-}
-
-/// Go's strconv.ParseBool, which the consul CLI uses for its variables.
-fn parse_bool(value: &str) -> Option<bool> {
-    match value.trim() {
-        "1" | "t" | "T" | "true" | "TRUE" | "True" => Some(true),
-        "0" | "f" | "F" | "false" | "FALSE" | "False" => Some(false),
-        _ => None,
-    }
-}
-
-fn read_token_file(path: &Path, source: &str) -> Result<Option<String>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        format!(
-            "cannot read the token file {} ({source}): {e}",
-            path.display()
-        )
-    })?;
-    let token = text.trim();
-    Ok((!token.is_empty()).then(|| token.to_string()))
 }
 
 #[cfg(test)]
@@ -204,7 +218,10 @@ mod tests {
     #[test]
     fn names_the_session_after_the_command() {
         let options = parse(&["--prefix", "jobs"], &[]).unwrap();
-        assert_eq!(options.session_name, "consem: echo hi at jobs");
+        let StoreOptions::Consul(consul) = options.store else {
+            panic!("the default store is Consul")
+        };
+        assert_eq!(consul.session_name, "consem: echo hi at jobs");
     }
 
     #[test]
@@ -217,7 +234,10 @@ mod tests {
         let token = |extra: &[&str], env: &[(&str, &str)]| {
             let mut args = vec!["--prefix", "p"];
             args.extend_from_slice(extra);
-            parse(&args, env).unwrap().consul.token
+            match parse(&args, env).unwrap().store {
+                StoreOptions::Consul(consul) => consul.config.token,
+                StoreOptions::Local(_) => panic!("the default store is Consul"),
+            }
         };
         let env = [
             ("CONSUL_HTTP_TOKEN", "from-env"),
@@ -253,5 +273,83 @@ mod tests {
         );
         assert!(missing.unwrap_err().contains("/nonexistent/token"));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn chooses_the_store_from_the_flag_then_the_environment() {
+        let choice = |flag: Option<&str>, env: Option<&str>| {
+            StoreChoice::from_args(flag.map(String::from), |name| {
+                (name == "CONSEM_STORE")
+                    .then(|| env.map(String::from))
+                    .flatten()
+            })
+        };
+        assert_eq!(choice(None, None), Ok(StoreChoice::Consul));
+        assert_eq!(choice(None, Some("local")), Ok(StoreChoice::Local(None)));
+        assert_eq!(
+            choice(Some("consul"), Some("local")),
+            Ok(StoreChoice::Consul)
+        );
+        assert_eq!(
+            choice(Some("local:/srv/slots"), None),
+            Ok(StoreChoice::Local(Some(PathBuf::from("/srv/slots"))))
+        );
+        let reserved = choice(Some("redis://cache:6379"), None).unwrap_err();
+        assert!(
+            reserved.contains("Redis store is not in this version"),
+            "{reserved}"
+        );
+        let unknown = choice(None, Some("zookeeper")).unwrap_err();
+        assert!(
+            unknown.starts_with("CONSEM_STORE 'zookeeper' is not a store"),
+            "{unknown}"
+        );
+        assert!(choice(Some("local:"), None)
+            .unwrap_err()
+            .contains("names no directory"));
+    }
+
+    #[test]
+    fn each_store_refuses_what_it_does_not_use() {
+        let local = |extra: &[&str]| {
+            let mut args = vec!["--prefix", "p", "--store", "local:/tmp/x"];
+            args.extend_from_slice(extra);
+            parse(&args, &[("CONSUL_HTTP_ADDR", "10.0.0.1:8500")])
+        };
+        assert!(
+            local(&[]).is_ok(),
+            "Consul's variables do not get in the way"
+        );
+        for (flag, value) in [
+            ("--ca-file", "ca.pem"),
+            ("--http-addr", "h:1"),
+            ("--token", "t"),
+        ] {
+            let error = local(&[flag, value]).unwrap_err();
+            assert!(
+                error.starts_with(&format!("{flag} is an option of the Consul store")),
+                "{error}"
+            );
+        }
+        for (flag, value) in [("--ttl", "20s"), ("--monitor-retry", "2"), ("--name", "n")] {
+            let error = local(&[flag, value]).unwrap_err();
+            assert!(
+                error.starts_with(&format!("{flag} does not apply to the local store")),
+                "{error}"
+            );
+        }
+        // Ranges are the store's own.
+        let consul = |extra: &[&str]| {
+            let mut args = vec!["--prefix", "p"];
+            args.extend_from_slice(extra);
+            parse(&args, &[])
+        };
+        assert!(consul(&["--ttl", "5s"])
+            .unwrap_err()
+            .contains("use 10s to 24h"));
+        assert!(consul(&["--ttl", "25h"])
+            .unwrap_err()
+            .contains("use 10s to 24h"));
+        assert!(consul(&["--ttl", "10s"]).is_ok());
     }
 }

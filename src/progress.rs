@@ -6,8 +6,8 @@
 use std::io::Write as _;
 use std::time::{Duration, SystemTime};
 
-use crate::backend::Progress;
 use crate::duration;
+use crate::store::Progress;
 
 /// Clears the terminal line and returns to its start.
 const CLEAR: &str = "\r\x1b[2K";
@@ -120,7 +120,7 @@ pub fn render(prefix: &str, progress: &Progress, waited: Duration, now: SystemTi
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::Holder;
+    use crate::store::Holder;
 
     #[test]
     fn renders_holders_queue_and_clock() {

@@ -15,8 +15,8 @@ use signal_hook::consts::signal::{
 };
 use signal_hook::iterator::Signals;
 
-use crate::backend::{BackendError, Contend, Notify, SlotBackend, SlotEvent};
 use crate::progress::ProgressLine;
+use crate::store::{Contend, Notify, SlotBackend, SlotEvent, StoreError};
 use crate::{report, sys};
 
 /// Signals that end a wait, and are passed on to the child once it runs.
@@ -67,7 +67,7 @@ pub enum Outcome {
     Interrupted(i32),
     /// The slot was lost while the child ran; the child was stopped.
     SlotLost,
-    Failed(BackendError),
+    Failed(StoreError),
     /// The command could not be started.
     SpawnFailed(std::io::Error),
 }
@@ -156,7 +156,7 @@ fn wait_for_slot(
             Ok(Event::Slot(SlotEvent::NoSlot)) => return Err(Outcome::NoSlot),
             Ok(Event::Slot(SlotEvent::Failed(error))) => return Err(Outcome::Failed(error)),
             Ok(Event::Slot(SlotEvent::Lost(reason))) => {
-                return Err(Outcome::Failed(BackendError::Unavailable(reason)))
+                return Err(Outcome::Failed(StoreError::Unavailable(reason)))
             }
             Ok(Event::Signal(signal)) if SHUTDOWN_SIGNALS.contains(&signal) => {
                 report::event("interrupted", &[("signal", &signal)]);

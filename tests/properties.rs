@@ -5,8 +5,8 @@ use std::collections::BTreeSet;
 
 use proptest::prelude::*;
 
-use consem::consul::encode_path;
-use consem::semaphore::{
+use consem::store::consul::client::encode_path;
+use consem::store::consul::semaphore::{
     self, decode_lock, encode_lock, Decision, Entry, HoldersForm, LockRecord, ReleaseStep,
     Snapshot, WaitOn, LOCK_KEY_NAME, RELAYS_FIELD, SEMAPHORE_FLAGS,
 };

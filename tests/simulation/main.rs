@@ -17,12 +17,12 @@ mod model;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
-use consem::backend::Contend;
-use consem::consul::{Acquire, Listing};
-use consem::contender::{Answer, Call, Contender, Step, Watched, Watcher};
-use consem::semaphore::{
+use consem::store::consul::client::{Acquire, Listing};
+use consem::store::consul::contender::{Answer, Call, Contender, Step, Watched, Watcher};
+use consem::store::consul::semaphore::{
     self, Decision, ReleaseStep, Snapshot, LOCK_KEY_NAME, RELAYS_FIELD, SEMAPHORE_FLAGS,
 };
+use consem::store::Contend;
 
 use model::{Consul, Millis};
 
@@ -490,7 +490,10 @@ impl Sim {
 
     /// A listing of the prefix as client `restricted` or not sees it: the
     /// hidden client's keys left out, without a word.
-    fn visible_list(&self, restricted: bool) -> (u64, Vec<consem::semaphore::Entry>) {
+    fn visible_list(
+        &self,
+        restricted: bool,
+    ) -> (u64, Vec<consem::store::consul::semaphore::Entry>) {
         let (index, mut entries) = self.consul.list(DIR);
         if restricted {
             entries.retain(|e| !self.hidden_sessions.contains(&e.name));

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use consem::semaphore::Entry;
+use consem::store::consul::semaphore::Entry;
 
 /// Simulated time, in milliseconds.
 pub type Millis = u64;

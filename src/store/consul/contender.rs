@@ -6,9 +6,11 @@
 
 use std::collections::BTreeSet;
 
-use crate::backend::Contend;
-use crate::consul::{Acquire, Consistency, Listing};
-use crate::semaphore::{self, Conflict, Decision, Entry, Loss, Snapshot, WaitOn, LOCK_KEY_NAME};
+use crate::store::consul::client::{Acquire, Consistency, Listing};
+use crate::store::consul::semaphore::{
+    self, Conflict, Decision, Entry, Loss, Snapshot, WaitOn, LOCK_KEY_NAME,
+};
+use crate::store::Contend;
 
 /// A Consul call the recipe needs next.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -522,7 +524,7 @@ impl Watcher {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::semaphore::{LOCK_KEY_NAME, SEMAPHORE_FLAGS};
+    use crate::store::consul::semaphore::{LOCK_KEY_NAME, SEMAPHORE_FLAGS};
 
     const ME: &str = "aaaaaaaa-0000-0000-0000-000000000001";
     const OTHER: &str = "bbbbbbbb-0000-0000-0000-000000000002";

@@ -10,13 +10,19 @@
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
-use crate::backend::{BackendError, Contend, Holder, Notify, Progress, SlotBackend, SlotEvent};
-use crate::consul::{Client, Consistency, ConsulError, Listing, Renewal, SessionSpec};
-use crate::contender::{Answer, Call, Contender, Note, Step, WaitPicture, Watched, Watcher};
 use crate::report;
-use crate::semaphore::{self, ReleaseStep, Snapshot, SEMAPHORE_FLAGS};
+use crate::store::consul::client::{
+    Client, Consistency, ConsulError, Listing, Renewal, SessionSpec,
+};
+use crate::store::consul::contender::{
+    Answer, Call, Contender, Note, Step, WaitPicture, Watched, Watcher,
+};
+use crate::store::consul::semaphore::{self, ReleaseStep, Snapshot, SEMAPHORE_FLAGS};
+use crate::store::{
+    Contend, ContenderInfo, Holder, Notify, Progress, SlotBackend, SlotEvent, StoreError,
+};
 
 /// How long one blocking query may wait on the server. The caller's deadline
 /// and signals do not depend on it (release wakes the query by writing).
@@ -79,7 +85,7 @@ enum Stop {
     NoSlot,
     /// Release began: nothing more to report.
     Closing,
-    Failed(BackendError),
+    Failed(StoreError),
 }
 
 impl ConsulSemaphore {
@@ -233,20 +239,20 @@ impl ConsulSemaphore {
                 Step::Acquired { fence, key_index } => return Ok((fence, key_index)),
                 Step::NoSlot => return Err(Stop::NoSlot),
                 Step::Conflict(conflict) => {
-                    return Err(Stop::Failed(BackendError::Conflict(format!(
+                    return Err(Stop::Failed(StoreError::Conflict(format!(
                         "{}/.lock {conflict}; consem leaves it untouched (use another --prefix, or delete that key if it is stale)",
                         self.settings.prefix
                     ))))
                 }
                 Step::Hidden { session } => {
                     self.shared().denied = true;
-                    return Err(Stop::Failed(BackendError::Denied(format!(
+                    return Err(Stop::Failed(StoreError::Denied(format!(
                         "permission denied: {}",
-                        crate::consul::hidden_holder(&self.settings.prefix, &session)
+                        crate::store::consul::client::hidden_holder(&self.settings.prefix, &session)
                     ))));
                 }
                 Step::KeyTaken { session } => {
-                    return Err(Stop::Failed(BackendError::Conflict(format!(
+                    return Err(Stop::Failed(StoreError::Conflict(format!(
                         "the contender key {} is held by another session; use another --prefix",
                         self.key(&session)
                     ))))
@@ -260,21 +266,7 @@ impl ConsulSemaphore {
         let holders = picture
             .holders
             .iter()
-            .map(|entry| {
-                let value: serde_json::Value =
-                    serde_json::from_slice(&entry.value).unwrap_or_default();
-                Holder {
-                    host: value
-                        .get("Host")
-                        .and_then(|v| v.as_str())
-                        .map(str::to_string),
-                    pid: value.get("Pid").and_then(serde_json::Value::as_u64),
-                    since: value
-                        .get("Started")
-                        .and_then(|v| v.as_str())
-                        .and_then(report::parse_timestamp),
-                }
-            })
+            .map(|entry| Holder::from(&ContenderInfo::parse(&entry.value)))
             .collect();
         Progress {
             limit: self.settings.limit,
@@ -317,9 +309,12 @@ impl ConsulSemaphore {
                     .session_info(session)
                     .map(|info| Answer::SessionAlive(info.is_some()))
                     .map_err(|error| match error {
-                        ConsulError::Denied(_) => ConsulError::Denied(
-                            crate::consul::hidden_holder(&self.settings.prefix, session),
-                        ),
+                        ConsulError::Denied(_) => {
+                            ConsulError::Denied(crate::store::consul::client::hidden_holder(
+                                &self.settings.prefix,
+                                session,
+                            ))
+                        }
                         other => other,
                     }),
             ),
@@ -568,7 +563,7 @@ struct PanicReport(Notify);
 impl Drop for PanicReport {
     fn drop(&mut self) {
         if thread::panicking() {
-            (self.0)(SlotEvent::Failed(BackendError::Unavailable(
+            (self.0)(SlotEvent::Failed(StoreError::Unavailable(
                 "internal error: the semaphore thread failed".into(),
             )));
         }
@@ -606,10 +601,10 @@ impl Outage {
     fn failed(&mut self, semaphore: &ConsulSemaphore, error: ConsulError) -> Result<(), Stop> {
         let give_up = |e: ConsulError| {
             match e {
-            ConsulError::Denied(why) => Stop::Failed(BackendError::Denied(format!(
+            ConsulError::Denied(why) => Stop::Failed(StoreError::Denied(format!(
                 "permission denied: {why}; see README, \"Production clusters\", for the policy consem needs"
             ))),
-            other => Stop::Failed(BackendError::Unavailable(other.to_string())),
+            other => Stop::Failed(StoreError::Unavailable(other.to_string())),
         }
         };
         if let ConsulError::Denied(_) = error {
@@ -761,22 +756,12 @@ impl SlotBackend for ConsulSemaphore {
 }
 
 /// The value of our contender key: who we are, for operators reading the KV
-/// store (`consem status` shows it).
-pub fn contender_value(command: &[String]) -> Vec<u8> {
-    let mut shown = command.join(" ");
-    if shown.len() > 1024 {
-        let cut = (0..=1024)
-            .rev()
-            .find(|&i| shown.is_char_boundary(i))
-            .unwrap_or(0);
-        shown.truncate(cut);
-    }
-    serde_json::to_vec(&serde_json::json!({
-        "Host": crate::sys::hostname(),
-        "Pid": std::process::id(),
-        "Command": shown,
-        "Started": report::timestamp(SystemTime::now()),
-        semaphore::RELAYS_FIELD: true,
-    }))
-    .expect("a JSON value always encodes")
+/// store (`consem status` shows it), and the promise to relay.
+pub fn contender_value(info: &ContenderInfo) -> Vec<u8> {
+    let mut value = info.to_json();
+    value.insert(
+        semaphore::RELAYS_FIELD.into(),
+        serde_json::Value::Bool(true),
+    );
+    serde_json::to_vec(&value).expect("a JSON value always encodes")
 }

@@ -109,7 +109,7 @@ impl LockRecord {
 /// `false` are not holders), a list of strings, null, or missing.
 ///
 /// ```
-/// use consem::semaphore::{decode_lock, HoldersForm};
+/// use consem::store::consul::semaphore::{decode_lock, HoldersForm};
 /// let record = decode_lock(br#"{"Limit":2,"Holders":{"a":true}}"#).unwrap();
 /// assert_eq!((record.limit, record.holders, record.form), (2, vec!["a".to_string()], HoldersForm::Map));
 /// assert!(decode_lock(b"not json").is_err());

@@ -12,8 +12,8 @@ use ureq::unversioned::transport::{DefaultConnector, NextTimeout};
 use ureq::RequestExt as _;
 
 use crate::duration;
-use crate::semaphore::{self, Entry, LockRecord, Snapshot};
-use crate::tls::{self, TlsSettings};
+use crate::store::consul::semaphore::{self, Entry, LockRecord, Snapshot};
+use crate::store::consul::tls::{self, TlsSettings};
 
 /// Connect timeout: Consul agents run next to their clients, so a connection
 /// that takes longer than this is not coming.

@@ -1,0 +1,438 @@
+//! The local store: N slots on one host, with no server. A slot is held
+//! through kernel locks on open files, so a consem that dies (SIGKILL, the
+//! OOM killer) gives its slot back at once, with no TTL and nothing to
+//! clean. See docs/design.md, "The local store".
+//!
+//! One directory per prefix holds:
+//! - `meta`: an empty file; its `flock` serialises every decision;
+//! - `state`: the limit, the next ticket, the fence and the holders
+//!   (JSON, replaced with a rename);
+//! - `<ticket>.c` per contender: its description, locked for its life;
+//! - `<ticket>.q` per waiter: locked while it waits, so the waiter behind
+//!   it can block on it.
+
+mod decide;
+mod files;
+
+pub use decide::{decide, Decision, WaitOn};
+
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use files::{PrefixDir, Waker};
+
+use super::{
+    Admin, Contend, ContenderInfo, ContenderStatus, Holder, Notify, Progress, ResetOutcome,
+    SlotBackend, SlotEvent, Status, StoreError,
+};
+use crate::report;
+
+/// The highest `--limit`: every decision reads one file per contender.
+pub const MAX_LIMIT: u32 = 1024;
+
+/// A blocked waiter or holder looks again this often even if nothing woke
+/// it, in case a wake-up was lost (an overflowing inotify queue).
+const RECHECK: Duration = Duration::from_secs(60);
+
+/// What the local store needs beyond the store-neutral options.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// The directory that holds one directory per prefix.
+    pub base: PathBuf,
+}
+
+impl Settings {
+    /// `dir` from `--store local:<DIR>`, else the default directory.
+    pub fn new(
+        dir: Option<PathBuf>,
+        env: impl Fn(&str) -> Option<String>,
+        limit: u32,
+    ) -> Result<Settings, String> {
+        if limit > MAX_LIMIT {
+            return Err(format!(
+                "--limit {limit} is more than the local store keeps: use 1 to {MAX_LIMIT}"
+            ));
+        }
+        Ok(Settings {
+            base: dir.unwrap_or_else(|| default_base(env)),
+        })
+    }
+}
+
+/// `/run/lock/consem`, shared by every user of the host (so that the cron
+/// jobs of different users share slots), where `/run/lock` can be written;
+/// else `$XDG_RUNTIME_DIR/consem` (this user only); else `/tmp/consem-<uid>`.
+pub fn default_base(env: impl Fn(&str) -> Option<String>) -> PathBuf {
+    let shared = Path::new("/run/lock/consem");
+    if shared.is_dir() || files::writable(Path::new("/run/lock")) {
+        return shared.to_path_buf();
+    }
+    if let Some(runtime) = env("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        return Path::new(&runtime).join("consem");
+    }
+    // SAFETY: getuid cannot fail.
+    PathBuf::from(format!("/tmp/consem-{}", unsafe { libc::getuid() }))
+}
+
+/// What the contender thread and `release` share.
+#[derive(Default)]
+struct Shared {
+    /// Release began: take no slot from now on.
+    closing: bool,
+    /// Our ticket and our two locked files, once joined.
+    ticket: Option<u64>,
+    contender_file: Option<File>,
+    queue_file: Option<File>,
+    holding: bool,
+    fence: Option<u64>,
+}
+
+/// A semaphore at one prefix on this host, for one run.
+pub struct LocalSemaphore {
+    prefix: String,
+    limit: u32,
+    info: ContenderInfo,
+    place: PrefixDir,
+    shared: Mutex<Shared>,
+    notify: OnceLock<Notify>,
+}
+
+impl LocalSemaphore {
+    /// Opens (creating it if need be) the prefix's directory.
+    pub fn open(
+        settings: &Settings,
+        prefix: &str,
+        limit: u32,
+        info: ContenderInfo,
+    ) -> Result<LocalSemaphore, StoreError> {
+        Ok(LocalSemaphore {
+            prefix: prefix.to_string(),
+            limit,
+            info,
+            place: PrefixDir::open(&settings.base, prefix, true)?,
+            shared: Mutex::new(Shared::default()),
+            notify: OnceLock::new(),
+        })
+    }
+
+    fn shared(&self) -> MutexGuard<'_, Shared> {
+        self.shared.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn conflict(&self, found: u32) -> StoreError {
+        StoreError::Conflict(format!(
+            "the local semaphore {} has Limit {found} but --limit is {}: every contender on a prefix must use the same limit (consem reset --store local --prefix {} once it is idle)",
+            self.prefix, self.limit, self.prefix
+        ))
+    }
+
+    /// Takes a ticket and locks our files, under the directory's lock.
+    fn join(&self) -> Result<u64, StoreError> {
+        let _meta = self.place.lock()?;
+        let mut state = self.place.read_state()?;
+        let live = self.place.live_tickets()?;
+        match state.limit {
+            Some(found) if found != self.limit && !live.is_empty() => {
+                return Err(self.conflict(found))
+            }
+            _ => state.limit = Some(self.limit),
+        }
+        let ticket = state.next;
+        state.next += 1;
+        let (contender_file, queue_file) = self.place.create_contender(ticket, &self.info)?;
+        self.place.write_state(&state)?;
+        let mut shared = self.shared();
+        shared.ticket = Some(ticket);
+        shared.contender_file = Some(contender_file);
+        shared.queue_file = Some(queue_file);
+        Ok(ticket)
+    }
+
+    /// The contender thread: join, wait for a slot, then watch it.
+    fn contend_thread(self: Arc<Self>, mode: Contend, notify: Notify) {
+        match self.acquire(mode) {
+            Ok(Some(fence)) => {
+                report::event("acquired", &[("prefix", &self.prefix), ("fence", &fence)]);
+                notify(SlotEvent::Acquired { fence });
+                if let Some(reason) = self.watch() {
+                    if !self.shared().closing {
+                        notify(SlotEvent::Lost(reason));
+                    }
+                }
+            }
+            Ok(None) => {}
+            Err(error) => notify(SlotEvent::Failed(error)),
+        }
+    }
+
+    /// Returns the fence once the slot is ours, `None` if release began or
+    /// `--try` found no free slot (reported here).
+    fn acquire(&self, mode: Contend) -> Result<Option<u64>, StoreError> {
+        let mut waker = Waker::new(self.place.path())?;
+        let ticket = self.join()?;
+        let mut last_picture: Option<Progress> = None;
+        loop {
+            let meta = self.place.lock()?;
+            if self.shared().closing {
+                return Ok(None);
+            }
+            waker.drain();
+            let mut state = self.place.read_state()?;
+            match state.limit {
+                Some(found) if found != self.limit => return Err(self.conflict(found)),
+                // Reset while we waited: the limit is ours to set again.
+                None => state.limit = Some(self.limit),
+                Some(_) => {}
+            }
+            let live = self.place.prune_dead(&mut state)?;
+            let waiters: Vec<u64> = live
+                .iter()
+                .copied()
+                .filter(|t| !state.holders.contains(t))
+                .collect();
+            match decide(&state.holders, &waiters, ticket, self.limit) {
+                Decision::Take => {
+                    state.holders.push(ticket);
+                    state.fence += 1;
+                    self.place.write_state(&state)?;
+                    let mut shared = self.shared();
+                    shared.holding = true;
+                    shared.fence = Some(state.fence);
+                    // Wakes the waiter blocked on our queue file.
+                    self.place.remove_queue_file(ticket);
+                    shared.queue_file = None;
+                    drop(meta);
+                    return Ok(Some(state.fence));
+                }
+                Decision::Full { wait_on } => {
+                    let picture = Progress {
+                        limit: self.limit,
+                        holders: state
+                            .holders
+                            .iter()
+                            .map(|&t| Holder::from(&self.place.describe(t)))
+                            .collect(),
+                        ahead: waiters.iter().filter(|&&t| t < ticket).count(),
+                    };
+                    drop(meta);
+                    if mode == Contend::Try {
+                        if let Some(notify) = self.notify.get() {
+                            notify(SlotEvent::NoSlot);
+                        }
+                        return Ok(None);
+                    }
+                    if last_picture.as_ref() != Some(&picture) {
+                        report::event(
+                            "waiting",
+                            &[
+                                ("prefix", &self.prefix),
+                                ("held", &format!("{}/{}", picture.holders.len(), self.limit)),
+                                ("ahead", &picture.ahead),
+                            ],
+                        );
+                        if let Some(notify) = self.notify.get() {
+                            notify(SlotEvent::Waiting(picture.clone()));
+                        }
+                        last_picture = Some(picture);
+                    }
+                    match wait_on {
+                        WaitOn::AnyDeparture => waker.wait(RECHECK),
+                        WaitOn::Ticket(ahead) => self.place.wait_for_queue_file(ahead),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Watches the slot while the command runs; returns why it was lost, or
+    /// `None` once release begins.
+    fn watch(&self) -> Option<String> {
+        let mut waker = match Waker::new(self.place.path()) {
+            Ok(waker) => waker,
+            Err(error) => return Some(format!("cannot watch the slot: {error}")),
+        };
+        let ticket = self.shared().ticket?;
+        loop {
+            waker.drain();
+            if self.shared().closing {
+                return None;
+            }
+            let state = match self.place.read_state() {
+                Ok(state) => state,
+                Err(error) => return Some(error.to_string()),
+            };
+            if state.limit != Some(self.limit) {
+                return Some(
+                    "the semaphore was reset (consem reset): its limit record is gone".into(),
+                );
+            }
+            if !state.holders.contains(&ticket) {
+                return Some(
+                    "we were removed from the holders (consem release, or reset --force)".into(),
+                );
+            }
+            if !self.place.contender_file_exists(ticket) {
+                return Some(format!(
+                    "our contender file {} was deleted",
+                    self.place.contender_path(ticket).display()
+                ));
+            }
+            waker.wait(RECHECK);
+        }
+    }
+}
+
+impl SlotBackend for LocalSemaphore {
+    fn contend(self: Arc<Self>, mode: Contend, notify: Notify) {
+        let _ = self.notify.set(Arc::clone(&notify));
+        thread::Builder::new()
+            .name("consem-contend".into())
+            .spawn(move || self.contend_thread(mode, notify))
+            .expect("cannot start the semaphore thread");
+    }
+
+    fn release(&self, budget: Duration) -> Result<(), String> {
+        let (ticket, files) = {
+            let mut shared = self.shared();
+            shared.closing = true;
+            shared.holding = false;
+            let files = (shared.contender_file.take(), shared.queue_file.take());
+            (shared.ticket.take(), files)
+        };
+        let Some(ticket) = ticket else {
+            return Ok(());
+        };
+        let outcome = match self.place.lock_within(Instant::now() + budget) {
+            Ok(_meta) => self.place.leave(ticket).map_err(|e| e.to_string()),
+            Err(error) => Err(format!(
+                "{error}; the kernel frees our slot as consem exits, and the next contender prunes us"
+            )),
+        };
+        // Closing the files gives up their locks: from here on others see
+        // us gone even where `leave` could not tidy up.
+        drop(files);
+        report::event("released", &[("prefix", &self.prefix), ("ticket", &ticket)]);
+        outcome
+    }
+
+    fn child_env(&self) -> Vec<(String, String)> {
+        let shared = self.shared();
+        vec![
+            ("CONSEM_PREFIX".into(), self.prefix.clone()),
+            ("CONSEM_LIMIT".into(), self.limit.to_string()),
+            (
+                "CONSEM_FENCE".into(),
+                shared.fence.unwrap_or_default().to_string(),
+            ),
+        ]
+    }
+}
+
+/// The operators' commands on a local prefix.
+pub struct LocalAdmin {
+    prefix: String,
+    place: Option<PrefixDir>,
+}
+
+impl LocalAdmin {
+    /// Opens the prefix's directory if it exists: operators' commands
+    /// create nothing.
+    pub fn open(settings: &Settings, prefix: &str) -> Result<LocalAdmin, StoreError> {
+        Ok(LocalAdmin {
+            prefix: prefix.to_string(),
+            place: PrefixDir::open_existing(&settings.base, prefix)?,
+        })
+    }
+
+    fn empty_status(&self) -> Status {
+        Status {
+            prefix: self.prefix.clone(),
+            limit: None,
+            layout: None,
+            holders: Vec::new(),
+            waiters: Vec::new(),
+            dead_holders: Vec::new(),
+            store: "local",
+        }
+    }
+}
+
+impl Admin for LocalAdmin {
+    fn status(&self) -> Result<Status, StoreError> {
+        let Some(place) = &self.place else {
+            return Ok(self.empty_status());
+        };
+        let _meta = place.lock()?;
+        let state = place.read_state()?;
+        let live: BTreeSet<u64> = place.live_tickets()?.into_iter().collect();
+        let describe = |t: u64| ContenderStatus::new(t.to_string(), place.describe(t), t);
+        let (holders, dead): (Vec<u64>, Vec<u64>) =
+            state.holders.iter().partition(|t| live.contains(t));
+        Ok(Status {
+            limit: state.limit,
+            holders: holders.into_iter().map(describe).collect(),
+            waiters: live
+                .iter()
+                .copied()
+                .filter(|t| !state.holders.contains(t))
+                .map(describe)
+                .collect(),
+            dead_holders: dead.iter().map(u64::to_string).collect(),
+            ..self.empty_status()
+        })
+    }
+
+    fn release(&self, session: &str) -> Result<(), StoreError> {
+        let place = self.place.as_ref().ok_or_else(|| self.nothing())?;
+        let ticket: u64 = session
+            .parse()
+            .map_err(|_| StoreError::Usage(format!("'{session}' is not a ticket of the local store: see consem status --store local --prefix {}", self.prefix)))?;
+        let _meta = place.lock()?;
+        let mut state = place.read_state()?;
+        state.holders.retain(|&t| t != ticket);
+        place.write_state(&state)
+    }
+
+    fn reset(&self, force: bool) -> Result<ResetOutcome, StoreError> {
+        let Some(place) = &self.place else {
+            return Ok(ResetOutcome::Nothing);
+        };
+        let _meta = place.lock()?;
+        let mut state = place.read_state()?;
+        let Some(limit) = state.limit else {
+            return Ok(ResetOutcome::Nothing);
+        };
+        let live: BTreeSet<u64> = place.live_tickets()?.into_iter().collect();
+        let live_holders: Vec<String> = state
+            .holders
+            .iter()
+            .filter(|t| live.contains(t))
+            .map(u64::to_string)
+            .collect();
+        if !live_holders.is_empty() && !force {
+            return Ok(ResetOutcome::LiveHolders(live_holders));
+        }
+        // The holders see the record go and stop their commands (76);
+        // waiters see another limit, or none, and take it up again.
+        state.limit = None;
+        state.holders.clear();
+        place.write_state(&state)?;
+        Ok(ResetOutcome::Reset {
+            limit: Some(limit),
+            evicted: live_holders.len(),
+        })
+    }
+}
+
+impl LocalAdmin {
+    fn nothing(&self) -> StoreError {
+        StoreError::Usage(format!(
+            "no local semaphore at {}: nothing to release",
+            self.prefix
+        ))
+    }
+}

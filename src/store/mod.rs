@@ -1,0 +1,261 @@
+//! The store interface: what the command line and child supervision need
+//! from a semaphore store, whichever it is. `run` contends for a slot,
+//! watches it and releases it ([`SlotBackend`]); `status`, `release` and
+//! `reset` look after a semaphore ([`Admin`]). Each store lives in a folder
+//! of its own below this one.
+
+pub mod consul;
+pub mod local;
+
+use std::sync::Arc;
+
+/// What the backend reports from its helper threads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SlotEvent {
+    /// A slot is held; `fence` grows from one acquisition to the next.
+    Acquired { fence: u64 },
+    /// `--try` found every slot taken.
+    NoSlot,
+    /// Every slot is taken; this is who holds them (sent when it changes).
+    Waiting(Progress),
+    /// A held slot is no longer ours; the child must stop.
+    Lost(String),
+    /// The backend cannot go on.
+    Failed(StoreError),
+}
+
+/// What a waiter can tell about the slots it waits for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Progress {
+    pub limit: u32,
+    pub holders: Vec<Holder>,
+    /// Waiters that arrived before us.
+    pub ahead: usize,
+}
+
+/// A holder, as far as it describes itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    pub host: Option<String>,
+    pub pid: Option<u64>,
+    pub since: Option<std::time::SystemTime>,
+}
+
+impl From<&ContenderInfo> for Holder {
+    fn from(info: &ContenderInfo) -> Holder {
+        Holder {
+            host: info.host.clone(),
+            pid: info.pid,
+            since: info
+                .started
+                .as_deref()
+                .and_then(crate::report::parse_timestamp),
+        }
+    }
+}
+
+/// What a contender writes about itself for operators (`consem status`)
+/// and for the waiting line of others: every store keeps it beside the
+/// contender. On Consul it is the contender key's value, so its fields are
+/// spelled as Go's encoder spells them; values from elsewhere may lack any
+/// of them (`consul lock` writes nothing), and may carry more.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct ContenderInfo {
+    #[serde(default, deserialize_with = "lenient")]
+    pub host: Option<String>,
+    #[serde(default, deserialize_with = "lenient")]
+    pub pid: Option<u64>,
+    #[serde(default, deserialize_with = "lenient")]
+    pub command: Option<String>,
+    /// When its consem started, as `2026-11-22T10:04:05.123Z`.
+    #[serde(default, deserialize_with = "lenient")]
+    pub started: Option<String>,
+}
+
+/// A field of the wrong type reads as missing: the value is written by
+/// whoever can write the store, and a bad field must not hide the others.
+fn lenient<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::de::DeserializeOwned,
+{
+    let value = <serde_json::Value as serde::Deserialize>::deserialize(deserializer)?;
+    Ok(serde_json::from_value(value).ok())
+}
+
+/// The longest command shown in a contender's description.
+const MAX_COMMAND_SHOWN: usize = 1024;
+
+impl ContenderInfo {
+    /// This process, about to run `command`.
+    pub fn of_this_process(command: &[String]) -> ContenderInfo {
+        let mut shown = command.join(" ");
+        if shown.len() > MAX_COMMAND_SHOWN {
+            let cut = (0..=MAX_COMMAND_SHOWN)
+                .rev()
+                .find(|&i| shown.is_char_boundary(i))
+                .unwrap_or(0);
+            shown.truncate(cut);
+        }
+        ContenderInfo {
+            host: Some(crate::sys::hostname()),
+            pid: Some(u64::from(std::process::id())),
+            command: Some(shown),
+            started: Some(crate::report::timestamp(std::time::SystemTime::now())),
+        }
+    }
+
+    /// Reads a description; anything that is not a JSON object describes
+    /// nobody.
+    pub fn parse(value: &[u8]) -> ContenderInfo {
+        serde_json::from_slice(value).unwrap_or_default()
+    }
+
+    /// The description as a JSON object, for stores to add their fields to.
+    pub fn to_json(&self) -> serde_json::Map<String, serde_json::Value> {
+        match serde_json::to_value(self) {
+            Ok(serde_json::Value::Object(map)) => map,
+            _ => unreachable!("a struct encodes as an object"),
+        }
+    }
+}
+
+/// Failures that end a run or an operator's command, each with its own exit
+/// code (see `crate::exit_code`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreError {
+    /// The store's settings cannot be used (a bad address, a file that
+    /// cannot be read, an option the store does not take).
+    Usage(String),
+    /// The semaphore's record disagrees with us or is not a semaphore.
+    Conflict(String),
+    /// The store cannot be reached or keeps failing.
+    Unavailable(String),
+    /// The store refused us for lack of permission.
+    Denied(String),
+}
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreError::Usage(m)
+            | StoreError::Conflict(m)
+            | StoreError::Unavailable(m)
+            | StoreError::Denied(m) => f.write_str(m),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {}
+
+/// Where a backend sends its events.
+pub type Notify = Arc<dyn Fn(SlotEvent) + Send + Sync>;
+
+/// How long to contend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Contend {
+    /// Wait until a slot is free (the caller enforces any deadline).
+    Wait,
+    /// One look: take a free slot or report [`SlotEvent::NoSlot`].
+    Try,
+}
+
+/// A distributed counting semaphore as the supervisor sees it.
+pub trait SlotBackend: Send + Sync {
+    /// Starts contending for a slot on helper threads and returns at once.
+    /// Reports `Acquired` once, then watches the slot and reports `Lost` if
+    /// it goes; or reports `NoSlot` or `Failed`.
+    fn contend(self: Arc<Self>, mode: Contend, notify: Notify);
+
+    /// Leaves the semaphore: gives up the slot or the place in the queue and
+    /// removes every trace. Stops the helpers' writes first, so that a slot
+    /// won while shutting down is released too. Idempotent; returns within
+    /// `budget` (plus one request's timeout at worst), even if the store is
+    /// down, saying what it could not clean up.
+    fn release(&self, budget: std::time::Duration) -> Result<(), String>;
+
+    /// Variables that tell the child about its slot.
+    fn child_env(&self) -> Vec<(String, String)>;
+}
+
+/// A semaphore as operators see it: `consem status --json` prints this, the
+/// same for every store; fields are only ever added, never renamed.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Status {
+    pub prefix: String,
+    /// `None` when the store holds no limit for the prefix.
+    pub limit: Option<u32>,
+    /// How the store spells its holders record (Consul: `"map"` as `consul
+    /// lock` writes it, or `"list"`); `None` where that does not apply.
+    pub layout: Option<&'static str>,
+    /// Live holders, in the record's order.
+    pub holders: Vec<ContenderStatus>,
+    /// Live contenders without a slot, in arrival order.
+    pub waiters: Vec<ContenderStatus>,
+    /// Holders in the record that are gone: the next contender prunes them.
+    pub dead_holders: Vec<String>,
+    /// Which store: `"consul"` or `"local"`.
+    pub store: &'static str,
+}
+
+/// One holder or waiter in a [`Status`].
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ContenderStatus {
+    /// What identifies it in the store (Consul: its session ID; local: its
+    /// ticket), and what `consem release --session` takes.
+    pub session: String,
+    /// From its description ([`ContenderInfo`]).
+    pub host: Option<String>,
+    pub pid: Option<u64>,
+    pub command: Option<String>,
+    pub started: Option<String>,
+    /// Consul: the session's node and name.
+    pub node: Option<String>,
+    pub session_name: Option<String>,
+    /// Arrival order (Consul: the contender key's CreateIndex; local: the
+    /// ticket).
+    pub create_index: u64,
+}
+
+impl ContenderStatus {
+    pub fn new(session: String, info: ContenderInfo, create_index: u64) -> ContenderStatus {
+        ContenderStatus {
+            session,
+            host: info.host,
+            pid: info.pid,
+            command: info.command,
+            started: info.started,
+            node: None,
+            session_name: None,
+            create_index,
+        }
+    }
+}
+
+/// What `reset` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResetOutcome {
+    /// The limit record is gone; `evicted` live holders were released first.
+    Reset { limit: Option<u32>, evicted: usize },
+    /// Nothing to reset: the store holds no limit for the prefix.
+    Nothing,
+    /// Live holders remain (without `--force`).
+    LiveHolders(Vec<String>),
+    /// New holders took the freed slots after an eviction began.
+    NewHolders,
+}
+
+/// The operators' side of a store, for one prefix. Every write is made
+/// against what was read, so that a concurrent contender is never undone.
+pub trait Admin {
+    fn status(&self) -> Result<Status, StoreError>;
+
+    /// Frees the slot of the holder `session` (an identifier from
+    /// [`Status`]): its consem sees the loss, stops its command and exits 76.
+    fn release(&self, session: &str) -> Result<(), StoreError>;
+
+    /// Deletes the limit record once no live holder remains, so that a new
+    /// limit can be used; with `force`, releases the live holders first.
+    fn reset(&self, force: bool) -> Result<ResetOutcome, StoreError>;
+}
