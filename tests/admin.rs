@@ -1,5 +1,6 @@
-//! The operators' commands end to end: `consem status`, `release`, `reset`,
-//! against the Consul double (or a real agent).
+//! The operators' commands on the Consul store: what `status` shows of
+//! Consul's sessions and of `consul lock`'s layout, and `.lock`s left by
+//! dead holders. What every store does is in tests/conformance.rs.
 
 mod common;
 
@@ -32,27 +33,6 @@ fn status_json(world: &World) -> (Option<i32>, serde_json::Value) {
     let json = serde_json::from_slice(&output.stdout)
         .unwrap_or_else(|e| panic!("not JSON ({e}): {}{}", stdout(&output), stderr(&output)));
     (output.status.code(), json)
-}
-
-#[test]
-fn status_of_an_empty_prefix_says_nothing_is_there() {
-    let world = World::new("status-empty");
-    let output = admin(&world, "status", &[]);
-    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
-    assert!(
-        stdout(&output).contains("no semaphore"),
-        "{}",
-        stdout(&output)
-    );
-    let (code, json) = status_json(&world);
-    assert_eq!(code, Some(1));
-    assert_eq!(json["prefix"], world.prefix.as_str());
-    assert!(json["limit"].is_null());
-    assert!(json["layout"].is_null());
-    assert_eq!(json["holders"], serde_json::json!([]));
-    assert_eq!(json["waiters"], serde_json::json!([]));
-    assert_eq!(json["dead_holders"], serde_json::json!([]));
-    world.assert_clean();
 }
 
 #[test]
@@ -139,84 +119,6 @@ fn status_of_a_foreign_lock_is_a_conflict() {
     assert_eq!(stderr(&output).lines().count(), 1);
     world.consul.delete_tree(&format!("{}/", world.prefix));
     world.assert_clean();
-}
-
-#[test]
-fn release_by_session_prefix_stops_the_holder_with_76() {
-    let world = World::new("release-session");
-    let holder = hold_slot(&world, 1, "ready", "go");
-    let (_, json) = status_json(&world);
-    let session = json["holders"][0]["session"].as_str().unwrap().to_string();
-    let output = admin(&world, "release", &["--session", &session[..8]]);
-    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
-    assert!(stdout(&output).contains(&session), "{}", stdout(&output));
-    let held = finish(holder);
-    assert_eq!(held.status.code(), Some(76), "{}", stderr(&held));
-    world.assert_clean();
-}
-
-#[test]
-fn release_by_host_and_pid_frees_the_slot_for_a_waiter() {
-    let world = World::new("release-host-pid");
-    let holder = hold_slot(&world, 1, "ready", "go");
-    let waiter = world.spawn(1, &[], &["true"]);
-    wait_until(PROMPT, "the waiter's contender key", || {
-        world.contender_keys() == 2
-    });
-    let (_, json) = status_json(&world);
-    let host = json["holders"][0]["host"].as_str().unwrap().to_string();
-    let pid = holder.id().to_string();
-    let output = admin(&world, "release", &["--host", &host, "--pid", &pid]);
-    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
-    assert_eq!(finish(holder).status.code(), Some(76));
-    assert_eq!(
-        finish(waiter).status.code(),
-        Some(0),
-        "the waiter got the slot"
-    );
-    world.assert_clean();
-}
-
-#[test]
-fn release_says_when_nothing_or_several_match() {
-    let world = World::new("release-ambiguous");
-    let first = hold_slot(&world, 2, "ready-1", "go");
-    let second = hold_slot(&world, 2, "ready-2", "go");
-    let output = admin(&world, "release", &["--session", "zzzz"]);
-    assert_eq!(output.status.code(), Some(1));
-    assert!(stderr(&output).contains("no holder"), "{}", stderr(&output));
-    let output = admin(&world, "release", &["--session", ""]);
-    assert_eq!(output.status.code(), Some(1));
-    assert!(
-        stderr(&output).contains("matches 2 holders"),
-        "{}",
-        stderr(&output)
-    );
-    let output = admin(&world, "release", &["--host", "nowhere", "--pid", "1"]);
-    assert_eq!(output.status.code(), Some(1));
-    world.touch("go");
-    assert_eq!(finish(first).status.code(), Some(0));
-    assert_eq!(finish(second).status.code(), Some(0));
-    world.assert_clean();
-}
-
-#[test]
-fn reset_refuses_while_held_and_force_evicts_first() {
-    let world = World::new("reset");
-    let holder = hold_slot(&world, 1, "ready", "go");
-    let output = admin(&world, "reset", &[]);
-    assert_eq!(output.status.code(), Some(1));
-    assert!(stderr(&output).contains("--force"), "{}", stderr(&output));
-    assert!(world.lock_value().is_some(), "refused: .lock stays");
-
-    let output = admin(&world, "reset", &["--force"]);
-    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
-    assert!(stdout(&output).starts_with("reset "), "{}", stdout(&output));
-    assert_eq!(finish(holder).status.code(), Some(76));
-    world.assert_clean();
-
-    let output = admin(&world, "reset", &[]);
-    assert_eq!(output.status.code(), Some(1), "nothing left to reset");
 }
 
 #[test]

@@ -8,7 +8,6 @@
 
 mod common;
 
-use std::io::Read as _;
 use std::time::{Duration, Instant};
 
 use common::double::{Fault, Match};
@@ -369,110 +368,9 @@ fn an_interactive_child_owns_the_terminal() {
 
 // ---- --timeout 0 ----------------------------------------------------------
 
-/// `--timeout 0` makes one attempt, as `--try` does: a free slot is taken.
-#[test]
-fn timeout_0_takes_a_free_slot() {
-    let world = World::new("timeout-0-free");
-    let output = world
-        .consem(1, &["--timeout", "0"], &["printf", "ran"])
-        .output()
-        .unwrap();
-    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
-    assert_eq!(output.stdout, b"ran");
-    world.assert_clean();
-}
-
-/// `--timeout 0` on a full semaphore gives up at once with 75, without
-/// announcing a wait or timing one out, and leaves no trace.
-#[test]
-fn timeout_0_exits_75_at_once_when_full() {
-    let world = World::new("timeout-0-full");
-    let holder = hold_slot(&world, 1, "ready", "go");
-    let started = Instant::now();
-    let output = world
-        .consem(1, &["-v", "--timeout", "0"], &["true"])
-        .output()
-        .unwrap();
-    assert_eq!(output.status.code(), Some(75), "{}", stderr(&output));
-    assert!(started.elapsed() < PROMPT, "took {:?}", started.elapsed());
-    let log = stderr(&output);
-    assert!(!log.contains(" waiting"), "{log}");
-    assert!(!log.contains(" timed-out"), "{log}");
-    assert_eq!(world.contender_keys(), 1, "only the holder's key is left");
-    world.touch("go");
-    assert_eq!(finish(holder).status.code(), Some(0));
-    world.assert_clean();
-}
-
 // ---- more signals while waiting -------------------------------------------
 
-/// SIGUSR1 and SIGUSR2 do not end a wait: consem notes them (with -v) and
-/// keeps waiting, then runs its command once the holder is done.
-#[test]
-fn user_signals_while_waiting_are_ignored() {
-    let world = World::new("sigusr-waiting");
-    let holder = hold_slot(&world, 1, "ready", "go");
-    let mut waiter = spawn_verbose(&world, 1, &[], &["printf", "ran"], "waiter.log");
-    wait_until(PROMPT, "the waiter to wait", || {
-        log_text(&world, "waiter.log").contains(" waiting ")
-    });
-    for sig in [libc::SIGUSR1, libc::SIGUSR2] {
-        signal(&waiter, sig);
-        let noted = format!(" signal-ignored signal={sig}\n");
-        wait_until(PROMPT, &format!("consem to note signal {sig}"), || {
-            log_text(&world, "waiter.log").contains(&noted)
-        });
-    }
-    assert!(waiter.try_wait().unwrap().is_none(), "still waiting");
-    assert_eq!(world.contender_keys(), 2, "still in the queue");
-
-    world.touch("go");
-    assert_eq!(finish(holder).status.code(), Some(0));
-    let status = wait_with_deadline(&mut waiter, PROMPT, "the waiter to run and exit");
-    let mut stdout = String::new();
-    waiter
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut stdout)
-        .unwrap();
-    assert_eq!(status.code(), Some(0), "{}", log_text(&world, "waiter.log"));
-    assert_eq!(stdout, "ran");
-    world.assert_clean();
-}
-
 // ---- what the tests once missed ------------------------------------------
-
-/// A slot lost while the command runs stops its whole process group: a
-/// job the command started in the background dies with it.
-#[test]
-fn slot_loss_stops_what_the_command_started_in_the_background() {
-    let world = World::new("loss-background");
-    let Some(double) = skip_without_double(&world) else {
-        return;
-    };
-    let script = format!(
-        "sleep 300 & echo $! > '{}'; echo $$ > '{}'; wait",
-        world.path("background"),
-        world.path("pid")
-    );
-    let holder = world.spawn(1, &["--kill-grace", "1s"], &["sh", "-c", &script]);
-    let shell = read_pid(&world, "pid");
-    let background = read_pid(&world, "background");
-    let (session, _) = world.sessions().into_iter().next().expect("a session");
-    double.destroy_session(&session);
-    let output = finish(holder);
-    assert_eq!(output.status.code(), Some(76), "{}", stderr(&output));
-    wait_until(PROMPT, "the command's shell to be gone", || {
-        process_gone(shell)
-    });
-    wait_until(
-        PROMPT,
-        "the job it started in the background to be gone",
-        || process_gone(background),
-    );
-    world.assert_clean();
-}
 
 /// An answer whose index is lower than the one sent (here a restore that
 /// renumbers every index, the state kept) makes a holder's watches start

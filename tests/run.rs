@@ -1,61 +1,18 @@
-//! `consem run` end to end: the real binary against the Consul double (or a
-//! real agent when CONSEM_TEST_CONSUL_ADDR is set). One behaviour per test;
+//! `consem run` on the Consul store, end to end: the real binary against the
+//! Consul double (or a real agent when CONSEM_TEST_CONSUL_ADDR is set): the
+//! layout shared with `consul lock`, sessions, faults, herd-free waiting.
+//! What every store does is in tests/conformance.rs. One behaviour per test;
 //! every test ends by checking that nothing is left behind.
 
 mod common;
 
 use std::path::Path;
-use std::process::{Child, Command};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Instant;
 
 use common::double::{Fault, Match};
 use common::world::*;
-use common::{encode_key, http, unique_prefix, wait_until};
-
-#[test]
-fn uncontended_run_leaves_stdout_to_the_child_and_cleans_up() {
-    let world = World::new("uncontended");
-    let output = world
-        .consem(2, &[], &["printf", "hello\\n"])
-        .output()
-        .unwrap();
-    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
-    assert_eq!(output.stdout, b"hello\n");
-    assert_eq!(stderr(&output), "", "consem is quiet by default");
-    world.assert_clean();
-}
-
-#[test]
-fn exit_codes_pass_through() {
-    let world = World::new("exit-codes");
-    let code = |script: &str| {
-        world
-            .consem(1, &[], &["sh", "-c", script])
-            .status()
-            .unwrap()
-            .code()
-    };
-    assert_eq!(code("exit 7"), Some(7));
-    assert_eq!(code("exit 0"), Some(0));
-    assert_eq!(code("kill -TERM $$"), Some(128 + libc::SIGTERM));
-    assert_eq!(code("kill -KILL $$"), Some(128 + libc::SIGKILL));
-    world.assert_clean();
-}
-
-#[test]
-fn argv_is_passed_exactly_without_a_shell() {
-    let world = World::new("argv");
-    let output = world
-        .consem(1, &[], &["printf", "[%s]", "a b", "", "$HOME", "*", "c\"d"])
-        .output()
-        .unwrap();
-    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
-    assert_eq!(
-        String::from_utf8_lossy(&output.stdout),
-        "[a b][][$HOME][*][c\"d]"
-    );
-    world.assert_clean();
-}
+use common::{encode_key, http, wait_until};
 
 #[test]
 fn child_sees_its_slot_in_the_environment() {
@@ -71,53 +28,6 @@ fn child_sees_its_slot_in_the_environment() {
     assert_eq!(fields[..3], [world.prefix.as_str(), "3", "true"]);
     assert_eq!(fields[3].len(), 36, "a session ID: {text}");
     assert!(fields[4].parse::<u64>().unwrap() > 0, "a fence: {text}");
-    world.assert_clean();
-}
-
-#[test]
-fn fence_grows_from_one_acquisition_to_the_next() {
-    let world = World::new("fence");
-    let fence = || {
-        let output = world
-            .consem(1, &[], &["sh", "-c", "printf %s \"$CONSEM_FENCE\""])
-            .output()
-            .unwrap();
-        String::from_utf8(output.stdout)
-            .unwrap()
-            .parse::<u64>()
-            .unwrap()
-    };
-    let first = fence();
-    let second = fence();
-    assert!(second > first, "{second} > {first}");
-    world.assert_clean();
-}
-
-#[test]
-fn eight_contenders_never_exceed_the_limit() {
-    let world = World::new("eight");
-    let log = world.path("log");
-    let script = format!("echo start >> '{log}'; sleep 0.3; echo end >> '{log}'");
-    let children: Vec<Child> = (0..8)
-        .map(|_| world.spawn(3, &[], &["sh", "-c", &script]))
-        .collect();
-    for child in children {
-        let output = finish(child);
-        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
-    }
-    let log = std::fs::read_to_string(&log).unwrap();
-    let (mut running, mut most, mut starts) = (0i32, 0i32, 0);
-    for line in log.lines() {
-        if line == "start" {
-            running += 1;
-            starts += 1;
-        } else {
-            running -= 1;
-        }
-        most = most.max(running);
-    }
-    assert_eq!(starts, 8, "every contender ran:\n{log}");
-    assert!(most <= 3, "{most} ran at once:\n{log}");
     world.assert_clean();
 }
 
@@ -199,90 +109,6 @@ fn a_foreign_lock_is_a_conflict_and_stays_untouched() {
         world.consul.delete_tree(&format!("{}/", world.prefix));
         world.assert_clean();
     }
-}
-
-#[test]
-fn try_and_timeout_give_up_with_75_or_the_chosen_code() {
-    let world = World::new("try-timeout");
-    let holder = hold_slot(&world, 1, "ready", "go");
-
-    let started = Instant::now();
-    let output = world.consem(1, &["--try"], &["true"]).output().unwrap();
-    assert_eq!(output.status.code(), Some(75), "{}", stderr(&output));
-    assert!(started.elapsed() < PROMPT);
-
-    let output = world
-        .consem(1, &["--try", "-E", "3"], &["true"])
-        .output()
-        .unwrap();
-    assert_eq!(output.status.code(), Some(3));
-
-    let started = Instant::now();
-    let output = world
-        .consem(1, &["--timeout", "2s"], &["true"])
-        .output()
-        .unwrap();
-    let waited = started.elapsed();
-    assert_eq!(output.status.code(), Some(75), "{}", stderr(&output));
-    assert!(
-        waited >= Duration::from_secs(2),
-        "gave up early, after {waited:?}"
-    );
-    assert!(
-        waited < Duration::from_secs(2) + PROMPT,
-        "gave up late, after {waited:?}"
-    );
-
-    world.touch("go");
-    assert_eq!(finish(holder).status.code(), Some(0));
-    world.assert_clean();
-}
-
-#[test]
-fn a_signal_while_waiting_ends_the_wait_promptly() {
-    for (sig, code) in [
-        (libc::SIGINT, 130),
-        (libc::SIGTERM, 143),
-        (libc::SIGHUP, 129),
-        (libc::SIGQUIT, 131),
-    ] {
-        let world = World::new(&format!("signal-waiting-{sig}"));
-        let holder = hold_slot(&world, 1, "ready", "go");
-        let waiter = world.spawn(1, &[], &["true"]);
-        wait_until(PROMPT, "the waiter's contender key", || {
-            world.contender_keys() == 2
-        });
-        let started = Instant::now();
-        signal(&waiter, sig);
-        let output = finish(waiter);
-        assert_eq!(output.status.code(), Some(code), "{}", stderr(&output));
-        assert!(
-            started.elapsed() < Duration::from_secs(3),
-            "took {:?}",
-            started.elapsed()
-        );
-        assert_eq!(world.contender_keys(), 1, "the waiter's key is gone");
-        world.touch("go");
-        assert_eq!(finish(holder).status.code(), Some(0));
-        world.assert_clean();
-    }
-}
-
-#[test]
-fn a_signal_while_running_goes_to_the_child_and_its_status_comes_back() {
-    let world = World::new("signal-running");
-    let script = format!(
-        "trap 'echo got-term > \"{}\"; exit 3' TERM; touch '{}'; while :; do sleep 0.02; done",
-        world.path("trapped"),
-        world.path("ready")
-    );
-    let child = world.spawn(1, &[], &["sh", "-c", &script]);
-    wait_until(PROMPT, "the child to start", || world.exists("ready"));
-    signal(&child, libc::SIGTERM);
-    let output = finish(child);
-    assert_eq!(output.status.code(), Some(3), "{}", stderr(&output));
-    assert!(world.exists("trapped"), "the child received SIGTERM");
-    world.assert_clean();
 }
 
 #[test]
@@ -377,43 +203,6 @@ fn consul_down_at_start_exits_69_naming_the_address() {
 }
 
 #[test]
-fn commands_that_cannot_run_exit_126_or_127_and_release() {
-    let world = World::new("spawn-fail");
-    let output = world
-        .consem(1, &[], &["/nonexistent/consem-test"])
-        .output()
-        .unwrap();
-    assert_eq!(output.status.code(), Some(127));
-    assert!(stderr(&output).contains("/nonexistent/consem-test"));
-    let output = world
-        .consem(1, &[], &[world.dir.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert_eq!(output.status.code(), Some(126));
-    world.assert_clean();
-}
-
-#[test]
-fn odd_prefixes_work_and_clean_up() {
-    for (name, prefix) in [
-        ("space", "a b"),
-        ("query", "what?now"),
-        ("hash", "x#y"),
-        ("percent", "100%/done"),
-        ("unicode", "jobs/été-日本"),
-    ] {
-        let world = World::with_prefix(name, format!("{}/{prefix}", unique_prefix(name)));
-        let output = world
-            .consem(1, &[], &["sh", "-c", "printf %s \"$CONSEM_PREFIX\""])
-            .output()
-            .unwrap();
-        assert_eq!(output.status.code(), Some(0), "{name}: {}", stderr(&output));
-        assert_eq!(String::from_utf8_lossy(&output.stdout), world.prefix);
-        world.assert_clean();
-    }
-}
-
-#[test]
 fn usage_errors_exit_2_with_one_line() {
     let world = World::new("usage");
     for extra in [
@@ -487,31 +276,6 @@ fn json_log_lines_are_one_object_each() {
     }
     let acquired = events.iter().find(|e| e["event"] == "acquired").unwrap();
     assert_eq!(acquired["prefix"], world.prefix.as_str());
-    world.assert_clean();
-}
-
-#[test]
-fn waiters_get_their_slot_in_order_of_arrival() {
-    let world = World::new("fifo");
-    let holder = hold_slot(&world, 1, "ready", "go");
-    let log = world.path("order");
-    let mut waiters = Vec::new();
-    for position in 0..5 {
-        let script = format!("echo {position} >> '{log}'");
-        waiters.push(world.spawn(1, &[], &["sh", "-c", &script]));
-        // The next one arrives only once this one's contender key exists.
-        wait_until(PROMPT, "the waiter's contender key", || {
-            world.contender_keys() == position + 2
-        });
-    }
-    world.touch("go");
-    assert_eq!(finish(holder).status.code(), Some(0));
-    for waiter in waiters {
-        let output = finish(waiter);
-        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
-    }
-    let order = std::fs::read_to_string(&log).unwrap();
-    assert_eq!(order, "0\n1\n2\n3\n4\n", "slots went out of arrival order");
     world.assert_clean();
 }
 

@@ -1,6 +1,7 @@
-//! A test's world for running the real `consem` binary: a Consul (double or
-//! real agent), a prefix of its own, a scratch directory, and checks that
-//! nothing is left behind.
+//! A test's world for running the real `consem` binary: a store (Consul,
+//! double or real agent; or the local store in a directory of its own), a
+//! prefix of its own, a scratch directory, and checks that nothing is left
+//! behind.
 
 use std::fs::File;
 use std::path::PathBuf;
@@ -33,11 +34,14 @@ pub const CONSUL_ENV: [&str; 12] = [
 /// stay stable on a loaded 2-core machine.
 pub const PROMPT: Duration = Duration::from_secs(10);
 
-/// One test's world: a Consul, a prefix of its own, a scratch directory.
+/// One test's world: a store, a prefix of its own, a scratch directory.
 pub struct World {
     pub consul: TestConsul,
     pub prefix: String,
     pub dir: PathBuf,
+    /// `Some(dir)`: the local store in `dir` (every `consem` gets `--store
+    /// local:<dir>`); `None`: the Consul in `consul`.
+    pub local: Option<PathBuf>,
 }
 
 impl World {
@@ -54,7 +58,49 @@ impl World {
             consul,
             prefix: unique_prefix(name),
             dir,
+            local: None,
         }
+    }
+
+    /// A world on the local store, in a directory of the scratch directory.
+    pub fn local(name: &str) -> World {
+        let mut world = World::with_consul(name, TestConsul::start());
+        let base = world.dir.join("local-store");
+        world.local = Some(base);
+        world
+    }
+
+    /// Which store, for messages: "consul" or "local".
+    pub fn store_name(&self) -> &'static str {
+        if self.local.is_some() {
+            "local"
+        } else {
+            "consul"
+        }
+    }
+
+    /// `--store local:<dir>` for a local world, nothing for Consul.
+    pub fn store_args(&self) -> Vec<String> {
+        match &self.local {
+            Some(base) => vec![format!("--store=local:{}", base.display())],
+            None => Vec::new(),
+        }
+    }
+
+    /// `consem <subcommand> --prefix <prefix> <extra>` (status, release,
+    /// reset) against this world's store.
+    pub fn admin(&self, subcommand: &str, extra: &[&str]) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_consem"));
+        cmd.env("CONSUL_HTTP_ADDR", self.http_addr());
+        for name in CONSUL_ENV {
+            cmd.env_remove(name);
+        }
+        cmd.arg(subcommand)
+            .args(["--prefix", &self.prefix])
+            .args(self.store_args())
+            .args(extra)
+            .stdin(Stdio::null());
+        cmd
     }
 
     /// What `consem` gets as `CONSUL_HTTP_ADDR`: `host:port`, or the
@@ -87,6 +133,7 @@ impl World {
             "--limit",
             &limit.to_string(),
         ])
+        .args(self.store_args())
         .args(extra)
         .arg("--")
         .args(command)
@@ -133,7 +180,24 @@ impl World {
         self.consul.kv_entries(&format!("{}/", self.prefix))
     }
 
+    /// How many contenders (holders and waiters) the store holds: Consul's
+    /// contender keys, the local store's contender files.
     pub fn contender_keys(&self) -> usize {
+        if let Some(base) = &self.local {
+            let Ok(prefixes) = std::fs::read_dir(base) else {
+                return 0;
+            };
+            return prefixes
+                .flat_map(|p| std::fs::read_dir(p.unwrap().path()).unwrap())
+                .filter(|e| {
+                    e.as_ref()
+                        .unwrap()
+                        .file_name()
+                        .to_string_lossy()
+                        .ends_with(".c")
+                })
+                .count();
+        }
         self.entries()
             .iter()
             .filter(|e| !e.key.ends_with("/.lock"))
@@ -158,6 +222,10 @@ impl World {
     }
 
     pub fn assert_clean(&self) {
+        if let Some(base) = &self.local {
+            assert_local_clean(base);
+            return;
+        }
         assert_eq!(self.entries(), vec![], "keys left under {}", self.prefix);
         assert_eq!(self.sessions(), vec![], "sessions left behind");
     }
@@ -166,6 +234,33 @@ impl World {
 impl Drop for World {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The local store keeps, per prefix, only its `meta` lock file and its
+/// `state` record (the fence survives); no contender file, no holder, no
+/// limit once everyone left.
+pub fn assert_local_clean(base: &std::path::Path) {
+    let Ok(prefixes) = std::fs::read_dir(base) else {
+        return;
+    };
+    for prefix in prefixes {
+        let dir = prefix.unwrap().path();
+        let mut names: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert!(
+            names.iter().all(|n| n == "meta" || n == "state"),
+            "files left in {}: {names:?}",
+            dir.display()
+        );
+        if let Ok(state) = std::fs::read(dir.join("state")) {
+            let state: serde_json::Value = serde_json::from_slice(&state).unwrap();
+            assert_eq!(state["holders"], serde_json::json!([]), "{state}");
+            assert_eq!(state["limit"], serde_json::Value::Null, "{state}");
+        }
     }
 }
 

@@ -1,0 +1,565 @@
+//! The conformance suite: every behaviour that does not depend on the store,
+//! stated once and run on every store (`consul::<test>` against the Consul
+//! double, or a real agent with CONSEM_TEST_CONSUL_ADDR; `local::<test>`
+//! against the local store in a scratch directory). The real binary runs in
+//! each. Store-specific behaviour is tested beside its store.
+
+mod common;
+
+use std::io::Read as _;
+use std::process::{Child, Output};
+use std::time::{Duration, Instant};
+
+use common::world::*;
+use common::{unique_prefix, wait_until};
+
+/// Each test takes the way to make a world on one store.
+type MakeWorld = fn(&str) -> World;
+
+macro_rules! on_every_store {
+    ($($test:ident),* $(,)?) => {
+        mod consul {
+            $( #[test] fn $test() { super::$test(super::World::new) } )*
+        }
+        mod local {
+            $( #[test] fn $test() { super::$test(super::World::local) } )*
+        }
+    };
+}
+
+on_every_store!(
+    uncontended_run_leaves_stdout_to_the_child_and_cleans_up,
+    exit_codes_pass_through,
+    argv_is_passed_exactly_without_a_shell,
+    child_sees_its_slot_in_the_environment,
+    fence_grows_from_one_acquisition_to_the_next,
+    eight_contenders_never_exceed_the_limit,
+    waiters_get_their_slot_in_order_of_arrival,
+    try_and_timeout_give_up_with_75_or_the_chosen_code,
+    timeout_0_takes_a_free_slot,
+    timeout_0_exits_75_at_once_when_full,
+    a_signal_while_waiting_ends_the_wait_promptly,
+    user_signals_while_waiting_are_ignored,
+    a_signal_while_running_goes_to_the_child_and_its_status_comes_back,
+    a_lost_slot_stops_the_command_and_its_background_jobs_with_76,
+    commands_that_cannot_run_exit_126_or_127_and_release,
+    odd_prefixes_work_and_clean_up,
+    another_limit_is_a_conflict_while_the_semaphore_is_in_use,
+    status_of_an_empty_prefix_says_nothing_is_there,
+    status_shows_holders_and_waiters,
+    release_by_session_stops_the_holder_with_76,
+    release_by_host_and_pid_frees_the_slot_for_a_waiter,
+    release_says_when_nothing_or_several_match,
+    reset_refuses_while_held_and_force_evicts_first,
+);
+
+fn output(world: &World, limit: u32, extra: &[&str], command: &[&str]) -> Output {
+    let child = world.spawn(limit, extra, command);
+    finish_within(child, "consem to exit")
+}
+
+/// Waits for `child` (killed if it passes the deadline) and collects its
+/// output.
+fn finish_within(mut child: Child, what: &str) -> Output {
+    wait_with_deadline(&mut child, Duration::from_secs(60), what);
+    child.wait_with_output().unwrap()
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn admin(world: &World, sub: &str, extra: &[&str]) -> Output {
+    let child = world
+        .admin(sub, extra)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    finish_within(child, &format!("consem {sub} to exit"))
+}
+
+fn status_json(world: &World) -> (Option<i32>, serde_json::Value) {
+    let output = admin(world, "status", &["--json"]);
+    let json = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}{}", stdout(&output), stderr(&output)));
+    (output.status.code(), json)
+}
+
+fn uncontended_run_leaves_stdout_to_the_child_and_cleans_up(make: MakeWorld) {
+    let world = make("uncontended");
+    let output = output(&world, 2, &[], &["printf", "hello\\n"]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(output.stdout, b"hello\n");
+    assert_eq!(stderr(&output), "", "consem is quiet by default");
+    world.assert_clean();
+}
+
+fn exit_codes_pass_through(make: MakeWorld) {
+    let world = make("exit-codes");
+    let code = |script: &str| output(&world, 1, &[], &["sh", "-c", script]).status.code();
+    assert_eq!(code("exit 7"), Some(7));
+    assert_eq!(code("exit 0"), Some(0));
+    assert_eq!(code("kill -TERM $$"), Some(128 + libc::SIGTERM));
+    assert_eq!(code("kill -KILL $$"), Some(128 + libc::SIGKILL));
+    world.assert_clean();
+}
+
+fn argv_is_passed_exactly_without_a_shell(make: MakeWorld) {
+    let world = make("argv");
+    let output = output(
+        &world,
+        1,
+        &[],
+        &["printf", "[%s]", "a b", "", "$HOME", "*", "c\"d"],
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(stdout(&output), "[a b][][$HOME][*][c\"d]");
+    world.assert_clean();
+}
+
+fn child_sees_its_slot_in_the_environment(make: MakeWorld) {
+    let world = make("env");
+    let script = r#"printf '%s|%s|%s' "$CONSEM_PREFIX" "$CONSEM_LIMIT" "$CONSEM_FENCE""#;
+    let output = output(&world, 3, &[], &["sh", "-c", script]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let text = stdout(&output);
+    let fields: Vec<&str> = text.split('|').collect();
+    assert_eq!(fields[..2], [world.prefix.as_str(), "3"]);
+    assert!(fields[2].parse::<u64>().unwrap() > 0, "a fence: {text}");
+    world.assert_clean();
+}
+
+fn fence_grows_from_one_acquisition_to_the_next(make: MakeWorld) {
+    let world = make("fence");
+    let fences: Vec<u64> = (0..5)
+        .map(|_| {
+            let output = output(&world, 1, &[], &["sh", "-c", "printf %s \"$CONSEM_FENCE\""]);
+            assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+            stdout(&output).parse().unwrap()
+        })
+        .collect();
+    assert!(
+        fences.windows(2).all(|w| w[1] > w[0]),
+        "fences must grow: {fences:?}"
+    );
+    world.assert_clean();
+}
+
+fn eight_contenders_never_exceed_the_limit(make: MakeWorld) {
+    let world = make("eight");
+    let log = world.path("log");
+    let script = format!("echo start >> '{log}'; sleep 0.3; echo end >> '{log}'");
+    let children: Vec<Child> = (0..8)
+        .map(|_| world.spawn(3, &[], &["sh", "-c", &script]))
+        .collect();
+    for child in children {
+        let output = finish_within(child, "a contender to run and exit");
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    }
+    let log = std::fs::read_to_string(&log).unwrap();
+    let (mut running, mut most, mut starts) = (0i32, 0i32, 0);
+    for line in log.lines() {
+        if line == "start" {
+            running += 1;
+            starts += 1;
+        } else {
+            running -= 1;
+        }
+        most = most.max(running);
+    }
+    assert_eq!(starts, 8, "every contender ran:\n{log}");
+    assert!(most <= 3, "{most} ran at once:\n{log}");
+    world.assert_clean();
+}
+
+fn waiters_get_their_slot_in_order_of_arrival(make: MakeWorld) {
+    let world = make("fifo");
+    let holder = hold_slot(&world, 1, "ready", "go");
+    let log = world.path("order");
+    let mut waiters = Vec::new();
+    for position in 0..5 {
+        let script = format!("echo {position} >> '{log}'");
+        waiters.push(world.spawn(1, &[], &["sh", "-c", &script]));
+        // The next one arrives only once this one is in the queue.
+        wait_until(PROMPT, "the waiter to join the queue", || {
+            world.contender_keys() == position + 2
+        });
+    }
+    world.touch("go");
+    assert_eq!(finish(holder).status.code(), Some(0));
+    for waiter in waiters {
+        let output = finish_within(waiter, "a waiter to run and exit");
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    }
+    let order = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(order, "0\n1\n2\n3\n4\n", "slots went out of arrival order");
+    world.assert_clean();
+}
+
+fn try_and_timeout_give_up_with_75_or_the_chosen_code(make: MakeWorld) {
+    let world = make("try-timeout");
+    let holder = hold_slot(&world, 1, "ready", "go");
+
+    let started = Instant::now();
+    let given_up = output(&world, 1, &["--try"], &["true"]);
+    assert_eq!(given_up.status.code(), Some(75), "{}", stderr(&given_up));
+    assert!(started.elapsed() < PROMPT);
+
+    let given_up = output(&world, 1, &["--try", "-E", "3"], &["true"]);
+    assert_eq!(given_up.status.code(), Some(3));
+
+    let started = Instant::now();
+    let given_up = output(&world, 1, &["--timeout", "2s"], &["true"]);
+    let waited = started.elapsed();
+    assert_eq!(given_up.status.code(), Some(75), "{}", stderr(&given_up));
+    assert!(
+        waited >= Duration::from_secs(2),
+        "gave up early, after {waited:?}"
+    );
+    assert_eq!(world.contender_keys(), 1, "only the holder is left");
+
+    world.touch("go");
+    assert_eq!(finish(holder).status.code(), Some(0));
+    world.assert_clean();
+}
+
+/// `--timeout 0` makes one attempt, as `--try` does: a free slot is taken.
+fn timeout_0_takes_a_free_slot(make: MakeWorld) {
+    let world = make("timeout-0-free");
+    let output = output(&world, 1, &["--timeout", "0"], &["printf", "ran"]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(output.stdout, b"ran");
+    world.assert_clean();
+}
+
+/// `--timeout 0` on a full semaphore gives up at once with 75, without
+/// announcing a wait or timing one out, and leaves no trace.
+fn timeout_0_exits_75_at_once_when_full(make: MakeWorld) {
+    let world = make("timeout-0-full");
+    let holder = hold_slot(&world, 1, "ready", "go");
+    let started = Instant::now();
+    let output = output(&world, 1, &["-v", "--timeout", "0"], &["true"]);
+    assert_eq!(output.status.code(), Some(75), "{}", stderr(&output));
+    assert!(started.elapsed() < PROMPT, "took {:?}", started.elapsed());
+    let log = stderr(&output);
+    assert!(!log.contains(" waiting"), "{log}");
+    assert!(!log.contains(" timed-out"), "{log}");
+    assert_eq!(world.contender_keys(), 1, "only the holder is left");
+    world.touch("go");
+    assert_eq!(finish(holder).status.code(), Some(0));
+    world.assert_clean();
+}
+
+fn a_signal_while_waiting_ends_the_wait_promptly(make: MakeWorld) {
+    for (sig, code) in [
+        (libc::SIGINT, 130),
+        (libc::SIGTERM, 143),
+        (libc::SIGHUP, 129),
+        (libc::SIGQUIT, 131),
+    ] {
+        let world = make(&format!("signal-waiting-{sig}"));
+        let holder = hold_slot(&world, 1, "ready", "go");
+        let waiter = world.spawn(1, &[], &["touch", &world.path("waiter-ran")]);
+        wait_until(PROMPT, "the waiter to join the queue", || {
+            world.contender_keys() == 2
+        });
+        let started = Instant::now();
+        signal(&waiter, sig);
+        let output = finish_within(waiter, "the waiter to give up");
+        assert_eq!(output.status.code(), Some(code), "{}", stderr(&output));
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "took {:?}",
+            started.elapsed()
+        );
+        assert!(
+            !world.exists("waiter-ran"),
+            "the command ran without a slot"
+        );
+        assert_eq!(world.contender_keys(), 1, "the waiter left the queue");
+        world.touch("go");
+        assert_eq!(finish(holder).status.code(), Some(0));
+        world.assert_clean();
+    }
+}
+
+/// SIGUSR1 and SIGUSR2 do not end a wait: consem notes them (with -v) and
+/// keeps waiting, then runs its command once the holder is done.
+fn user_signals_while_waiting_are_ignored(make: MakeWorld) {
+    let world = make("sigusr-waiting");
+    let holder = hold_slot(&world, 1, "ready", "go");
+    let mut waiter = spawn_verbose(&world, 1, &[], &["printf", "ran"], "waiter.log");
+    wait_until(PROMPT, "the waiter to wait", || {
+        log_text(&world, "waiter.log").contains(" waiting ")
+    });
+    for sig in [libc::SIGUSR1, libc::SIGUSR2] {
+        signal(&waiter, sig);
+        let noted = format!(" signal-ignored signal={sig}\n");
+        wait_until(PROMPT, &format!("consem to note signal {sig}"), || {
+            log_text(&world, "waiter.log").contains(&noted)
+        });
+    }
+    assert!(waiter.try_wait().unwrap().is_none(), "still waiting");
+    assert_eq!(world.contender_keys(), 2, "still in the queue");
+
+    world.touch("go");
+    assert_eq!(finish(holder).status.code(), Some(0));
+    let status = wait_with_deadline(&mut waiter, PROMPT, "the waiter to run and exit");
+    let mut out = String::new();
+    waiter
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "{}", log_text(&world, "waiter.log"));
+    assert_eq!(out, "ran");
+    world.assert_clean();
+}
+
+fn a_signal_while_running_goes_to_the_child_and_its_status_comes_back(make: MakeWorld) {
+    let world = make("signal-running");
+    let script = format!(
+        "trap 'echo got-term > \"{}\"; exit 3' TERM; touch '{}'; while :; do sleep 0.02; done",
+        world.path("trapped"),
+        world.path("ready")
+    );
+    let child = world.spawn(1, &[], &["sh", "-c", &script]);
+    wait_until(PROMPT, "the child to start", || world.exists("ready"));
+    signal(&child, libc::SIGTERM);
+    let output = finish_within(child, "consem to pass the child's status on");
+    assert_eq!(output.status.code(), Some(3), "{}", stderr(&output));
+    assert!(world.exists("trapped"), "the child received SIGTERM");
+    world.assert_clean();
+}
+
+/// An operator frees the slot (`consem release`): the holder stops its
+/// command's whole process group, a job started in the background too,
+/// and exits 76; the slot goes to the waiter.
+fn a_lost_slot_stops_the_command_and_its_background_jobs_with_76(make: MakeWorld) {
+    let world = make("slot-lost");
+    let script = format!(
+        "sleep 300 & echo $! > '{}'; echo $$ > '{}'; wait",
+        world.path("background"),
+        world.path("pid")
+    );
+    let holder = world.spawn(1, &["--kill-grace", "1s"], &["sh", "-c", &script]);
+    let shell = read_pid(&world, "pid");
+    let background = read_pid(&world, "background");
+    let waiter = world.spawn(1, &[], &["true"]);
+    wait_until(PROMPT, "the waiter to join the queue", || {
+        world.contender_keys() == 2
+    });
+    let host = status_json(&world).1["holders"][0]["host"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let released = admin(
+        &world,
+        "release",
+        &["--host", &host, "--pid", &holder.id().to_string()],
+    );
+    assert_eq!(released.status.code(), Some(0), "{}", stderr(&released));
+    let output = finish_within(holder, "the holder to stop its command");
+    assert_eq!(output.status.code(), Some(76), "{}", stderr(&output));
+    assert!(stderr(&output).contains("slot lost"), "{}", stderr(&output));
+    wait_until(PROMPT, "the command's shell to be gone", || {
+        process_gone(shell)
+    });
+    wait_until(
+        PROMPT,
+        "the job it started in the background to be gone",
+        || process_gone(background),
+    );
+    let output = finish_within(waiter, "the waiter to run");
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    world.assert_clean();
+}
+
+fn commands_that_cannot_run_exit_126_or_127_and_release(make: MakeWorld) {
+    let world = make("spawn-fail");
+    let output_of = |command: &str| output(&world, 1, &[], &[command]);
+    let missing = output_of("/nonexistent/consem-test");
+    assert_eq!(missing.status.code(), Some(127));
+    assert!(stderr(&missing).contains("/nonexistent/consem-test"));
+    let directory = output_of(world.dir.to_str().unwrap());
+    assert_eq!(directory.status.code(), Some(126));
+    world.assert_clean();
+}
+
+fn odd_prefixes_work_and_clean_up(make: MakeWorld) {
+    for (name, prefix) in [
+        ("space", "a b"),
+        ("query", "what?now"),
+        ("hash", "x#y"),
+        ("percent", "100%/done"),
+        ("unicode", "jobs/été-日本"),
+    ] {
+        let mut world = make(name);
+        world.prefix = format!("{}/{prefix}", unique_prefix(name));
+        let output = output(
+            &world,
+            1,
+            &[],
+            &["sh", "-c", "printf %s \"$CONSEM_PREFIX\""],
+        );
+        assert_eq!(output.status.code(), Some(0), "{name}: {}", stderr(&output));
+        assert_eq!(stdout(&output), world.prefix);
+        world.assert_clean();
+    }
+}
+
+/// Every contender on a prefix uses one limit: another one while the
+/// semaphore is in use is a conflict (65), and the record is untouched.
+fn another_limit_is_a_conflict_while_the_semaphore_is_in_use(make: MakeWorld) {
+    let world = make("conflict");
+    let holder = hold_slot(&world, 1, "ready", "go");
+    let conflict = output(&world, 2, &[], &["touch", &world.path("ran")]);
+    assert_eq!(conflict.status.code(), Some(65), "{}", stderr(&conflict));
+    assert!(
+        stderr(&conflict).contains("--limit is 2"),
+        "{}",
+        stderr(&conflict)
+    );
+    assert!(!world.exists("ran"));
+    assert_eq!(status_json(&world).1["limit"], 1);
+    world.touch("go");
+    assert_eq!(finish(holder).status.code(), Some(0));
+    // Once idle, the prefix takes a new limit.
+    let output = output(&world, 2, &[], &["true"]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    world.assert_clean();
+}
+
+fn status_of_an_empty_prefix_says_nothing_is_there(make: MakeWorld) {
+    let world = make("status-empty");
+    let output = admin(&world, "status", &[]);
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    assert!(
+        stdout(&output).contains("no semaphore"),
+        "{}",
+        stdout(&output)
+    );
+    let (code, json) = status_json(&world);
+    assert_eq!(code, Some(1));
+    assert_eq!(json["prefix"], world.prefix.as_str());
+    assert_eq!(json["store"], world.store_name());
+    assert!(json["limit"].is_null());
+    assert_eq!(json["holders"], serde_json::json!([]));
+    assert_eq!(json["waiters"], serde_json::json!([]));
+    assert_eq!(json["dead_holders"], serde_json::json!([]));
+    world.assert_clean();
+}
+
+fn status_shows_holders_and_waiters(make: MakeWorld) {
+    let world = make("status-live");
+    let holder = hold_slot(&world, 1, "ready", "go");
+    let waiter = world.spawn(1, &[], &["echo", "waiting one"]);
+    wait_until(PROMPT, "the waiter to join the queue", || {
+        world.contender_keys() == 2
+    });
+    let (code, json) = status_json(&world);
+    assert_eq!(code, Some(0));
+    assert_eq!(json["limit"], 1);
+    assert_eq!(json["store"], world.store_name());
+    let holders = json["holders"].as_array().unwrap();
+    let waiters = json["waiters"].as_array().unwrap();
+    assert_eq!((holders.len(), waiters.len()), (1, 1), "{json}");
+    assert_eq!(holders[0]["pid"], holder.id());
+    assert_eq!(waiters[0]["pid"], waiter.id());
+    assert_eq!(waiters[0]["command"], "echo waiting one");
+    assert!(holders[0]["command"].as_str().unwrap().starts_with("sh -c"));
+    assert!(holders[0]["host"].is_string() && holders[0]["started"].is_string());
+    assert!(
+        holders[0]["create_index"].as_u64() < waiters[0]["create_index"].as_u64(),
+        "{json}"
+    );
+    let table = stdout(&admin(&world, "status", &[]));
+    assert!(table.contains("1 of 1 slots held, 1 waiting"), "{table}");
+    assert!(table.contains("echo waiting one"), "{table}");
+    world.touch("go");
+    assert_eq!(finish(holder).status.code(), Some(0));
+    assert_eq!(finish_within(waiter, "the waiter").status.code(), Some(0));
+    world.assert_clean();
+}
+
+fn release_by_session_stops_the_holder_with_76(make: MakeWorld) {
+    let world = make("release-session");
+    let holder = hold_slot(&world, 1, "ready", "go");
+    let (_, json) = status_json(&world);
+    let session = json["holders"][0]["session"].as_str().unwrap().to_string();
+    // A unique beginning of the identifier will do.
+    let beginning = &session[..session.len().min(8)];
+    let output = admin(&world, "release", &["--session", beginning]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(stdout(&output).contains(&session), "{}", stdout(&output));
+    let held = finish_within(holder, "the holder to stop");
+    assert_eq!(held.status.code(), Some(76), "{}", stderr(&held));
+    world.assert_clean();
+}
+
+fn release_by_host_and_pid_frees_the_slot_for_a_waiter(make: MakeWorld) {
+    let world = make("release-host-pid");
+    let holder = hold_slot(&world, 1, "ready", "go");
+    let waiter = world.spawn(1, &[], &["true"]);
+    wait_until(PROMPT, "the waiter to join the queue", || {
+        world.contender_keys() == 2
+    });
+    let (_, json) = status_json(&world);
+    let host = json["holders"][0]["host"].as_str().unwrap().to_string();
+    let pid = holder.id().to_string();
+    let output = admin(&world, "release", &["--host", &host, "--pid", &pid]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(finish_within(holder, "the holder").status.code(), Some(76));
+    assert_eq!(
+        finish_within(waiter, "the waiter").status.code(),
+        Some(0),
+        "the waiter got the slot"
+    );
+    world.assert_clean();
+}
+
+fn release_says_when_nothing_or_several_match(make: MakeWorld) {
+    let world = make("release-ambiguous");
+    let first = hold_slot(&world, 2, "ready-1", "go");
+    let second = hold_slot(&world, 2, "ready-2", "go");
+    let output = admin(&world, "release", &["--session", "zzzz"]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(stderr(&output).contains("no holder"), "{}", stderr(&output));
+    let output = admin(&world, "release", &["--session", ""]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stderr(&output).contains("matches 2 holders"),
+        "{}",
+        stderr(&output)
+    );
+    let output = admin(&world, "release", &["--host", "nowhere", "--pid", "1"]);
+    assert_eq!(output.status.code(), Some(1));
+    world.touch("go");
+    assert_eq!(finish(first).status.code(), Some(0));
+    assert_eq!(finish(second).status.code(), Some(0));
+    world.assert_clean();
+}
+
+fn reset_refuses_while_held_and_force_evicts_first(make: MakeWorld) {
+    let world = make("reset");
+    let holder = hold_slot(&world, 1, "ready", "go");
+    let output = admin(&world, "reset", &[]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(stderr(&output).contains("--force"), "{}", stderr(&output));
+    assert_eq!(
+        status_json(&world).1["limit"],
+        1,
+        "refused: the limit stays"
+    );
+
+    let output = admin(&world, "reset", &["--force"]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(stdout(&output).starts_with("reset "), "{}", stdout(&output));
+    assert_eq!(finish_within(holder, "the holder").status.code(), Some(76));
+    world.assert_clean();
+
+    let output = admin(&world, "reset", &[]);
+    assert_eq!(output.status.code(), Some(1), "nothing left to reset");
+}
