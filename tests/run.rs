@@ -359,6 +359,32 @@ fn waiters_further_back_block_on_the_key_ahead_and_handoffs_stay_cheap() {
     let order = std::fs::read_to_string(&log).unwrap();
     let expected: String = (0..WAITERS).map(|p| format!("{p}\n")).collect();
     assert_eq!(order, expected, "slots went out of arrival order");
+    // Each waiter that took its slot with someone behind it relayed: it
+    // rewrote its key with a CAS on the index the confirming read showed,
+    // never with an acquire, which would bring back a key that an operator
+    // deleted or released in between (and start the command without a slot).
+    for name in &arrivals[..WAITERS - 1] {
+        let path = format!("/v1/kv/{}", world.key(name));
+        let writes: Vec<&str> = double
+            .requests()
+            .iter()
+            .filter(|r| r.method == "PUT" && r.path == path)
+            .map(|r| {
+                if r.query_value("acquire").is_some() {
+                    "acquire"
+                } else if r.query_value("cas").is_some() {
+                    "cas"
+                } else {
+                    "plain"
+                }
+            })
+            .collect();
+        assert_eq!(
+            writes,
+            ["acquire", "cas"],
+            "writes of {name}'s key: joining, then the relay"
+        );
+    }
     let listings = double.requests()[before..]
         .iter()
         .filter(|r| r.method == "GET" && r.query_value("recurse").is_some())
