@@ -18,10 +18,8 @@ fn lock_holders(world: &World) -> usize {
 
 #[test]
 fn a_cas_whose_answer_is_cut_short_still_takes_the_slot_once() {
-    let world = World::new("truncated-cas");
-    let Some(double) = skip_without_double(&world) else {
-        return;
-    };
+    let world = World::on_the_double("truncated-cas");
+    let double = world.the_double();
     double.inject(Fault::truncate(1).on(Match::method_path("PUT", "/.lock")));
     let holder = world.spawn(1, &[], &strs(&world.held_until("ready", "go", 0)));
     wait_until(PROMPT, "the child to start", || world.exists("ready"));
@@ -34,10 +32,8 @@ fn a_cas_whose_answer_is_cut_short_still_takes_the_slot_once() {
 
 #[test]
 fn listings_that_are_not_json_or_lack_an_index_are_retried_while_waiting() {
-    let world = World::new("garbage-waiting");
-    let Some(double) = skip_without_double(&world) else {
-        return;
-    };
+    let world = World::on_the_double("garbage-waiting");
+    let double = world.the_double();
     let kv_reads = Match::method_path("GET", "/v1/kv/");
     double.inject(Fault::status(200, "this is not json", 1).on(kv_reads.clone()));
     double.inject(Fault::status(200, "[]", 1).on(kv_reads.clone()));
@@ -49,10 +45,8 @@ fn listings_that_are_not_json_or_lack_an_index_are_retried_while_waiting() {
 
 #[test]
 fn bad_answers_while_holding_count_against_monitor_retry() {
-    let world = World::new("garbage-holding");
-    let Some(double) = skip_without_double(&world) else {
-        return;
-    };
+    let world = World::on_the_double("garbage-holding");
+    let double = world.the_double();
     let kv_reads = Match::method_path("GET", "/v1/kv/");
     holder_rides_out(
         &world,
@@ -67,10 +61,8 @@ fn bad_answers_while_holding_count_against_monitor_retry() {
 
 #[test]
 fn a_server_that_never_answers_at_start_is_given_up_on() {
-    let world = World::new("stalled-start");
-    let Some(double) = skip_without_double(&world) else {
-        return;
-    };
+    let world = World::on_the_double("stalled-start");
+    let double = world.the_double();
     double.inject(Fault::stall(1).on(Match::path("/v1/session/create")));
     let started = Instant::now();
     let output = world.consem(1, &[], &["true"]).output().unwrap();

@@ -3,8 +3,8 @@
 //! or waiting, failures at first contact, a terminal shared with the child,
 //! and signals while waiting. One behaviour per test; deadlines and polling,
 //! never sleeps that guess at timing. Tests that need the Consul double's
-//! fault injection or its control over time skip themselves against a real
-//! agent (CONSEM_TEST_CONSUL_ADDR).
+//! fault injection or its control over time run against the double even
+//! when a real agent is given (CONSEM_TEST_CONSUL_ADDR).
 
 mod common;
 
@@ -101,10 +101,8 @@ fn a_killed_consem_takes_its_child_along_and_the_next_contender_prunes_it() {
 /// across two renewals, i.e. past the TTL, and ends normally.
 #[test]
 fn renewal_keeps_the_slot_past_the_ttl() {
-    let world = World::new("renewal");
-    let Some(double) = skip_without_double(&world) else {
-        return;
-    };
+    let world = World::on_the_double("renewal");
+    let double = world.the_double();
     double.set_ttl_multiplier(1.0);
     let holder = world.spawn(
         1,
@@ -137,10 +135,8 @@ fn renewal_keeps_the_slot_past_the_ttl() {
 /// deletes our contender key; consem stops the child and exits 76.
 #[test]
 fn sessions_invalidated_while_holding_stop_the_child_with_76() {
-    let world = World::new("invalidated");
-    let Some(double) = skip_without_double(&world) else {
-        return;
-    };
+    let world = World::on_the_double("invalidated");
+    let double = world.the_double();
     let holder = world.spawn(
         1,
         &["--kill-grace", "1s"],
@@ -160,10 +156,8 @@ fn sessions_invalidated_while_holding_stop_the_child_with_76() {
 /// stopped, consem exits 76, and nothing is left or recreated.
 #[test]
 fn agent_restart_while_holding_stops_the_child_with_76() {
-    let world = World::new("restart-holding");
-    let Some(double) = skip_without_double(&world) else {
-        return;
-    };
+    let world = World::on_the_double("restart-holding");
+    let double = world.the_double();
     let holder = world.spawn(
         1,
         // A long TTL: the watch, not the renewer, must notice the restart.
@@ -192,10 +186,8 @@ fn agent_restart_while_holding_stops_the_child_with_76() {
 /// session, takes the free slot and runs its child.
 #[test]
 fn agent_restart_while_waiting_makes_the_waiter_rejoin_and_run() {
-    let world = World::new("restart-waiting");
-    let Some(double) = skip_without_double(&world) else {
-        return;
-    };
+    let world = World::on_the_double("restart-waiting");
+    let double = world.the_double();
     let holder = world.spawn(
         1,
         &["--ttl", "10s", "--kill-grace", "1s"],
@@ -263,10 +255,8 @@ fn agent_restart_while_waiting_makes_the_waiter_rejoin_and_run() {
 /// exits 69 with one line saying why, and leaves nothing.
 #[test]
 fn server_errors_at_first_contact_exit_69_at_once() {
-    let world = World::new("first-contact-500");
-    let Some(double) = skip_without_double(&world) else {
-        return;
-    };
+    let world = World::on_the_double("first-contact-500");
+    let double = world.the_double();
     double.inject(
         Fault::status(500, "No cluster leader", 100)
             .on(Match::method_path("PUT", "/v1/session/create")),
@@ -292,10 +282,8 @@ fn server_errors_at_first_contact_exit_69_at_once() {
 /// request's own timeout, and no session exists since none was created.
 #[test]
 fn sigterm_during_a_stalled_first_request_exits_143_promptly() {
-    let world = World::new("stalled-start");
-    let Some(double) = skip_without_double(&world) else {
-        return;
-    };
+    let world = World::on_the_double("stalled-start");
+    let double = world.the_double();
     double.inject(Fault::stall(1).on(Match::method_path("PUT", "/v1/session/create")));
     let mut consem = world.spawn(1, &[], &["true"]);
     wait_until(PROMPT, "the session request to arrive", || {
@@ -378,10 +366,8 @@ fn an_interactive_child_owns_the_terminal() {
 /// the slot for a whole blocking wait.
 #[test]
 fn a_watch_whose_index_goes_back_starts_over_and_still_sees_the_loss() {
-    let world = World::new("index-back");
-    let Some(double) = skip_without_double(&world) else {
-        return;
-    };
+    let world = World::on_the_double("index-back");
+    let double = world.the_double();
     // Raise the raft index, so that the restore takes it far down.
     for i in 0..50 {
         double.put_raw(&world.key("noise/x"), i.to_string().as_bytes(), 0);
@@ -437,10 +423,8 @@ fn a_watch_whose_index_goes_back_starts_over_and_still_sees_the_loss() {
 /// and consem says why. A renewal answered 404 is a loss at once.
 #[test]
 fn renewals_failing_while_reads_work_end_in_76_within_the_ttl() {
-    let world = World::new("renew-fails");
-    let Some(double) = skip_without_double(&world) else {
-        return;
-    };
+    let world = World::on_the_double("renew-fails");
+    let double = world.the_double();
     for (status, reason, within) in [
         (
             500,

@@ -136,10 +136,8 @@ fn an_operator_destroying_the_session_stops_the_child_with_76() {
 
 #[test]
 fn failures_past_monitor_retry_stop_the_child_with_76() {
-    let world = World::new("slot-lost-faults");
-    let Some(double) = skip_without_double(&world) else {
-        return;
-    };
+    let world = World::on_the_double("slot-lost-faults");
+    let double = world.the_double();
     let holder = world.spawn(
         1,
         &["--monitor-retry", "2"],
@@ -162,10 +160,8 @@ fn failures_past_monitor_retry_stop_the_child_with_76() {
 
 #[test]
 fn failures_within_monitor_retry_do_not_stop_the_child() {
-    let world = World::new("faults-tolerated");
-    let Some(double) = skip_without_double(&world) else {
-        return;
-    };
+    let world = World::on_the_double("faults-tolerated");
+    let double = world.the_double();
     let kv_reads = Match::method_path("GET", "/v1/kv/");
     holder_rides_out(
         &world,
@@ -311,10 +307,8 @@ fn option_errors_speak_json_too() {
 #[test]
 fn waiters_further_back_block_on_the_key_ahead_and_handoffs_stay_cheap() {
     const WAITERS: usize = 10;
-    let world = World::new("herd-free");
-    let Some(double) = skip_without_double(&world) else {
-        return;
-    };
+    let world = World::on_the_double("herd-free");
+    let double = world.the_double();
     let holder = hold_slot(&world, 1, "ready", "go");
     let contender_names = || -> Vec<String> {
         world
@@ -403,10 +397,8 @@ fn waiters_further_back_block_on_the_key_ahead_and_handoffs_stay_cheap() {
 /// prefix, and still gets the slot once the peers are gone.
 #[test]
 fn a_waiter_behind_a_consul_lock_waiter_blocks_on_the_prefix() {
-    let world = World::new("behind-peer");
-    let Some(double) = skip_without_double(&world) else {
-        return;
-    };
+    let world = World::on_the_double("behind-peer");
+    let double = world.the_double();
     let holder = consul_lock_holder(&world, 1);
     let peer = peer_session(&world, "consul lock waiter");
     let peer_key = world.key(&peer);

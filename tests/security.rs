@@ -1,7 +1,7 @@
 //! consem against a production-like Consul: https with the cluster's CA,
 //! mTLS, ACL tokens and their sources, namespaces and partitions. Every test
 //! runs the real binary against the Consul double in its TLS or ACL mode
-//! (certificates made at test time), so each is skipped against a real agent.
+//! (certificates made at test time), even when a real agent is given.
 
 mod common;
 
@@ -13,7 +13,7 @@ use common::pki::{PkiFiles, TestPki, ELSEWHERE_NAME};
 use common::world::*;
 use common::{
     encode_key, http_agent, http_request, unique_prefix, wait_until, KvEntry, TestConsul,
-    HELPER_TOKEN, REAL_CONSUL_ENV,
+    HELPER_TOKEN,
 };
 
 /// The token consem is given in the ACL tests: distinctive, so that a search
@@ -21,16 +21,6 @@ use common::{
 const TOKEN: &str = "s3cret-7f1c9e2b-consem-token";
 /// A second token, for the precedence tests.
 const OTHER_TOKEN: &str = "other-0d5a-consem-token";
-
-/// True (and says so) when the suite runs against a real agent: these tests
-/// need the double's TLS and ACL modes.
-fn against_real_agent() -> bool {
-    let real = std::env::var(REAL_CONSUL_ENV).is_ok_and(|addr| !addr.trim().is_empty());
-    if real {
-        eprintln!("skipped: needs the Consul double's TLS and ACL modes");
-    }
-    real
-}
 
 /// A world around an https double serving `pki`'s good server certificate
 /// (mTLS with `mtls`), and the test PKI written to its scratch directory.
@@ -145,9 +135,6 @@ const HELLO_OUT: &str = "hello over tls\n";
 
 #[test]
 fn https_with_the_ca_file_works() {
-    if against_real_agent() {
-        return;
-    }
     let (world, files) = tls_world("https-ca-file", &TestPki::new(), false);
     let output = run(world.consem(1, &["--ca-file", path(&files.ca)], &HELLO));
     assert_ran(&world, &output, HELLO_OUT);
@@ -156,9 +143,6 @@ fn https_with_the_ca_file_works() {
 
 #[test]
 fn https_with_consul_cacert_works() {
-    if against_real_agent() {
-        return;
-    }
     let (world, files) = tls_world("https-cacert", &TestPki::new(), false);
     let mut command = world.consem(1, &[], &HELLO);
     command.env("CONSUL_CACERT", &files.ca);
@@ -168,9 +152,6 @@ fn https_with_consul_cacert_works() {
 
 #[test]
 fn https_with_a_ca_path_directory_works() {
-    if against_real_agent() {
-        return;
-    }
     let pki = TestPki::new();
     let (world, _files) = tls_world("https-ca-path", &pki, false);
     // The CA among an unrelated CA and a file that is no certificate, as in
@@ -186,9 +167,6 @@ fn https_with_a_ca_path_directory_works() {
 
 #[test]
 fn consul_http_ssl_makes_a_bare_address_https() {
-    if against_real_agent() {
-        return;
-    }
     let (world, files) = tls_world("https-ssl-env", &TestPki::new(), false);
     let mut command = world.consem(1, &["--ca-file", path(&files.ca)], &HELLO);
     command
@@ -201,9 +179,6 @@ fn consul_http_ssl_makes_a_bare_address_https() {
 
 #[test]
 fn tls_server_name_checks_the_certificate_against_another_name_than_the_address() {
-    if against_real_agent() {
-        return;
-    }
     let pki = TestPki::new();
     // Valid only for elsewhere.test, reached at 127.0.0.1.
     let (world, files) = tls_world_with("tls-server-name", &pki, &pki.elsewhere);
@@ -219,9 +194,6 @@ fn tls_server_name_checks_the_certificate_against_another_name_than_the_address(
 
 #[test]
 fn mtls_with_the_client_certificate_works() {
-    if against_real_agent() {
-        return;
-    }
     let (world, files) = tls_world("mtls-ok", &TestPki::new(), true);
     let extra = [
         "--ca-file",
@@ -237,9 +209,6 @@ fn mtls_with_the_client_certificate_works() {
 
 #[test]
 fn mtls_with_the_client_certificate_from_the_environment_works() {
-    if against_real_agent() {
-        return;
-    }
     let (world, files) = tls_world("mtls-env", &TestPki::new(), true);
     let mut command = world.consem(1, &[], &HELLO);
     command
@@ -252,9 +221,6 @@ fn mtls_with_the_client_certificate_from_the_environment_works() {
 
 #[test]
 fn ssl_verify_false_works_against_an_unknown_ca_and_warns() {
-    if against_real_agent() {
-        return;
-    }
     let (world, _files) = tls_world("ssl-verify-false", &TestPki::new(), false);
     let mut command = world.consem(1, &[], &HELLO);
     command.env("CONSUL_HTTP_SSL_VERIFY", "false");
@@ -325,27 +291,18 @@ fn no_client_cert_line() -> String {
 
 #[test]
 fn a_wrong_ca_exits_69_naming_the_ca_setting() {
-    if against_real_agent() {
-        return;
-    }
     let line = wrong_ca_line();
     assert!(line.contains("CA") && line.contains("--ca-file"), "{line}");
 }
 
 #[test]
 fn no_ca_exits_69_naming_the_ca_setting() {
-    if against_real_agent() {
-        return;
-    }
     let line = no_ca_line();
     assert!(line.contains("CA") && line.contains("--ca-file"), "{line}");
 }
 
 #[test]
 fn a_certificate_for_another_name_exits_69_pointing_to_tls_server_name() {
-    if against_real_agent() {
-        return;
-    }
     let line = wrong_name_line();
     assert!(
         line.contains("127.0.0.1") && line.contains("--tls-server-name"),
@@ -355,9 +312,6 @@ fn a_certificate_for_another_name_exits_69_pointing_to_tls_server_name() {
 
 #[test]
 fn an_expired_certificate_exits_69_saying_expired() {
-    if against_real_agent() {
-        return;
-    }
     let pki = TestPki::new();
     let (world, files) = tls_world_with("expired", &pki, &pki.expired);
     let command = world.consem(1, &["--ca-file", path(&files.ca)], &HELLO);
@@ -367,18 +321,12 @@ fn an_expired_certificate_exits_69_saying_expired() {
 
 #[test]
 fn mtls_without_a_client_certificate_exits_69_naming_client_cert() {
-    if against_real_agent() {
-        return;
-    }
     let line = no_client_cert_line();
     assert!(line.contains("--client-cert"), "{line}");
 }
 
 #[test]
 fn plain_http_to_an_https_agent_exits_69() {
-    if against_real_agent() {
-        return;
-    }
     let (world, _files) = tls_world("http-to-https", &TestPki::new(), false);
     let mut command = world.consem(1, &[], &HELLO);
     command.env(
@@ -407,9 +355,6 @@ fn usage_error(world: &World, command: Command) -> String {
 
 #[test]
 fn a_missing_ca_file_exits_2_naming_it() {
-    if against_real_agent() {
-        return;
-    }
     let (world, files) = tls_world("ca-missing", &TestPki::new(), false);
     let missing = files.dir.join("no-such-ca.pem");
     let line = usage_error(
@@ -421,9 +366,6 @@ fn a_missing_ca_file_exits_2_naming_it() {
 
 #[test]
 fn an_unreadable_ca_file_exits_2_naming_it() {
-    if against_real_agent() {
-        return;
-    }
     let (world, files) = tls_world("ca-unreadable", &TestPki::new(), false);
     // A directory cannot be read as a file, even by root.
     let line = usage_error(
@@ -435,9 +377,6 @@ fn an_unreadable_ca_file_exits_2_naming_it() {
 
 #[test]
 fn a_ca_file_that_is_not_pem_exits_2_naming_it() {
-    if against_real_agent() {
-        return;
-    }
     let (world, files) = tls_world("ca-not-pem", &TestPki::new(), false);
     let line = usage_error(
         &world,
@@ -449,9 +388,6 @@ fn a_ca_file_that_is_not_pem_exits_2_naming_it() {
 
 #[test]
 fn a_client_key_that_is_not_pem_exits_2_naming_it() {
-    if against_real_agent() {
-        return;
-    }
     let (world, files) = tls_world("key-not-pem", &TestPki::new(), true);
     let extra = [
         "--ca-file",
@@ -467,9 +403,6 @@ fn a_client_key_that_is_not_pem_exits_2_naming_it() {
 
 #[test]
 fn a_client_cert_without_its_key_exits_2() {
-    if against_real_agent() {
-        return;
-    }
     let (world, files) = tls_world("cert-no-key", &TestPki::new(), true);
     let extra = [
         "--ca-file",
@@ -490,9 +423,6 @@ fn a_client_cert_without_its_key_exits_2() {
 
 #[test]
 fn a_client_cert_without_its_key_in_the_environment_exits_2() {
-    if against_real_agent() {
-        return;
-    }
     let (world, files) = tls_world("cert-no-key-env", &TestPki::new(), true);
     let mut command = world.consem(1, &["--ca-file", path(&files.ca)], &HELLO);
     command.env("CONSUL_CLIENT_CERT", &files.client);
@@ -537,9 +467,6 @@ fn consem_with_token(world: &World, token: &str, command: &[&str]) -> Command {
 
 #[test]
 fn a_token_with_the_semaphore_rights_works() {
-    if against_real_agent() {
-        return;
-    }
     let world = acl_world("acl-ok", |prefix| {
         Acl::new().token(TOKEN, Rights::semaphore(prefix))
     });
@@ -550,9 +477,6 @@ fn a_token_with_the_semaphore_rights_works() {
 
 #[test]
 fn a_token_without_session_write_exits_77_naming_it() {
-    if against_real_agent() {
-        return;
-    }
     let world = acl_world("acl-no-session", |prefix| {
         Acl::new().token(
             TOKEN,
@@ -569,9 +493,6 @@ fn a_token_without_session_write_exits_77_naming_it() {
 
 #[test]
 fn a_token_without_key_write_exits_77_naming_it() {
-    if against_real_agent() {
-        return;
-    }
     let world = acl_world("acl-no-key-write", |prefix| {
         Acl::new().token(
             TOKEN,
@@ -592,9 +513,6 @@ fn a_token_without_key_write_exits_77_naming_it() {
 
 #[test]
 fn a_refused_acquire_says_only_the_error() {
-    if against_real_agent() {
-        return;
-    }
     let world = acl_world("acl-one-line", |prefix| {
         Acl::new().token(
             TOKEN,
@@ -614,9 +532,6 @@ fn a_refused_acquire_says_only_the_error() {
 
 #[test]
 fn no_token_exits_77() {
-    if against_real_agent() {
-        return;
-    }
     let world = acl_world("acl-anonymous", |prefix| {
         Acl::new().token(TOKEN, Rights::semaphore(prefix))
     });
@@ -627,9 +542,6 @@ fn no_token_exits_77() {
 
 #[test]
 fn an_unknown_token_exits_77() {
-    if against_real_agent() {
-        return;
-    }
     let world = acl_world("acl-unknown", |prefix| {
         Acl::new().token(TOKEN, Rights::semaphore(prefix))
     });
@@ -767,9 +679,6 @@ fn admin_with_token(world: &World, subcommand: &str, extra: &[&str]) -> Output {
 
 #[test]
 fn a_hidden_holder_is_never_pruned_and_the_run_exits_77() {
-    if against_real_agent() {
-        return;
-    }
     for filtering in BOTH_FILTERINGS {
         let (world, peer) = filtered_world("acl-filtered", filtering);
         let before = keys(&world);
@@ -802,9 +711,6 @@ fn a_hidden_holder_is_never_pruned_and_the_run_exits_77() {
 
 #[test]
 fn status_and_reset_never_call_a_hidden_holder_dead() {
-    if against_real_agent() {
-        return;
-    }
     for filtering in BOTH_FILTERINGS {
         let (world, _peer) = filtered_world("acl-filtered-admin", filtering);
         let before = keys(&world);
@@ -836,9 +742,6 @@ fn status_and_reset_never_call_a_hidden_holder_dead() {
 
 #[test]
 fn a_dead_holder_is_still_pruned_with_a_token_that_cannot_read_everything() {
-    if against_real_agent() {
-        return;
-    }
     let (world, peer) = filtered_world("acl-dead-holder", Filtering::Silent);
     // The holder dies: its session goes, and its key with it; .lock still
     // names it. A direct read shows the key gone, so consem prunes it.
@@ -859,9 +762,6 @@ fn a_dead_holder_is_still_pruned_with_a_token_that_cannot_read_everything() {
 
 #[test]
 fn leaving_keeps_a_hidden_holder_in_lock() {
-    if against_real_agent() {
-        return;
-    }
     for filtering in BOTH_FILTERINGS {
         // consem holds one of 2 slots; then a holder whose key its token
         // cannot read takes the other. Leaving last as far as it can see,
@@ -920,9 +820,6 @@ fn leaving_keeps_a_hidden_holder_in_lock() {
 
 #[test]
 fn the_token_never_appears_in_verbose_output() {
-    if against_real_agent() {
-        return;
-    }
     let world = acl_world("token-output", |prefix| {
         Acl::new()
             .token(TOKEN, Rights::semaphore(prefix))
@@ -951,9 +848,6 @@ fn the_token_never_appears_in_verbose_output() {
 
 #[test]
 fn the_token_travels_only_in_x_consul_token() {
-    if against_real_agent() {
-        return;
-    }
     let world = acl_world("token-header", |prefix| {
         Acl::new().token(TOKEN, Rights::semaphore(prefix))
     });
@@ -1009,9 +903,6 @@ fn assert_sent_only(world: &World, token: &str) {
 
 #[test]
 fn the_token_file_from_the_environment_wins_over_the_token_flag() {
-    if against_real_agent() {
-        return;
-    }
     let world = precedence_world("token-file-wins", TOKEN, OTHER_TOKEN);
     let file = world.dir.join("token");
     std::fs::write(&file, format!("{TOKEN}\n")).unwrap();
@@ -1024,9 +915,6 @@ fn the_token_file_from_the_environment_wins_over_the_token_flag() {
 
 #[test]
 fn the_token_file_flag_wins_over_the_token_variable() {
-    if against_real_agent() {
-        return;
-    }
     let world = precedence_world("token-file-flag", TOKEN, OTHER_TOKEN);
     let file = world.dir.join("token");
     std::fs::write(&file, format!("{TOKEN}\n")).unwrap();
@@ -1039,9 +927,6 @@ fn the_token_file_flag_wins_over_the_token_variable() {
 
 #[test]
 fn the_token_flag_wins_over_the_token_variable() {
-    if against_real_agent() {
-        return;
-    }
     let world = precedence_world("token-flag-wins", TOKEN, OTHER_TOKEN);
     let mut command = world.consem(1, &["--token", TOKEN], &HELLO);
     command.env("CONSUL_HTTP_TOKEN", OTHER_TOKEN);
@@ -1052,9 +937,6 @@ fn the_token_flag_wins_over_the_token_variable() {
 
 #[test]
 fn the_token_variable_is_used_alone() {
-    if against_real_agent() {
-        return;
-    }
     let world = precedence_world("token-env", TOKEN, OTHER_TOKEN);
     let mut command = world.consem(1, &[], &HELLO);
     command.env("CONSUL_HTTP_TOKEN", TOKEN);
@@ -1065,9 +947,6 @@ fn the_token_variable_is_used_alone() {
 
 #[test]
 fn consul_http_auth_sends_basic_authentication() {
-    if against_real_agent() {
-        return;
-    }
     let world = plain_world("basic-auth");
     let mut command = world.consem(1, &[], &HELLO);
     command.env("CONSUL_HTTP_AUTH", "user:pass");
@@ -1103,9 +982,6 @@ fn assert_scoped(world: &World, dc: Option<&str>, ns: &str, partition: &str) {
 
 #[test]
 fn datacenter_namespace_and_partition_flags_go_on_every_request() {
-    if against_real_agent() {
-        return;
-    }
     let world = plain_world("scope-flags");
     let extra = [
         "--datacenter",
@@ -1122,9 +998,6 @@ fn datacenter_namespace_and_partition_flags_go_on_every_request() {
 
 #[test]
 fn namespace_and_partition_variables_go_on_every_request() {
-    if against_real_agent() {
-        return;
-    }
     let world = plain_world("scope-env");
     let mut command = world.consem(1, &[], &HELLO);
     command

@@ -62,6 +62,20 @@ impl World {
         }
     }
 
+    /// A world on the Consul double even when a real agent is given, for
+    /// tests that inject faults or control time: they run against the
+    /// double in every setting rather than skip.
+    pub fn on_the_double(name: &str) -> World {
+        World::with_consul(name, TestConsul::Double(ConsulDouble::start()))
+    }
+
+    /// The double of a world made by [`World::on_the_double`].
+    pub fn the_double(&self) -> &ConsulDouble {
+        self.consul
+            .double()
+            .expect("a world on the double (World::on_the_double)")
+    }
+
     /// A world on the local store, in a directory of the scratch directory.
     pub fn local(name: &str) -> World {
         let mut world = World::with_consul(name, TestConsul::start());
@@ -279,14 +293,6 @@ pub fn stderr(output: &Output) -> String {
 pub fn signal(child: &Child, signal: i32) {
     // SAFETY: kill(2) on a child we spawned and have not reaped.
     assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
-}
-
-pub fn skip_without_double(world: &World) -> Option<&ConsulDouble> {
-    let double = world.consul.double();
-    if double.is_none() {
-        eprintln!("skipped: needs the Consul double's fault injection");
-    }
-    double
 }
 
 /// Holds a slot with a first consem whose child waits for `go`, and returns it
