@@ -195,6 +195,10 @@ fn consul_down_at_start_exits_69_naming_the_address() {
     assert_eq!(output.status.code(), Some(69));
     let message = stderr(&output);
     assert!(message.contains(&addr), "{message}");
+    assert!(
+        message.contains("use --store local"),
+        "names the store that needs no server: {message}"
+    );
     assert_eq!(message.lines().count(), 1, "{message}");
 }
 

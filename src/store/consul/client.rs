@@ -648,7 +648,7 @@ impl Client {
         let mut response = result.map_err(|e| match tls::explain(&e, checked, no_client_cert) {
             Some(why) => ConsulError::Transient(format!("cannot talk to Consul at {address}: {why}")),
             None => ConsulError::Transient(format!(
-                "cannot reach Consul at {address}: {e} (is the agent running? check --http-addr or CONSUL_HTTP_ADDR)"
+                "cannot reach Consul at {address}: {e} (is the agent running? check --http-addr or CONSUL_HTTP_ADDR; for slots on this host alone, with no server, use --store local)"
             )),
         })?;
         let status = response.status().as_u16();
