@@ -27,14 +27,14 @@ Register-ArgumentCompleter -Native -CommandName 'consem' -ScriptBlock {
             [CompletionResult]::new('--version', '--version', [CompletionResultType]::ParameterName, 'Print version')
             [CompletionResult]::new('run', 'run', [CompletionResultType]::ParameterValue, 'Run a command while holding a slot')
             [CompletionResult]::new('status', 'status', [CompletionResultType]::ParameterValue, 'Show the semaphore at a prefix: limit, holders, waiters, dead holders')
-            [CompletionResult]::new('release', 'release', [CompletionResultType]::ParameterValue, 'Free a slot: take a holder out of .lock and destroy its session')
-            [CompletionResult]::new('reset', 'reset', [CompletionResultType]::ParameterValue, 'Delete .lock once no live holder remains, so that a new limit can be used')
+            [CompletionResult]::new('release', 'release', [CompletionResultType]::ParameterValue, 'Free a slot: take a holder out of the record (Consul: and destroy its session)')
+            [CompletionResult]::new('reset', 'reset', [CompletionResultType]::ParameterValue, 'Drop the limit record once no live holder remains, so that a new limit can be used')
             [CompletionResult]::new('completions', 'completions', [CompletionResultType]::ParameterValue, 'Print a shell completion script')
             [CompletionResult]::new('help', 'help', [CompletionResultType]::ParameterValue, 'Print this message or the help of the given subcommand(s)')
             break
         }
         'consem;run' {
-            [CompletionResult]::new('--prefix', '--prefix', [CompletionResultType]::ParameterName, 'KV prefix that all contenders agree on (leading and trailing ''/'' are trimmed)')
+            [CompletionResult]::new('--prefix', '--prefix', [CompletionResultType]::ParameterName, 'Name all contenders agree on: a KV prefix on Consul (leading and trailing / are trimmed)')
             [CompletionResult]::new('--limit', '--limit', [CompletionResultType]::ParameterName, 'Number of slots; every contender on the prefix must use the same limit')
             [CompletionResult]::new('--timeout', '--timeout', [CompletionResultType]::ParameterName, 'Give up waiting for a slot after this long (default: wait forever)')
             [CompletionResult]::new('-E', '-E ', [CompletionResultType]::ParameterName, 'Exit code when no slot was obtained')
@@ -66,7 +66,7 @@ Register-ArgumentCompleter -Native -CommandName 'consem' -ScriptBlock {
             break
         }
         'consem;status' {
-            [CompletionResult]::new('--prefix', '--prefix', [CompletionResultType]::ParameterName, 'KV prefix of the semaphore')
+            [CompletionResult]::new('--prefix', '--prefix', [CompletionResultType]::ParameterName, 'Name of the semaphore (a KV prefix on Consul)')
             [CompletionResult]::new('--store', '--store', [CompletionResultType]::ParameterName, 'Where the semaphore lives: consul, local (this host only, no server) or local:DIR [default: CONSEM_STORE, else consul]')
             [CompletionResult]::new('--http-addr', '--http-addr', [CompletionResultType]::ParameterName, 'Consul HTTP API address: host:port, http://host:port or https://host:port [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]')
             [CompletionResult]::new('--token', '--token', [CompletionResultType]::ParameterName, 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]')
@@ -87,7 +87,7 @@ Register-ArgumentCompleter -Native -CommandName 'consem' -ScriptBlock {
             break
         }
         'consem;release' {
-            [CompletionResult]::new('--prefix', '--prefix', [CompletionResultType]::ParameterName, 'KV prefix of the semaphore')
+            [CompletionResult]::new('--prefix', '--prefix', [CompletionResultType]::ParameterName, 'Name of the semaphore (a KV prefix on Consul)')
             [CompletionResult]::new('--session', '--session', [CompletionResultType]::ParameterName, 'The holder''s session ID, or a unique beginning of it')
             [CompletionResult]::new('--host', '--host', [CompletionResultType]::ParameterName, 'The holder''s host (with --pid)')
             [CompletionResult]::new('--pid', '--pid', [CompletionResultType]::ParameterName, 'The holder''s consem process ID (with --host)')
@@ -110,7 +110,7 @@ Register-ArgumentCompleter -Native -CommandName 'consem' -ScriptBlock {
             break
         }
         'consem;reset' {
-            [CompletionResult]::new('--prefix', '--prefix', [CompletionResultType]::ParameterName, 'KV prefix of the semaphore')
+            [CompletionResult]::new('--prefix', '--prefix', [CompletionResultType]::ParameterName, 'Name of the semaphore (a KV prefix on Consul)')
             [CompletionResult]::new('--store', '--store', [CompletionResultType]::ParameterName, 'Where the semaphore lives: consul, local (this host only, no server) or local:DIR [default: CONSEM_STORE, else consul]')
             [CompletionResult]::new('--http-addr', '--http-addr', [CompletionResultType]::ParameterName, 'Consul HTTP API address: host:port, http://host:port or https://host:port [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]')
             [CompletionResult]::new('--token', '--token', [CompletionResultType]::ParameterName, 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]')
@@ -140,8 +140,8 @@ Register-ArgumentCompleter -Native -CommandName 'consem' -ScriptBlock {
         'consem;help' {
             [CompletionResult]::new('run', 'run', [CompletionResultType]::ParameterValue, 'Run a command while holding a slot')
             [CompletionResult]::new('status', 'status', [CompletionResultType]::ParameterValue, 'Show the semaphore at a prefix: limit, holders, waiters, dead holders')
-            [CompletionResult]::new('release', 'release', [CompletionResultType]::ParameterValue, 'Free a slot: take a holder out of .lock and destroy its session')
-            [CompletionResult]::new('reset', 'reset', [CompletionResultType]::ParameterValue, 'Delete .lock once no live holder remains, so that a new limit can be used')
+            [CompletionResult]::new('release', 'release', [CompletionResultType]::ParameterValue, 'Free a slot: take a holder out of the record (Consul: and destroy its session)')
+            [CompletionResult]::new('reset', 'reset', [CompletionResultType]::ParameterValue, 'Drop the limit record once no live holder remains, so that a new limit can be used')
             [CompletionResult]::new('completions', 'completions', [CompletionResultType]::ParameterValue, 'Print a shell completion script')
             [CompletionResult]::new('help', 'help', [CompletionResultType]::ParameterValue, 'Print this message or the help of the given subcommand(s)')
             break

@@ -24,13 +24,13 @@ set edit:completion:arg-completer[consem] = {|@words|
             cand --version 'Print version'
             cand run 'Run a command while holding a slot'
             cand status 'Show the semaphore at a prefix: limit, holders, waiters, dead holders'
-            cand release 'Free a slot: take a holder out of .lock and destroy its session'
-            cand reset 'Delete .lock once no live holder remains, so that a new limit can be used'
+            cand release 'Free a slot: take a holder out of the record (Consul: and destroy its session)'
+            cand reset 'Drop the limit record once no live holder remains, so that a new limit can be used'
             cand completions 'Print a shell completion script'
             cand help 'Print this message or the help of the given subcommand(s)'
         }
         &'consem;run'= {
-            cand --prefix 'KV prefix that all contenders agree on (leading and trailing ''/'' are trimmed)'
+            cand --prefix 'Name all contenders agree on: a KV prefix on Consul (leading and trailing / are trimmed)'
             cand --limit 'Number of slots; every contender on the prefix must use the same limit'
             cand --timeout 'Give up waiting for a slot after this long (default: wait forever)'
             cand -E 'Exit code when no slot was obtained'
@@ -61,7 +61,7 @@ set edit:completion:arg-completer[consem] = {|@words|
             cand --version 'Print version'
         }
         &'consem;status'= {
-            cand --prefix 'KV prefix of the semaphore'
+            cand --prefix 'Name of the semaphore (a KV prefix on Consul)'
             cand --store 'Where the semaphore lives: consul, local (this host only, no server) or local:DIR [default: CONSEM_STORE, else consul]'
             cand --http-addr 'Consul HTTP API address: host:port, http://host:port or https://host:port [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]'
             cand --token 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]'
@@ -81,7 +81,7 @@ set edit:completion:arg-completer[consem] = {|@words|
             cand --version 'Print version'
         }
         &'consem;release'= {
-            cand --prefix 'KV prefix of the semaphore'
+            cand --prefix 'Name of the semaphore (a KV prefix on Consul)'
             cand --session 'The holder''s session ID, or a unique beginning of it'
             cand --host 'The holder''s host (with --pid)'
             cand --pid 'The holder''s consem process ID (with --host)'
@@ -103,7 +103,7 @@ set edit:completion:arg-completer[consem] = {|@words|
             cand --version 'Print version'
         }
         &'consem;reset'= {
-            cand --prefix 'KV prefix of the semaphore'
+            cand --prefix 'Name of the semaphore (a KV prefix on Consul)'
             cand --store 'Where the semaphore lives: consul, local (this host only, no server) or local:DIR [default: CONSEM_STORE, else consul]'
             cand --http-addr 'Consul HTTP API address: host:port, http://host:port or https://host:port [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]'
             cand --token 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]'
@@ -131,8 +131,8 @@ set edit:completion:arg-completer[consem] = {|@words|
         &'consem;help'= {
             cand run 'Run a command while holding a slot'
             cand status 'Show the semaphore at a prefix: limit, holders, waiters, dead holders'
-            cand release 'Free a slot: take a holder out of .lock and destroy its session'
-            cand reset 'Delete .lock once no live holder remains, so that a new limit can be used'
+            cand release 'Free a slot: take a holder out of the record (Consul: and destroy its session)'
+            cand reset 'Drop the limit record once no live holder remains, so that a new limit can be used'
             cand completions 'Print a shell completion script'
             cand help 'Print this message or the help of the given subcommand(s)'
         }

@@ -28,11 +28,11 @@ complete -c consem -n "__fish_consem_needs_command" -s h -l help -d 'Print help 
 complete -c consem -n "__fish_consem_needs_command" -s V -l version -d 'Print version'
 complete -c consem -n "__fish_consem_needs_command" -f -a "run" -d 'Run a command while holding a slot'
 complete -c consem -n "__fish_consem_needs_command" -f -a "status" -d 'Show the semaphore at a prefix: limit, holders, waiters, dead holders'
-complete -c consem -n "__fish_consem_needs_command" -f -a "release" -d 'Free a slot: take a holder out of .lock and destroy its session'
-complete -c consem -n "__fish_consem_needs_command" -f -a "reset" -d 'Delete .lock once no live holder remains, so that a new limit can be used'
+complete -c consem -n "__fish_consem_needs_command" -f -a "release" -d 'Free a slot: take a holder out of the record (Consul: and destroy its session)'
+complete -c consem -n "__fish_consem_needs_command" -f -a "reset" -d 'Drop the limit record once no live holder remains, so that a new limit can be used'
 complete -c consem -n "__fish_consem_needs_command" -f -a "completions" -d 'Print a shell completion script'
 complete -c consem -n "__fish_consem_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
-complete -c consem -n "__fish_consem_using_subcommand run" -l prefix -d 'KV prefix that all contenders agree on (leading and trailing \'/\' are trimmed)' -r
+complete -c consem -n "__fish_consem_using_subcommand run" -l prefix -d 'Name all contenders agree on: a KV prefix on Consul (leading and trailing / are trimmed)' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l limit -d 'Number of slots; every contender on the prefix must use the same limit' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l timeout -d 'Give up waiting for a slot after this long (default: wait forever)' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -s E -l no-slot-exit-code -d 'Exit code when no slot was obtained' -r
@@ -58,7 +58,7 @@ complete -c consem -n "__fish_consem_using_subcommand run" -l try -d 'Make one a
 complete -c consem -n "__fish_consem_using_subcommand run" -s v -l verbose -d 'Print lifecycle events on stderr'
 complete -c consem -n "__fish_consem_using_subcommand run" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c consem -n "__fish_consem_using_subcommand run" -s V -l version -d 'Print version'
-complete -c consem -n "__fish_consem_using_subcommand status" -l prefix -d 'KV prefix of the semaphore' -r
+complete -c consem -n "__fish_consem_using_subcommand status" -l prefix -d 'Name of the semaphore (a KV prefix on Consul)' -r
 complete -c consem -n "__fish_consem_using_subcommand status" -l store -d 'Where the semaphore lives: consul, local (this host only, no server) or local:DIR [default: CONSEM_STORE, else consul]' -r
 complete -c consem -n "__fish_consem_using_subcommand status" -l http-addr -d 'Consul HTTP API address: host:port, http://host:port or https://host:port [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]' -r
 complete -c consem -n "__fish_consem_using_subcommand status" -l token -d 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]' -r
@@ -74,7 +74,7 @@ complete -c consem -n "__fish_consem_using_subcommand status" -l tls-server-name
 complete -c consem -n "__fish_consem_using_subcommand status" -l json -d 'Print JSON (a stable schema, see README) instead of a table'
 complete -c consem -n "__fish_consem_using_subcommand status" -s h -l help -d 'Print help'
 complete -c consem -n "__fish_consem_using_subcommand status" -s V -l version -d 'Print version'
-complete -c consem -n "__fish_consem_using_subcommand release" -l prefix -d 'KV prefix of the semaphore' -r
+complete -c consem -n "__fish_consem_using_subcommand release" -l prefix -d 'Name of the semaphore (a KV prefix on Consul)' -r
 complete -c consem -n "__fish_consem_using_subcommand release" -l session -d 'The holder\'s session ID, or a unique beginning of it' -r
 complete -c consem -n "__fish_consem_using_subcommand release" -l host -d 'The holder\'s host (with --pid)' -r
 complete -c consem -n "__fish_consem_using_subcommand release" -l pid -d 'The holder\'s consem process ID (with --host)' -r
@@ -92,7 +92,7 @@ complete -c consem -n "__fish_consem_using_subcommand release" -l client-key -d 
 complete -c consem -n "__fish_consem_using_subcommand release" -l tls-server-name -d 'Name to verify the agent\'s certificate against, instead of the address\'s host [default: CONSUL_TLS_SERVER_NAME]' -r
 complete -c consem -n "__fish_consem_using_subcommand release" -s h -l help -d 'Print help'
 complete -c consem -n "__fish_consem_using_subcommand release" -s V -l version -d 'Print version'
-complete -c consem -n "__fish_consem_using_subcommand reset" -l prefix -d 'KV prefix of the semaphore' -r
+complete -c consem -n "__fish_consem_using_subcommand reset" -l prefix -d 'Name of the semaphore (a KV prefix on Consul)' -r
 complete -c consem -n "__fish_consem_using_subcommand reset" -l store -d 'Where the semaphore lives: consul, local (this host only, no server) or local:DIR [default: CONSEM_STORE, else consul]' -r
 complete -c consem -n "__fish_consem_using_subcommand reset" -l http-addr -d 'Consul HTTP API address: host:port, http://host:port or https://host:port [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]' -r
 complete -c consem -n "__fish_consem_using_subcommand reset" -l token -d 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]' -r
@@ -112,7 +112,7 @@ complete -c consem -n "__fish_consem_using_subcommand completions" -s h -l help 
 complete -c consem -n "__fish_consem_using_subcommand completions" -s V -l version -d 'Print version'
 complete -c consem -n "__fish_consem_using_subcommand help; and not __fish_seen_subcommand_from run status release reset completions help" -f -a "run" -d 'Run a command while holding a slot'
 complete -c consem -n "__fish_consem_using_subcommand help; and not __fish_seen_subcommand_from run status release reset completions help" -f -a "status" -d 'Show the semaphore at a prefix: limit, holders, waiters, dead holders'
-complete -c consem -n "__fish_consem_using_subcommand help; and not __fish_seen_subcommand_from run status release reset completions help" -f -a "release" -d 'Free a slot: take a holder out of .lock and destroy its session'
-complete -c consem -n "__fish_consem_using_subcommand help; and not __fish_seen_subcommand_from run status release reset completions help" -f -a "reset" -d 'Delete .lock once no live holder remains, so that a new limit can be used'
+complete -c consem -n "__fish_consem_using_subcommand help; and not __fish_seen_subcommand_from run status release reset completions help" -f -a "release" -d 'Free a slot: take a holder out of the record (Consul: and destroy its session)'
+complete -c consem -n "__fish_consem_using_subcommand help; and not __fish_seen_subcommand_from run status release reset completions help" -f -a "reset" -d 'Drop the limit record once no live holder remains, so that a new limit can be used'
 complete -c consem -n "__fish_consem_using_subcommand help; and not __fish_seen_subcommand_from run status release reset completions help" -f -a "completions" -d 'Print a shell completion script'
 complete -c consem -n "__fish_consem_using_subcommand help; and not __fish_seen_subcommand_from run status release reset completions help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'

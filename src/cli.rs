@@ -12,16 +12,19 @@ Exit codes:
   <child's>  the command ran and exited by itself
   128+N      the command died of signal N, or a signal N ended the wait
   2          usage error
-  65         semaphore conflict (other limit, foreign or undecodable .lock)
-  69         Consul unreachable or failing when starting
+  65         semaphore conflict (other limit, a record that is not consem's)
+  69         the store unreachable or failing when starting
   75         no slot within --timeout, or none free with --try (see -E)
   76         the slot was lost while the command ran; it was stopped
-  77         permission denied by Consul ACLs
+  77         permission denied (Consul ACLs, the local store's directory)
   126/127    command not executable / not found";
 
 const RUN_EXAMPLES: &str = "\
 Examples:
-  # At most 2 migrations at once across the fleet:
+  # At most 2 backups at once on this host, no server needed:
+  consem run --store local --prefix backups --limit 2 -- ./backup.sh
+
+  # At most 2 migrations at once across the fleet (Consul):
   consem run --prefix service/db --limit 2 -- ./migrate.sh
 
   # In cron: skip this round if the nightly job still runs elsewhere.
@@ -38,10 +41,10 @@ Examples:
 #[command(
     name = "consem",
     version,
-    about = "Run a command while holding one of N slots of a Consul semaphore",
-    long_about = "Run a command while holding one of N slots of a distributed semaphore kept in \
-HashiCorp Consul, so that at most N copies of a job run at once across many machines. \
-consem shares its prefix layout with `consul lock -n N`.",
+    about = "Run a command while holding one of N slots of a semaphore (Consul, or this host alone)",
+    long_about = "Run a command while holding one of N slots of a counting semaphore, so that at \
+most N copies of a job run at once: across many machines with HashiCorp Consul (sharing the \
+layout of `consul lock -n N`), or on this host alone with the local store, which needs no server.",
     after_help = format!("{RUN_EXAMPLES}\n\n{EXIT_CODES}"),
     propagate_version = true
 )]
@@ -58,10 +61,10 @@ pub enum Command {
     /// Show the semaphore at a prefix: limit, holders, waiters, dead holders
     #[command(after_help = STATUS_HELP)]
     Status(StatusArgs),
-    /// Free a slot: take a holder out of .lock and destroy its session
+    /// Free a slot: take a holder out of the record (Consul: and destroy its session)
     #[command(after_help = ADMIN_EXIT_CODES)]
     Release(ReleaseArgs),
-    /// Delete .lock once no live holder remains, so that a new limit can be used
+    /// Drop the limit record once no live holder remains, so that a new limit can be used
     #[command(after_help = ADMIN_EXIT_CODES)]
     Reset(ResetArgs),
     /// Print a shell completion script
@@ -76,9 +79,9 @@ Exit codes:
   0   done
   1   nothing to do: no semaphore at the prefix, no such holder, or live holders (reset without --force)
   2   usage error
-  65  .lock at the prefix is not a semaphore consem can read
-  69  Consul unreachable or failing
-  77  permission denied by Consul ACLs";
+  65  the limit record at the prefix is not one consem can read
+  69  the store unreachable or failing
+  77  permission denied (Consul ACLs, the local store's directory)";
 
 const STATUS_HELP: &str = "\
 Examples:
@@ -89,14 +92,14 @@ Exit codes:
   0   a semaphore is at the prefix
   1   nothing is at the prefix
   2   usage error
-  65  .lock at the prefix is not a semaphore consem can read
-  69  Consul unreachable or failing
-  77  permission denied by Consul ACLs";
+  65  the limit record at the prefix is not one consem can read
+  69  the store unreachable or failing
+  77  permission denied (Consul ACLs, the local store's directory)";
 
 /// `consem status`.
 #[derive(Debug, Args)]
 pub struct StatusArgs {
-    /// KV prefix of the semaphore
+    /// Name of the semaphore (a KV prefix on Consul)
     #[arg(long, value_name = "PREFIX")]
     pub prefix: String,
 
@@ -115,7 +118,7 @@ pub struct StatusArgs {
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("holder").required(true).args(["session", "host"])))]
 pub struct ReleaseArgs {
-    /// KV prefix of the semaphore
+    /// Name of the semaphore (a KV prefix on Consul)
     #[arg(long, value_name = "PREFIX")]
     pub prefix: String,
 
@@ -141,7 +144,7 @@ pub struct ReleaseArgs {
 /// `consem reset`.
 #[derive(Debug, Args)]
 pub struct ResetArgs {
-    /// KV prefix of the semaphore
+    /// Name of the semaphore (a KV prefix on Consul)
     #[arg(long, value_name = "PREFIX")]
     pub prefix: String,
 
@@ -158,7 +161,7 @@ pub struct ResetArgs {
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// KV prefix that all contenders agree on (leading and trailing '/' are trimmed)
+    /// Name all contenders agree on: a KV prefix on Consul (leading and trailing / are trimmed)
     #[arg(long, value_name = "PREFIX")]
     pub prefix: String,
 
