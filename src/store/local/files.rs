@@ -283,6 +283,57 @@ impl PrefixDir {
         self.path.join(format!("{ticket}.q"))
     }
 
+    fn wake_path(&self, ticket: u64) -> PathBuf {
+        self.path.join(format!("{ticket}.w"))
+    }
+
+    /// Makes the holder `ticket`'s wake FIFO and opens its read end.
+    pub fn create_wake_fifo(&self, ticket: u64) -> Result<WakeFifo, StoreError> {
+        let path = self.wake_path(ticket);
+        let _ = fs::remove_file(&path);
+        let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+            .map_err(|_| StoreError::Usage(format!("{} has a NUL byte", path.display())))?;
+        // Others who share the directory must be able to open it to write.
+        let mode = if self.shared { 0o622 } else { 0o600 };
+        // SAFETY: mkfifo reads the NUL-terminated path.
+        if unsafe { libc::mkfifo(c_path.as_ptr(), mode) } != 0 {
+            return Err(io_error("cannot create", &path, io::Error::last_os_error()));
+        }
+        if self.shared {
+            let _ = fs::set_permissions(&path, fs::Permissions::from_mode(mode));
+        }
+        // Non-blocking: a FIFO's read end would otherwise wait for a writer.
+        let file = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&path)
+            .map_err(|e| io_error("cannot open", &path, e))?;
+        // A write end of our own keeps the FIFO from reporting a hang-up
+        // (which poll would answer at once, again and again) once the
+        // operator who wrote closes it.
+        let writer = OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&path)
+            .map_err(|e| io_error("cannot open", &path, e))?;
+        Ok(WakeFifo {
+            file,
+            _writer: writer,
+        })
+    }
+
+    /// Wakes the holder `ticket` (after its place in the record changed).
+    /// A holder that is gone has no reader: the open fails, which is fine.
+    pub fn wake_holder(&self, ticket: u64) {
+        if let Ok(mut fifo) = OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(self.wake_path(ticket))
+        {
+            let _ = fifo.write_all(b"!");
+        }
+    }
+
     /// Creates and locks our contender file (with our description) and
     /// queue file.
     pub fn create_contender(
@@ -353,12 +404,21 @@ impl PrefixDir {
             if self.is_live(ticket) {
                 live.push(ticket);
             } else {
-                let _ = fs::remove_file(self.contender_path(ticket));
-                let _ = fs::remove_file(self.queue_path(ticket));
+                self.remove_files(ticket);
             }
         }
         state.holders.retain(|t| live.contains(t));
         Ok(live)
+    }
+
+    fn remove_files(&self, ticket: u64) {
+        for path in [
+            self.contender_path(ticket),
+            self.queue_path(ticket),
+            self.wake_path(ticket),
+        ] {
+            let _ = fs::remove_file(path);
+        }
     }
 
     /// A contender's description, as it wrote it.
@@ -390,8 +450,7 @@ impl PrefixDir {
     /// dropped if nobody else contends. Call with the directory locked.
     pub fn leave(&self, ticket: u64) -> Result<(), StoreError> {
         let mut state = self.read_state()?;
-        let _ = fs::remove_file(self.contender_path(ticket));
-        let _ = fs::remove_file(self.queue_path(ticket));
+        self.remove_files(ticket);
         state.holders.retain(|&t| t != ticket);
         let live = self.prune_dead(&mut state)?;
         let live: Vec<u64> = live.into_iter().filter(|&t| t != ticket).collect();
@@ -415,6 +474,37 @@ fn flock(file: &File, operation: libc::c_int) -> io::Result<()> {
     }
 }
 
+/// The read end of a holder's wake FIFO: an operator who takes it out of
+/// the record writes to it.
+pub struct WakeFifo {
+    file: File,
+    _writer: File,
+}
+
+impl WakeFifo {
+    /// Sleeps until someone writes, or `recheck` passes; empties the FIFO.
+    pub fn wait(&self, recheck: Duration) {
+        if poll_readable(&self.file, recheck) {
+            use std::io::Read as _;
+            let mut buffer = [0u8; 64];
+            while matches!((&self.file).read(&mut buffer), Ok(n) if n > 0) {}
+        }
+    }
+}
+
+/// Waits until `file` can be read or `within` passes; true if it can.
+fn poll_readable(file: &File, within: Duration) -> bool {
+    let mut poll = libc::pollfd {
+        fd: file.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let millis = libc::c_int::try_from(within.as_millis()).unwrap_or(libc::c_int::MAX);
+    // SAFETY: one pollfd that we own.
+    let ready = unsafe { libc::poll(&mut poll, 1, millis) };
+    ready > 0 && poll.revents & libc::POLLIN != 0
+}
+
 /// Wakes a waiter or a holder when the prefix's directory changes: a
 /// contender file deleted or closed by a dying process, or `state`
 /// replaced. On Linux through inotify; elsewhere by looking again every
@@ -422,6 +512,8 @@ fn flock(file: &File, operation: libc::c_int) -> io::Result<()> {
 pub struct Waker {
     #[cfg(target_os = "linux")]
     inotify: File,
+    #[cfg(target_os = "linux")]
+    watch: libc::c_int,
 }
 
 #[cfg(target_os = "linux")]
@@ -439,10 +531,11 @@ impl Waker {
             .map_err(|_| StoreError::Usage(format!("{} has a NUL byte", dir.display())))?;
         let mask = libc::IN_DELETE | libc::IN_CLOSE_WRITE | libc::IN_MOVED_TO;
         // SAFETY: reads the NUL-terminated path; fd is ours.
-        if unsafe { libc::inotify_add_watch(fd, c_path.as_ptr(), mask) } < 0 {
+        let watch = unsafe { libc::inotify_add_watch(fd, c_path.as_ptr(), mask) };
+        if watch < 0 {
             return Err(io_error("cannot watch", dir, io::Error::last_os_error()));
         }
-        Ok(Waker { inotify })
+        Ok(Waker { inotify, watch })
     }
 
     /// Reads what is pending; true if any of it is worth looking again for
@@ -480,21 +573,20 @@ impl Waker {
             if left.is_zero() {
                 return;
             }
-            let mut poll = libc::pollfd {
-                fd: self.inotify.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            let millis = libc::c_int::try_from(left.as_millis()).unwrap_or(libc::c_int::MAX);
-            // SAFETY: one pollfd that we own.
-            let ready = unsafe { libc::poll(&mut poll, 1, millis) };
-            if ready > 0 && self.drain() {
-                return;
-            }
-            if ready < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            if poll_readable(&self.inotify, left) && self.drain() {
                 return;
             }
         }
+    }
+
+    /// Stops watching, and keeps the descriptor open until the process
+    /// exits: the kernel frees the watch in the background now, so that
+    /// closing the descriptor at exit does not wait for it (about 10 ms).
+    pub fn retire(self) {
+        // SAFETY: removes the one watch (descriptor 1) of our own inotify
+        // descriptor; an error only means it is already gone.
+        unsafe { libc::inotify_rm_watch(self.inotify.as_raw_fd(), self.watch) };
+        std::mem::forget(self.inotify);
     }
 }
 
@@ -511,4 +603,6 @@ impl Waker {
     pub fn wait(&mut self, recheck: Duration) {
         std::thread::sleep(recheck.min(Duration::from_millis(250)));
     }
+
+    pub fn retire(self) {}
 }

@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use files::{PrefixDir, Waker};
+use files::{PrefixDir, Waker, WakeFifo};
 
 use super::{
     Admin, Contend, ContenderInfo, ContenderStatus, Holder, Notify, Progress, ResetOutcome,
@@ -87,6 +87,8 @@ struct Shared {
     ticket: Option<u64>,
     contender_file: Option<File>,
     queue_file: Option<File>,
+    /// Read end of our wake FIFO, once we hold a slot.
+    wake_fifo: Option<Arc<WakeFifo>>,
     holding: bool,
     fence: Option<u64>,
 }
@@ -172,7 +174,10 @@ impl LocalSemaphore {
     /// Returns the fence once the slot is ours, `None` if release began or
     /// `--try` found no free slot (reported here).
     fn acquire(&self, mode: Contend) -> Result<Option<u64>, StoreError> {
-        let mut waker = Waker::new(self.place.path())?;
+        // Made only when we first have to wait for any departure: an
+        // uncontended run never sets up inotify (closing an inotify
+        // descriptor waits for the kernel's grace period, about 10 ms).
+        let mut waker: Option<Waker> = None;
         let ticket = self.join()?;
         let mut last_picture: Option<Progress> = None;
         loop {
@@ -180,7 +185,9 @@ impl LocalSemaphore {
             if self.shared().closing {
                 return Ok(None);
             }
-            waker.drain();
+            if let Some(waker) = &mut waker {
+                waker.drain();
+            }
             let mut state = self.place.read_state()?;
             match state.limit {
                 Some(found) if found != self.limit => return Err(self.conflict(found)),
@@ -196,17 +203,32 @@ impl LocalSemaphore {
                 .collect();
             match decide(&state.holders, &waiters, ticket, self.limit) {
                 Decision::Take => {
+                    // The FIFO exists before the record names us, so that an
+                    // operator who releases us can always wake us.
+                    let wake_fifo = self.place.create_wake_fifo(ticket)?;
                     state.holders.push(ticket);
                     state.fence += 1;
                     self.place.write_state(&state)?;
+                    if let Some(waker) = waker.take() {
+                        waker.retire();
+                    }
                     let mut shared = self.shared();
                     shared.holding = true;
                     shared.fence = Some(state.fence);
+                    shared.wake_fifo = Some(Arc::new(wake_fifo));
                     // Wakes the waiter blocked on our queue file.
                     self.place.remove_queue_file(ticket);
                     shared.queue_file = None;
                     drop(meta);
                     return Ok(Some(state.fence));
+                }
+                Decision::Full {
+                    wait_on: WaitOn::AnyDeparture,
+                } if waker.is_none() && mode == Contend::Wait => {
+                    // Watch first, then look again: a departure between
+                    // our look and the watch is seen by the second look.
+                    waker = Some(Waker::new(self.place.path())?);
+                    drop(meta);
                 }
                 Decision::Full { wait_on } => {
                     let picture = Progress {
@@ -239,9 +261,10 @@ impl LocalSemaphore {
                         }
                         last_picture = Some(picture);
                     }
-                    match wait_on {
-                        WaitOn::AnyDeparture => waker.wait(RECHECK),
-                        WaitOn::Ticket(ahead) => self.place.wait_for_queue_file(ahead),
+                    match (wait_on, &mut waker) {
+                        (WaitOn::AnyDeparture, Some(waker)) => waker.wait(RECHECK),
+                        (WaitOn::AnyDeparture, None) => unreachable!("a waker is made first"),
+                        (WaitOn::Ticket(ahead), _) => self.place.wait_for_queue_file(ahead),
                     }
                 }
             }
@@ -250,14 +273,14 @@ impl LocalSemaphore {
 
     /// Watches the slot while the command runs; returns why it was lost, or
     /// `None` once release begins.
+    /// An operator's `release` or `reset` writes to our wake FIFO after it
+    /// changes the record; we also look every `RECHECK`.
     fn watch(&self) -> Option<String> {
-        let mut waker = match Waker::new(self.place.path()) {
-            Ok(waker) => waker,
-            Err(error) => return Some(format!("cannot watch the slot: {error}")),
+        let (ticket, fifo) = {
+            let shared = self.shared();
+            (shared.ticket?, Arc::clone(shared.wake_fifo.as_ref()?))
         };
-        let ticket = self.shared().ticket?;
         loop {
-            waker.drain();
             if self.shared().closing {
                 return None;
             }
@@ -281,7 +304,7 @@ impl LocalSemaphore {
                     self.place.contender_path(ticket).display()
                 ));
             }
-            waker.wait(RECHECK);
+            fifo.wait(RECHECK);
         }
     }
 }
@@ -300,7 +323,11 @@ impl SlotBackend for LocalSemaphore {
             let mut shared = self.shared();
             shared.closing = true;
             shared.holding = false;
-            let files = (shared.contender_file.take(), shared.queue_file.take());
+            let files = (
+                shared.contender_file.take(),
+                shared.queue_file.take(),
+                shared.wake_fifo.take(),
+            );
             (shared.ticket.take(), files)
         };
         let Some(ticket) = ticket else {
@@ -394,7 +421,9 @@ impl Admin for LocalAdmin {
         let _meta = place.lock()?;
         let mut state = place.read_state()?;
         state.holders.retain(|&t| t != ticket);
-        place.write_state(&state)
+        place.write_state(&state)?;
+        place.wake_holder(ticket);
+        Ok(())
     }
 
     fn reset(&self, force: bool) -> Result<ResetOutcome, StoreError> {
@@ -419,8 +448,11 @@ impl Admin for LocalAdmin {
         // The holders see the record go and stop their commands (76);
         // waiters see another limit, or none, and take it up again.
         state.limit = None;
-        state.holders.clear();
+        let evicted = std::mem::take(&mut state.holders);
         place.write_state(&state)?;
+        for ticket in evicted {
+            place.wake_holder(ticket);
+        }
         Ok(ResetOutcome::Reset {
             limit: Some(limit),
             evicted: live_holders.len(),
