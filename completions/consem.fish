@@ -37,7 +37,7 @@ complete -c consem -n "__fish_consem_using_subcommand run" -l limit -d 'Number o
 complete -c consem -n "__fish_consem_using_subcommand run" -l timeout -d 'Give up waiting for a slot after this long (default: wait forever)' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -s E -l no-slot-exit-code -d 'Exit code when no slot was obtained' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l ttl -d 'Consul: session TTL, renewed every TTL/2 (10s to 24h; default 15s)' -r
-complete -c consem -n "__fish_consem_using_subcommand run" -l kill-grace -d 'Time between SIGTERM and SIGKILL when consem must stop the command' -r
+complete -c consem -n "__fish_consem_using_subcommand run" -l kill-grace -d 'Time between SIGTERM and SIGKILL when consem must stop the command (default 5s; on Consul, at most what fits in the lease of --ttl)' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l monitor-retry -d 'Consul: consecutive transient failures tolerated while holding a slot (default 3)' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l name -d 'Consul: session name (default: "consem: <command> at <prefix>")' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l log-format -d 'Format of what consem writes on stderr' -r -f -a "text\t'`<time> consem[<pid>] <event> key=value ...`; errors as `consem: error: ...`'
@@ -55,6 +55,7 @@ complete -c consem -n "__fish_consem_using_subcommand run" -l client-cert -d 'PE
 complete -c consem -n "__fish_consem_using_subcommand run" -l client-key -d 'PEM private key of the client certificate [default: CONSUL_CLIENT_KEY]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand run" -l tls-server-name -d 'Name to verify the agent\'s certificate against, instead of the address\'s host [default: CONSUL_TLS_SERVER_NAME]' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l try -d 'Make one attempt and do not wait'
+complete -c consem -n "__fish_consem_using_subcommand run" -l wait-group -d 'Keep the slot until every process in the command\'s process group has exited, instead of stopping them when the command exits'
 complete -c consem -n "__fish_consem_using_subcommand run" -s v -l verbose -d 'Print lifecycle events on stderr'
 complete -c consem -n "__fish_consem_using_subcommand run" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c consem -n "__fish_consem_using_subcommand run" -s V -l version -d 'Print version'

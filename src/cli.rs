@@ -186,8 +186,14 @@ pub struct RunArgs {
     pub ttl: Option<Duration>,
 
     /// Time between SIGTERM and SIGKILL when consem must stop the command
-    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
-    pub kill_grace: Duration,
+    /// (default 5s; on Consul, at most what fits in the lease of --ttl)
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub kill_grace: Option<Duration>,
+
+    /// Keep the slot until every process in the command's process group has
+    /// exited, instead of stopping them when the command exits
+    #[arg(long)]
+    pub wait_group: bool,
 
     /// Consul: consecutive transient failures tolerated while holding a slot (default 3)
     #[arg(long, value_name = "N")]

@@ -17,6 +17,7 @@ pub mod report;
 pub mod store;
 pub mod supervise;
 mod sys;
+mod watchdog;
 
 use std::io::IsTerminal as _;
 use std::os::unix::process::ExitStatusExt as _;
@@ -107,6 +108,7 @@ pub fn run(options: RunOptions) -> i32 {
         mode: options.mode,
         timeout: options.timeout,
         kill_grace: options.kill_grace,
+        wait_group: options.wait_group,
         // The waiting line is for people at a terminal; logs get `-v` events.
         // (`-v` writes events instead: the two would garble each other.)
         progress_line: (std::io::stderr().is_terminal()

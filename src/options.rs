@@ -16,11 +16,15 @@ pub struct RunOptions {
     pub timeout: Option<Duration>,
     pub no_slot_exit_code: u8,
     pub kill_grace: Duration,
+    pub wait_group: bool,
     pub verbose: bool,
     pub log_format: crate::report::LogFormat,
     pub command: Vec<OsString>,
     pub store: StoreOptions,
 }
+
+/// Between SIGTERM and SIGKILL when consem stops the command.
+pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(5);
 
 /// The chosen store and what it alone needs.
 #[derive(Debug, Clone)]
@@ -128,6 +132,10 @@ impl RunOptions {
                 StoreOptions::Local(local::Settings::new(dir, &env, args.limit)?)
             }
         };
+        let kill_grace = match &store {
+            StoreOptions::Consul(consul) => consul::fit_kill_grace(args.kill_grace, consul.ttl)?,
+            StoreOptions::Local(_) => args.kill_grace.unwrap_or(DEFAULT_KILL_GRACE),
+        };
         Ok(RunOptions {
             prefix,
             limit: args.limit,
@@ -139,7 +147,8 @@ impl RunOptions {
             },
             timeout: args.timeout.filter(|t| !t.is_zero()),
             no_slot_exit_code: args.no_slot_exit_code,
-            kill_grace: args.kill_grace,
+            kill_grace,
+            wait_group: args.wait_group,
             verbose: args.verbose,
             log_format: args.log_format,
             command: args.command,

@@ -17,6 +17,7 @@ use signal_hook::iterator::Signals;
 
 use crate::progress::ProgressLine;
 use crate::store::{Contend, Notify, SlotBackend, SlotEvent, StoreError};
+use crate::watchdog::Watchdog;
 use crate::{report, sys};
 
 /// Signals that end a wait, and are passed on to the child once it runs.
@@ -45,6 +46,10 @@ const PROGRESS_TICK: Duration = Duration::from_secs(1);
 /// How long to wait for a SIGKILLed child to be reaped.
 const KILL_WAIT: Duration = Duration::from_secs(5);
 
+/// How often to look whether the command's process group is empty, once
+/// the command itself has exited.
+const GROUP_POLL: Duration = Duration::from_millis(20);
+
 /// What to run and how to wait for the slot.
 #[derive(Debug, Clone)]
 pub struct Plan {
@@ -52,6 +57,9 @@ pub struct Plan {
     pub mode: Contend,
     pub timeout: Option<Duration>,
     pub kill_grace: Duration,
+    /// Keep the slot until every process in the command's group has exited,
+    /// rather than stopping them when the command exits.
+    pub wait_group: bool,
     /// Draw a status line while waiting (stderr is a terminal), naming this.
     pub progress_line: Option<String>,
 }
@@ -153,6 +161,7 @@ fn wait_for_slot(
         };
         match event {
             Ok(Event::Slot(SlotEvent::Acquired { .. })) => return Ok(()),
+            Ok(Event::Slot(SlotEvent::Leased { .. })) => {}
             Ok(Event::Slot(SlotEvent::NoSlot)) => return Err(Outcome::NoSlot),
             Ok(Event::Slot(SlotEvent::Failed(error))) => return Err(Outcome::Failed(error)),
             Ok(Event::Slot(SlotEvent::Lost(reason))) => {
@@ -183,12 +192,66 @@ fn wait_for_slot(
     }
 }
 
+/// The slot's lease, as the store last confirmed it: `None` while the slot
+/// lasts as long as consem lives.
+struct Lease {
+    until: Option<Instant>,
+    grace: Duration,
+}
+
+impl Lease {
+    /// The moment the command must be told to stop (SIGTERM), so that it
+    /// is gone (SIGKILL) when the lease ends.
+    fn stop_at(&self) -> Option<Instant> {
+        self.until
+            .map(|until| until.checked_sub(self.grace).unwrap_or(until))
+    }
+
+    fn running_out(&self) -> bool {
+        self.stop_at().is_some_and(|at| Instant::now() >= at)
+    }
+
+    fn ended(&self) -> bool {
+        self.until.is_some_and(|until| Instant::now() >= until)
+    }
+
+    /// Why the slot can no longer be counted on.
+    fn why(&self) -> String {
+        let left = self
+            .until
+            .map(|until| until.saturating_duration_since(Instant::now()))
+            .unwrap_or_default();
+        if left.is_zero() {
+            "its lease ran out before a renewal was confirmed (was consem stopped or starved?)"
+                .to_string()
+        } else {
+            format!(
+                "no renewal of its lease was confirmed in time (it ends in {}; -v shows the renewals' errors)",
+                crate::duration::human(left)
+            )
+        }
+    }
+}
+
 fn run_child(
     backend: &dyn SlotBackend,
     plan: &Plan,
     events: Sender<Event>,
     inbox: &Receiver<Event>,
 ) -> Outcome {
+    let orphan_grace = if backend.frees_slot_at_death() {
+        Duration::ZERO
+    } else {
+        plan.kill_grace
+    };
+    let mut watchdog = match Watchdog::start(plan.kill_grace, orphan_grace) {
+        Ok(watchdog) => watchdog,
+        Err(error) => {
+            return Outcome::Failed(StoreError::Unavailable(format!(
+                "cannot start the watchdog that stops the command if consem cannot: {error}"
+            )))
+        }
+    };
     let mut take_terminal = sys::we_own_the_terminal();
     let group = match sys::spawn_child(&plan.command, &backend.child_env(), take_terminal) {
         Ok(pid) => pid,
@@ -197,9 +260,11 @@ fn run_child(
             if take_terminal {
                 sys::take_terminal_back();
             }
+            watchdog.finish();
             return Outcome::SpawnFailed(error);
         }
     };
+    watchdog.guard(group);
     if take_terminal {
         // The child does the same before exec; doing it here too closes the
         // race where it reads the terminal before it is the foreground.
@@ -207,8 +272,20 @@ fn run_child(
     }
     report::event("started", &[("pid", &group)]);
     watch_child(group, events);
-    let outcome = loop {
-        let event = match inbox.recv_timeout(STOP_POLL) {
+    let mut lease = Lease {
+        until: None,
+        grace: plan.kill_grace,
+    };
+    let mut lost: Option<String> = None;
+    let status = loop {
+        let tick = match lease.stop_at() {
+            Some(at) => STOP_POLL.min(at.saturating_duration_since(Instant::now())),
+            None => STOP_POLL,
+        };
+        let event = match inbox.recv_timeout(tick) {
+            Err(RecvTimeoutError::Timeout) if lease.running_out() => {
+                Ok(Event::Slot(SlotEvent::Lost(lease.why())))
+            }
             Err(RecvTimeoutError::Timeout) if sys::is_stopped(group) => {
                 Ok(Event::ChildStopped(SIGSTOP))
             }
@@ -218,7 +295,11 @@ fn run_child(
         match event {
             Ok(Event::ChildExited(status)) => {
                 report::event("exited", &[("status", &status)]);
-                break Outcome::ChildExited(status);
+                break Some(status);
+            }
+            Ok(Event::Slot(SlotEvent::Leased { until })) => {
+                lease.until = Some(until);
+                watchdog.set_deadline(lease.until);
             }
             // A stop report can come late, after consem continued the child
             // (or not at all, the kernel may drop it): only a child that is
@@ -227,12 +308,17 @@ fn run_child(
             Ok(Event::ChildStopped(signal)) => {
                 // The command stopped (Ctrl-Z on its terminal, a read from a
                 // terminal it does not own): stop with it so that the shell
-                // sees the job stop, and carry on together when continued.
+                // sees the job stop, and carry on together when continued,
+                // if the slot is still ours.
                 report::event("stopped", &[("pid", &group), ("signal", &signal)]);
                 if take_terminal {
                     sys::take_terminal_back();
                 }
                 sys::stop_self();
+                if lease.running_out() {
+                    lost = Some(lease.why());
+                    break None;
+                }
                 take_terminal = sys::we_own_the_terminal();
                 if take_terminal {
                     sys::give_terminal_to(group);
@@ -243,10 +329,15 @@ fn run_child(
             Ok(Event::Signal(SIGTSTP)) => {
                 // Ctrl-Z reached consem, not the command: stop the command
                 // first (SIGSTOP, which it cannot ignore), so that it never
-                // runs on while consem, and its session renewal, are stopped.
+                // runs on while consem, and its session renewal, are stopped;
+                // continue it only if the slot is still ours.
                 report::event("stopped", &[("pid", &group), ("signal", &SIGTSTP)]);
                 sys::signal_group(group, SIGSTOP);
                 sys::stop_self();
+                if lease.running_out() {
+                    lost = Some(lease.why());
+                    break None;
+                }
                 report::event("continued", &[("pid", &group)]);
                 sys::signal_group(group, SIGCONT);
             }
@@ -255,14 +346,12 @@ fn run_child(
                 sys::signal_group(group, signal);
             }
             Ok(Event::Slot(SlotEvent::Lost(reason))) => {
-                report::error(&format!("slot lost: {reason}; stopping the command"));
-                stop_child(group, plan.kill_grace, inbox);
-                break Outcome::SlotLost;
+                lost = Some(reason);
+                break None;
             }
             Ok(Event::Slot(SlotEvent::Failed(error))) => {
-                report::error(&format!("slot lost: {error}; stopping the command"));
-                stop_child(group, plan.kill_grace, inbox);
-                break Outcome::SlotLost;
+                lost = Some(error.to_string());
+                break None;
             }
             Ok(Event::Slot(_)) => {}
             Err(RecvTimeoutError::Disconnected) => unreachable!("the event loop holds a sender"),
@@ -272,7 +361,124 @@ fn run_child(
     if take_terminal {
         sys::take_terminal_back();
     }
+    let outcome = match (status, lost) {
+        (_, Some(reason)) => {
+            report::error(&format!("slot lost: {reason}; stopping the command"));
+            if lease.ended() && sys::is_stopped(group) {
+                // Stopped past its lease: killed as it is, never continued.
+                sys::signal_group(group, SIGKILL);
+            }
+            stop_child(group, plan.kill_grace, inbox);
+            Outcome::SlotLost
+        }
+        (Some(status), None) => end_group(group, plan, &mut lease, &mut watchdog, inbox, status),
+        (None, None) => unreachable!("the loop ends with a status or a loss"),
+    };
+    watchdog.finish();
     outcome
+}
+
+/// The command exited by itself. The slot covers its whole process group:
+/// what it left running in the group is stopped (or, with `--wait-group`,
+/// waited for) before the slot is released; and a slot that turned out to
+/// be lost meanwhile is no success, whatever the command's status.
+fn end_group(
+    group: u32,
+    plan: &Plan,
+    lease: &mut Lease,
+    watchdog: &mut Watchdog,
+    inbox: &Receiver<Event>,
+    status: ExitStatus,
+) -> Outcome {
+    let mut lost = None;
+    if sys::group_exists(group) {
+        if plan.wait_group {
+            report::event("waiting-for-group", &[("pid", &group)]);
+            lost = wait_for_group(group, lease, watchdog, inbox);
+        } else {
+            report::event("stopping-group", &[("pid", &group), ("signal", &SIGTERM)]);
+        }
+        stop_group(group, plan.kill_grace);
+    }
+    // What arrived while the command was ending: a loss means the command
+    // may have run without the slot.
+    while let Ok(event) = inbox.try_recv() {
+        match event {
+            Event::Slot(SlotEvent::Lost(reason)) => lost = lost.or(Some(reason)),
+            Event::Slot(SlotEvent::Failed(error)) => lost = lost.or(Some(error.to_string())),
+            Event::Slot(SlotEvent::Leased { until }) => lease.until = Some(until),
+            _ => {}
+        }
+    }
+    if lost.is_none() && lease.ended() {
+        lost = Some(lease.why());
+    }
+    match lost {
+        Some(reason) => {
+            report::error(&format!(
+                "slot lost while the command ran: {reason}; its exit ({status}) is not reported as its own"
+            ));
+            Outcome::SlotLost
+        }
+        None => Outcome::ChildExited(status),
+    }
+}
+
+/// `--wait-group`: keeps the slot, and watches it, until the group is
+/// empty. Returns why the slot was lost, if it was.
+fn wait_for_group(
+    group: u32,
+    lease: &mut Lease,
+    watchdog: &mut Watchdog,
+    inbox: &Receiver<Event>,
+) -> Option<String> {
+    while sys::group_exists(group) {
+        if lease.running_out() {
+            return Some(lease.why());
+        }
+        match inbox.recv_timeout(GROUP_POLL) {
+            Ok(Event::Slot(SlotEvent::Lost(reason))) => return Some(reason),
+            Ok(Event::Slot(SlotEvent::Failed(error))) => return Some(error.to_string()),
+            Ok(Event::Slot(SlotEvent::Leased { until })) => {
+                lease.until = Some(until);
+                watchdog.set_deadline(lease.until);
+            }
+            Ok(Event::Signal(signal)) if signal != SIGTSTP => {
+                sys::signal_group(group, signal);
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// Stops what is left of a group whose leader has exited: SIGTERM, then
+/// SIGKILL after the grace period.
+fn stop_group(group: u32, grace: Duration) {
+    let gone_within = |within: Duration| {
+        let until = Instant::now() + within;
+        while sys::group_exists(group) {
+            if Instant::now() >= until {
+                return false;
+            }
+            thread::sleep(GROUP_POLL);
+        }
+        true
+    };
+    if !sys::group_exists(group) {
+        return;
+    }
+    sys::signal_group(group, SIGTERM);
+    sys::signal_group(group, SIGCONT);
+    if !gone_within(grace) {
+        report::event("stopping-group", &[("pid", &group), ("signal", &SIGKILL)]);
+        sys::signal_group(group, SIGKILL);
+        if !gone_within(KILL_WAIT) {
+            report::warning(&format!(
+                "processes of the command's group {group} are still there after SIGKILL (zombies that nobody reaps?)"
+            ));
+        }
+    }
 }
 
 /// Reports the child's stops and its end. std's `wait` reports only the end;

@@ -28,6 +28,17 @@ pub fn signal_group(group: u32, signal: i32) -> bool {
     unsafe { libc::killpg(group, signal) == 0 }
 }
 
+/// True while any process of the group `group` exists.
+pub fn group_exists(group: u32) -> bool {
+    let Ok(group) = libc::pid_t::try_from(group) else {
+        return false;
+    };
+    // SAFETY: signal 0 only checks; no memory is touched.
+    let found = unsafe { libc::killpg(group, 0) } == 0;
+    // EPERM: there, but not ours to signal (a member that changed user).
+    found || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
 /// True if standard input is a terminal whose foreground process group is
 /// ours: only then may the child take the terminal over.
 pub fn we_own_the_terminal() -> bool {

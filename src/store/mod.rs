@@ -18,6 +18,10 @@ pub enum SlotEvent {
     NoSlot,
     /// Every slot is taken; this is who holds them (sent when it changes).
     Waiting(Progress),
+    /// The store guarantees the held slot until `until` (its lease, less a
+    /// margin), as of a renewal it confirmed. Stores whose slots last as
+    /// long as consem lives never send it.
+    Leased { until: std::time::Instant },
     /// A held slot is no longer ours; the child must stop.
     Lost(String),
     /// The backend cannot go on.
@@ -177,6 +181,11 @@ pub trait SlotBackend: Send + Sync {
 
     /// Variables that tell the child about its slot.
     fn child_env(&self) -> Vec<(String, String)>;
+
+    /// True if the slot is free the moment consem dies (kernel locks),
+    /// false if it outlives consem until a lease runs out: what the
+    /// watchdog allows the command once consem is gone.
+    fn frees_slot_at_death(&self) -> bool;
 }
 
 /// A semaphore as operators see it: `consem status --json` prints this, the

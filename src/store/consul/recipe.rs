@@ -37,6 +37,30 @@ const MAX_BACKOFF: Duration = Duration::from_secs(1);
 /// Pause between renewal attempts after a failed one.
 const RENEW_RETRY: Duration = Duration::from_secs(1);
 
+/// Consul keeps a session at least one TTL after the renewal it answered
+/// (and invalidates it somewhere before two). The lease consem counts on
+/// ends at the moment the last confirmed renewal was sent plus the TTL,
+/// less this share of it (clocks that do not run at quite the same rate,
+/// the time the kill takes).
+const LEASE_MARGIN_DIVISOR: u32 = 6;
+
+/// Renewals come every TTL/3, so that a lease (5/6 of a TTL) always has
+/// room for one that fails and the retry after it.
+const RENEW_DIVISOR: u32 = 3;
+
+/// The lease a renewal sent at `sent` gives, for a session of `ttl`.
+pub fn lease_end(sent: Instant, ttl: Duration) -> Instant {
+    sent + ttl - ttl / LEASE_MARGIN_DIVISOR
+}
+
+/// The longest `--kill-grace` that fits in the lease of a session of `ttl`:
+/// SIGTERM goes at the lease's end less the grace, which must come after
+/// the next renewal is due (TTL/3 after the last) with a second to spare
+/// for it to be answered.
+pub fn max_kill_grace(ttl: Duration) -> Duration {
+    (ttl - ttl / LEASE_MARGIN_DIVISOR - ttl / RENEW_DIVISOR).saturating_sub(Duration::from_secs(1))
+}
+
 /// Attempts at the `.lock` CAS when releasing, against concurrent writers.
 const RELEASE_CAS_ATTEMPTS: u32 = 8;
 
@@ -56,8 +80,9 @@ pub struct Settings {
 #[derive(Default)]
 struct Shared {
     session: Option<String>,
-    /// When the current session was created: the renewer's clock starts there.
-    session_started: Option<Instant>,
+    /// When the request that created the current session, or its last
+    /// renewal that Consul confirmed, was sent: the lease runs from there.
+    lease_from: Option<Instant>,
     holding: bool,
     fence: Option<u64>,
     closing: bool,
@@ -156,9 +181,19 @@ impl ConsulSemaphore {
                     &[("prefix", &self.settings.prefix), ("fence", &fence)],
                 );
                 notify(SlotEvent::Acquired { fence });
-                // Only now may the renewer report a loss: one reported before
-                // `Acquired` would reach a supervisor still waiting.
-                self.shared().holding = true;
+                // Only now may the renewer report a loss or a lease: one
+                // reported before `Acquired` would reach a supervisor still
+                // waiting.
+                let lease_from = {
+                    let mut shared = self.shared();
+                    shared.holding = true;
+                    shared.lease_from
+                };
+                if let Some(sent) = lease_from {
+                    notify(SlotEvent::Leased {
+                        until: lease_end(sent, self.settings.ttl),
+                    });
+                }
                 let Some(session) = self.shared().session.clone() else {
                     return;
                 };
@@ -377,12 +412,13 @@ impl ConsulSemaphore {
             name: self.settings.session_name.clone(),
             ttl: self.settings.ttl,
         };
+        let sent = Instant::now();
         let created = self.guarded(
             || self.client.create_session(&spec),
             |shared, created| {
                 if let Ok(id) = created {
                     shared.session = Some(id.clone());
-                    shared.session_started = Some(Instant::now());
+                    shared.lease_from = Some(sent);
                 }
             },
         )?;
@@ -468,42 +504,44 @@ impl ConsulSemaphore {
             .expect("cannot start the session renewal thread");
     }
 
+    /// Renews the session every TTL/3 and reports each confirmed renewal
+    /// as the slot's new lease. A renewal that fails is retried every
+    /// second; the supervisor stops the command when the lease runs out.
     fn renew_loop(&self) {
         let ttl = self.settings.ttl;
-        let mut renewed: Option<(String, Instant)> = None;
-        let mut next_pause = ttl / 2;
+        let period = ttl / RENEW_DIVISOR;
+        let mut next_pause = period;
         while !self.pause(next_pause) {
-            let (session, started) = {
-                let shared = self.shared();
-                match (&shared.session, shared.session_started) {
-                    (Some(id), Some(at)) => (id.clone(), at),
-                    _ => continue,
-                }
+            let Some(session) = self.shared().session.clone() else {
+                continue;
             };
-            // A new session (after a rejoin) starts its own clock.
-            let last_ok = match &renewed {
-                Some((id, at)) if *id == session => *at,
-                _ => started,
-            };
-            match self.client.renew_session(&session) {
+            // The lease counts from when a renewal was sent, so one that
+            // takes longer than a period is of no use.
+            let sent = Instant::now();
+            match self.client.with_call_timeout(period).renew_session(&session) {
                 Ok(Renewal::Renewed) => {
-                    renewed = Some((session, Instant::now()));
-                    next_pause = ttl / 2;
+                    next_pause = period;
+                    let holding = {
+                        let mut shared = self.shared();
+                        shared.lease_from = Some(sent);
+                        shared.holding && !shared.closing
+                    };
+                    if holding {
+                        if let Some(notify) = self.notify.get() {
+                            notify(SlotEvent::Leased {
+                                until: lease_end(sent, ttl),
+                            });
+                        }
+                    }
                 }
                 Ok(Renewal::Gone) => {
                     self.report_loss_if_holding(
                         "Consul invalidated our session (renewal answered 404)",
                     );
-                    renewed = Some((session, Instant::now()));
-                    next_pause = ttl / 2;
+                    next_pause = period;
                 }
                 Err(error) => {
-                    if last_ok.elapsed() > ttl {
-                        self.report_loss_if_holding(&format!(
-                            "cannot renew the session for longer than its TTL: {error}"
-                        ));
-                    }
-                    renewed = Some((session, last_ok));
+                    report::event("renew-retry", &[("error", &error)]);
                     next_pause = RENEW_RETRY;
                 }
             }
@@ -735,6 +773,10 @@ impl SlotBackend for ConsulSemaphore {
         } else {
             Err(problems.join("; "))
         }
+    }
+
+    fn frees_slot_at_death(&self) -> bool {
+        false
     }
 
     fn child_env(&self) -> Vec<(String, String)> {

@@ -346,6 +346,10 @@ impl SlotBackend for LocalSemaphore {
         outcome
     }
 
+    fn frees_slot_at_death(&self) -> bool {
+        true
+    }
+
     fn child_env(&self) -> Vec<(String, String)> {
         let shared = self.shared();
         vec![
