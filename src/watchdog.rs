@@ -187,7 +187,11 @@ fn watch(pipe: libc::c_int, grace: u64, orphan_grace: u64) -> ! {
             let mut next = GROUP_CHECK_NS;
             if group > 0 && now < deadline {
                 let term_at = deadline.saturating_sub(grace);
-                let at = if termed || now >= term_at { deadline } else { term_at };
+                let at = if termed || now >= term_at {
+                    deadline
+                } else {
+                    term_at
+                };
                 next = next.min(at.saturating_sub(now).max(1_000_000));
             }
             let mut poll = libc::pollfd {
@@ -237,8 +241,12 @@ unsafe fn close_all_but(keep: libc::c_int) {
         let mut closed = true;
         for (first, last) in ranges {
             if first <= last
-                && libc::syscall(libc::SYS_close_range, first as libc::c_uint, last as libc::c_uint, 0)
-                    != 0
+                && libc::syscall(
+                    libc::SYS_close_range,
+                    first as libc::c_uint,
+                    last as libc::c_uint,
+                    0,
+                ) != 0
             {
                 closed = false;
             }

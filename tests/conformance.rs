@@ -51,6 +51,9 @@ on_every_store!(
     release_by_host_and_pid_frees_the_slot_for_a_waiter,
     release_says_when_nothing_or_several_match,
     reset_refuses_while_held_and_force_evicts_first,
+    a_killed_consem_takes_its_whole_group_along,
+    what_the_command_leaves_running_is_stopped_before_the_slot_goes,
+    wait_group_keeps_the_slot_until_the_group_is_done,
 );
 
 fn output(world: &World, limit: u32, extra: &[&str], command: &[&str]) -> Output {
@@ -562,4 +565,84 @@ fn reset_refuses_while_held_and_force_evicts_first(make: MakeWorld) {
 
     let output = admin(&world, "reset", &[]);
     assert_eq!(output.status.code(), Some(1), "nothing left to reset");
+}
+
+/// consem SIGKILLed (the OOM killer, a CI runner's timeout): the command
+/// and what it started in the background are gone within the kill grace
+/// (at once on the local store, whose slot is free the moment consem dies),
+/// stopped by the watchdog.
+fn a_killed_consem_takes_its_whole_group_along(make: MakeWorld) {
+    let world = make("killed-group");
+    let script = format!(
+        "sleep 300 & echo $! > '{}'; sleep 300 & echo $! > '{}'; echo $$ > '{}'; wait",
+        world.path("first"),
+        world.path("second"),
+        world.path("shell")
+    );
+    let holder = world.spawn(1, &["--kill-grace", "1s"], &["sh", "-c", &script]);
+    let pids: Vec<i32> = ["first", "second", "shell"]
+        .iter()
+        .map(|name| read_pid(&world, name))
+        .collect();
+    signal(&holder, libc::SIGKILL);
+    wait_until(
+        Duration::from_secs(2),
+        "the command's whole group to be gone",
+        || pids.iter().all(|&pid| process_gone(pid)),
+    );
+    finish(holder);
+}
+
+/// The command exits but leaves a job running in its process group: the
+/// job is stopped before the slot is released, so that the next holder
+/// never runs beside it.
+fn what_the_command_leaves_running_is_stopped_before_the_slot_goes(make: MakeWorld) {
+    let world = make("leftover");
+    let log = world.path("log");
+    // The worker logs while it runs; the shell exits at once.
+    let worker = |name: &str| {
+        format!(
+            "(trap 'exit 0' TERM; while :; do echo {name} >> '{log}'; sleep 0.05; done) & sleep 0.2"
+        )
+    };
+    for name in ["first", "second"] {
+        let output = output(
+            &world,
+            1,
+            &["-v", "--kill-grace", "1s"],
+            &["sh", "-c", &worker(name)],
+        );
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+        assert!(
+            stderr(&output).contains(" stopping-group "),
+            "says it stopped the group: {}",
+            stderr(&output)
+        );
+    }
+    let lines = std::fs::read_to_string(&log).unwrap();
+    let lines_in_order: Vec<&str> = lines.lines().collect();
+    let first_last = lines_in_order.iter().rposition(|l| *l == "first").unwrap();
+    let second_first = lines_in_order.iter().position(|l| *l == "second").unwrap();
+    assert!(
+        first_last < second_first,
+        "the first worker ran beside the second:\n{lines}"
+    );
+    world.assert_clean();
+}
+
+/// With `--wait-group`, the slot is kept until what the command left
+/// running has ended by itself.
+fn wait_group_keeps_the_slot_until_the_group_is_done(make: MakeWorld) {
+    let world = make("wait-group");
+    let script = format!(
+        "(sleep 0.5; touch '{}') & exit 0",
+        world.path("worker-done")
+    );
+    let output = output(&world, 1, &["--wait-group"], &["sh", "-c", &script]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(
+        world.exists("worker-done"),
+        "consem returned before the worker ended"
+    );
+    world.assert_clean();
 }

@@ -463,3 +463,141 @@ fn renewals_failing_while_reads_work_end_in_76_within_the_lease() {
         world.assert_clean();
     }
 }
+
+// ---- the lease: the command never runs past it ----------------------------
+
+/// A child that writes the time (ns since the epoch) to `name` every 50 ms,
+/// ignoring SIGTERM, so that when it stopped can be read afterwards.
+fn heartbeat(world: &World, name: &str, pid: &str) -> Vec<String> {
+    let script = format!(
+        "trap '' TERM; echo $$ > '{}'; while :; do date +%s%N > '{}.new' && mv '{}.new' '{}'; sleep 0.05; done",
+        world.path(pid),
+        world.path(name),
+        world.path(name),
+        world.path(name)
+    );
+    vec!["sh".into(), "-c".into(), script]
+}
+
+fn epoch_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+fn last_beat(world: &World, name: &str) -> u128 {
+    std::fs::read_to_string(world.path(name))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// consem frozen (SIGSTOP) while its command runs: it cannot renew, but the
+/// watchdog stops the command's group before Consul may free the slot (one
+/// TTL after the last renewal at the earliest), so the next holder never
+/// runs beside it; the thawed consem exits 76.
+#[test]
+fn a_frozen_consem_s_command_is_stopped_within_the_lease() {
+    let world = World::on_the_double("frozen");
+    let double = world.the_double();
+    // Sessions expire at their TTL, the earliest Consul may.
+    double.set_ttl_multiplier(1.0);
+    let spawned = epoch_ns();
+    let holder = world.spawn(
+        1,
+        &["--ttl", "10s", "--kill-grace", "1s"],
+        &strs(&heartbeat(&world, "beat", "pid")),
+    );
+    let pid = read_pid(&world, "pid");
+    signal(&holder, libc::SIGSTOP);
+    let waiter = world.spawn(
+        1,
+        &[],
+        &[
+            "sh",
+            "-c",
+            &format!("date +%s%N > '{}'", world.path("next")),
+        ],
+    );
+    wait_until(Duration::from_secs(30), "the next holder to run", || {
+        world.exists("next")
+    });
+    assert!(process_gone(pid), "the frozen consem's command still runs");
+    let next_started: u128 = std::fs::read_to_string(world.path("next"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let last = last_beat(&world, "beat");
+    assert!(last < next_started, "the two commands overlapped");
+    assert!(
+        last < spawned + 10_000_000_000,
+        "the command ran {} ms past the start, beyond the TTL",
+        (last - spawned) / 1_000_000
+    );
+    signal(&holder, libc::SIGCONT);
+    let output = finish(holder);
+    assert_eq!(output.status.code(), Some(76), "{}", stderr(&output));
+    assert_eq!(finish(waiter).status.code(), Some(0));
+    world.assert_clean();
+}
+
+/// The command ends by itself while consem is frozen past the lease: the
+/// slot may have gone to another command meanwhile, so the run is no
+/// success: 76, with a message.
+#[test]
+fn a_command_that_ends_while_consem_is_frozen_past_the_lease_is_no_success() {
+    let world = World::on_the_double("frozen-end");
+    let script = format!("echo $$ > '{}'; sleep 1", world.path("pid"));
+    let holder = world.spawn(
+        1,
+        &["--ttl", "10s", "--kill-grace", "1s"],
+        &["sh", "-c", &script],
+    );
+    let pid = read_pid(&world, "pid");
+    signal(&holder, libc::SIGSTOP);
+    wait_until(PROMPT, "the command to end by itself", || process_gone(pid));
+    // Past the lease: 5/6 of the TTL after the session was made.
+    std::thread::sleep(Duration::from_secs(9));
+    signal(&holder, libc::SIGCONT);
+    let output = finish(holder);
+    assert_eq!(output.status.code(), Some(76), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("slot lost while the command ran"),
+        "{}",
+        stderr(&output)
+    );
+    world.assert_clean();
+}
+
+/// Ctrl-Z for longer than the lease: consem stops the command with itself,
+/// and once continued it finds the lease gone: the command is not
+/// continued into a lost slot (the watchdog ended it within the lease), and
+/// consem exits 76.
+#[test]
+fn a_stop_past_the_lease_is_never_resumed_into_a_lost_slot() {
+    let world = World::on_the_double("long-stop");
+    let spawned = epoch_ns();
+    let holder = world.spawn(
+        1,
+        &["--ttl", "10s", "--kill-grace", "1s"],
+        &strs(&heartbeat(&world, "beat", "pid")),
+    );
+    let pid = read_pid(&world, "pid");
+    signal(&holder, libc::SIGTSTP);
+    wait_until(PROMPT, "the command to be stopped", || is_stopped(pid));
+    std::thread::sleep(Duration::from_secs(10));
+    signal(&holder, libc::SIGCONT);
+    let output = finish(holder);
+    assert_eq!(output.status.code(), Some(76), "{}", stderr(&output));
+    assert!(process_gone(pid));
+    let last = last_beat(&world, "beat");
+    assert!(
+        last < spawned + 10_000_000_000,
+        "the command ran {} ms past the start, beyond the TTL",
+        (last - spawned) / 1_000_000
+    );
+    world.assert_clean();
+}

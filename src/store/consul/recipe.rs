@@ -518,7 +518,11 @@ impl ConsulSemaphore {
             // The lease counts from when a renewal was sent, so one that
             // takes longer than a period is of no use.
             let sent = Instant::now();
-            match self.client.with_call_timeout(period).renew_session(&session) {
+            match self
+                .client
+                .with_call_timeout(period)
+                .renew_session(&session)
+            {
                 Ok(Renewal::Renewed) => {
                     next_pause = period;
                     let holding = {

@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use files::{PrefixDir, Waker, WakeFifo};
+use files::{PrefixDir, WakeFifo, Waker};
 
 use super::{
     Admin, Contend, ContenderInfo, ContenderStatus, Holder, Notify, Progress, ResetOutcome,
