@@ -427,15 +427,26 @@ fn a_watch_whose_index_goes_back_starts_over_and_still_sees_the_loss() {
 fn renewals_failing_while_reads_work_end_in_76_within_the_lease() {
     let world = World::on_the_double("renew-fails");
     let double = world.the_double();
-    for (status, reason) in [
-        (500, "no renewal of its lease was confirmed in time"),
-        (404, "Consul invalidated our session (renewal answered 404)"),
+    for (fault, status, reason) in [
+        (
+            Fault::status(500, "renewal refused by the test", usize::MAX),
+            "500",
+            "no renewal of its lease was confirmed in time",
+        ),
+        // A stalled agent: renewals that never get an answer.
+        (
+            Fault::stall(usize::MAX),
+            "nothing",
+            "no renewal of its lease was confirmed in time",
+        ),
+        (
+            Fault::status(404, "renewal refused by the test", usize::MAX),
+            "404",
+            "Consul invalidated our session (renewal answered 404)",
+        ),
     ] {
         double.clear_faults();
-        double.inject(
-            Fault::status(status, "renewal refused by the test", usize::MAX)
-                .on(Match::method_path("PUT", "/v1/session/renew/")),
-        );
+        double.inject(fault.on(Match::method_path("PUT", "/v1/session/renew/")));
         let started = Instant::now();
         let mut holder = world.spawn(
             1,
