@@ -131,7 +131,13 @@ fn main() {
             waiting: Duration::from_secs(5),
         }
     };
-    let dir = std::env::temp_dir().join(format!("consem-bench-local-{}", std::process::id()));
+    // A tmpfs, as /run/lock (the local store's default) is on most systems.
+    let scratch = if std::path::Path::new("/dev/shm").is_dir() {
+        PathBuf::from("/dev/shm")
+    } else {
+        std::env::temp_dir()
+    };
+    let dir = scratch.join(format!("consem-bench-local-{}", std::process::id()));
     std::fs::create_dir_all(dir.join("sem-home")).unwrap();
     let bench = Bench {
         sem_available: Command::new("sem")
@@ -150,6 +156,7 @@ fn main() {
             ""
         }
     );
+    println!("(lock files and the store in {})", scratch.display());
     if !bench.sem_available {
         println!(
             "(GNU parallel's sem is not installed: apt-get install parallel to compare with it)"

@@ -106,6 +106,22 @@ pub fn run(backend: Arc<dyn SlotBackend>, plan: &Plan) -> Outcome {
     // The handlers keep what arrives until this thread reads it: starting it
     // after the backend's lets the first request go out sooner.
     forward_signals(signals, events.clone());
+    // Started now, while the store works, so that a handoff does not wait
+    // for it.
+    let orphan_grace = if backend.frees_slot_at_death() {
+        Duration::ZERO
+    } else {
+        plan.kill_grace
+    };
+    let watchdog = match Watchdog::start(plan.kill_grace, orphan_grace) {
+        Ok(watchdog) => watchdog,
+        Err(error) => {
+            leave(&*backend, RELEASE_BUDGET_WAITING);
+            return Outcome::Failed(StoreError::Unavailable(format!(
+                "cannot start the watchdog that stops the command if consem cannot: {error}"
+            )));
+        }
+    };
 
     // A deadline too far to represent is no deadline.
     let deadline = plan.timeout.and_then(|t| started.checked_add(t));
@@ -117,12 +133,15 @@ pub fn run(backend: Arc<dyn SlotBackend>, plan: &Plan) -> Outcome {
     match waited {
         Ok(()) => {}
         Err(outcome) => {
+            watchdog.finish();
             leave(&*backend, RELEASE_BUDGET_WAITING);
             return outcome;
         }
     }
-    let outcome = run_child(&*backend, plan, events, &inbox);
+    let (outcome, watchdog) = run_child(&*backend, plan, watchdog, events, &inbox);
+    // The group is gone: the next holder need not wait for the watchdog.
     leave(&*backend, RELEASE_BUDGET_DONE);
+    watchdog.finish();
     outcome
 }
 
@@ -236,22 +255,10 @@ impl Lease {
 fn run_child(
     backend: &dyn SlotBackend,
     plan: &Plan,
+    mut watchdog: Watchdog,
     events: Sender<Event>,
     inbox: &Receiver<Event>,
-) -> Outcome {
-    let orphan_grace = if backend.frees_slot_at_death() {
-        Duration::ZERO
-    } else {
-        plan.kill_grace
-    };
-    let mut watchdog = match Watchdog::start(plan.kill_grace, orphan_grace) {
-        Ok(watchdog) => watchdog,
-        Err(error) => {
-            return Outcome::Failed(StoreError::Unavailable(format!(
-                "cannot start the watchdog that stops the command if consem cannot: {error}"
-            )))
-        }
-    };
+) -> (Outcome, Watchdog) {
     let mut take_terminal = sys::we_own_the_terminal();
     let group = match sys::spawn_child(&plan.command, &backend.child_env(), take_terminal) {
         Ok(pid) => pid,
@@ -260,8 +267,7 @@ fn run_child(
             if take_terminal {
                 sys::take_terminal_back();
             }
-            watchdog.finish();
-            return Outcome::SpawnFailed(error);
+            return (Outcome::SpawnFailed(error), watchdog);
         }
     };
     watchdog.guard(group);
@@ -374,8 +380,7 @@ fn run_child(
         (Some(status), None) => end_group(group, plan, &mut lease, &mut watchdog, inbox, status),
         (None, None) => unreachable!("the loop ends with a status or a loss"),
     };
-    watchdog.finish();
-    outcome
+    (outcome, watchdog)
 }
 
 /// The command exited by itself. The slot covers its whole process group:

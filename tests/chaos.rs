@@ -147,20 +147,24 @@ fn summary(line: &str) {
 }
 
 /// The processes whose parent is `parent`, from /proc.
+/// The commands consem started: its children in its own session (the
+/// lease watchdog, also its child, runs in a session of its own).
 fn children_of(parent: i32) -> Vec<i32> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
+    // /proc/<pid>/stat after the name: state, ppid, pgrp, session, ...
+    let fields = |pid: i32| -> Option<(i32, i32)> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let (_, rest) = stat.rsplit_once(')')?;
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        Some((fields.get(1)?.parse().ok()?, fields.get(3)?.parse().ok()?))
+    };
+    let Some((_, session)) = fields(parent) else {
+        return Vec::new();
+    };
     dir.filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .ok()
-                .and_then(|stat| {
-                    let (_, rest) = stat.rsplit_once(')')?;
-                    rest.split_whitespace().nth(1)?.parse::<i32>().ok()
-                })
-                == Some(parent)
-        })
+        .filter(|&pid| fields(pid) == Some((parent, session)))
         .collect()
 }
 

@@ -386,6 +386,11 @@ impl PrefixDir {
         }
     }
 
+    /// Whether any contender is alive (the first one found ends the look).
+    pub fn anyone_live(&self) -> Result<bool, StoreError> {
+        Ok(self.tickets()?.into_iter().any(|t| self.is_live(t)))
+    }
+
     /// The live contenders' tickets, in order of arrival.
     pub fn live_tickets(&self) -> Result<Vec<u64>, StoreError> {
         Ok(self
@@ -395,12 +400,23 @@ impl PrefixDir {
             .collect())
     }
 
-    /// Removes the files of dead contenders and drops dead holders from
-    /// `state` (the caller writes it if it writes anyway). Returns the live
-    /// tickets. Call with the directory locked.
-    pub fn prune_dead(&self, state: &mut State) -> Result<Vec<u64>, StoreError> {
+    /// Looks at the holders and at the contenders that arrived before
+    /// `before` (every one with `None`): removes the files of the dead ones
+    /// and drops dead holders from `state` (the caller writes it if it
+    /// writes anyway). Returns the live ones among them, in order of
+    /// arrival. A waiter does not look at those behind it, which cannot
+    /// change its turn. Call with the directory locked.
+    pub fn prune_dead(
+        &self,
+        state: &mut State,
+        before: Option<u64>,
+    ) -> Result<Vec<u64>, StoreError> {
         let mut live = Vec::new();
         for ticket in self.tickets()? {
+            let ahead = before.map_or(true, |before| ticket < before);
+            if !ahead && !state.holders.contains(&ticket) {
+                continue;
+            }
             if self.is_live(ticket) {
                 live.push(ticket);
             } else {
@@ -451,10 +467,13 @@ impl PrefixDir {
     pub fn leave(&self, ticket: u64) -> Result<(), StoreError> {
         let mut state = self.read_state()?;
         self.remove_files(ticket);
-        state.holders.retain(|&t| t != ticket);
-        let live = self.prune_dead(&mut state)?;
-        let live: Vec<u64> = live.into_iter().filter(|&t| t != ticket).collect();
-        if live.is_empty() {
+        state.holders.retain(|&t| t != ticket && self.is_live(t));
+        // The first live contender found ends the look: a handoff waits for
+        // this. Only the last one out tidies every dead contender's files up
+        // and drops the limit.
+        let anyone_left = !state.holders.is_empty() || self.anyone_live()?;
+        if !anyone_left {
+            self.prune_dead(&mut state, None)?;
             state.limit = None;
         }
         self.write_state(&state)

@@ -87,7 +87,7 @@ struct Shared {
     ticket: Option<u64>,
     contender_file: Option<File>,
     queue_file: Option<File>,
-    /// Read end of our wake FIFO, once we hold a slot.
+    /// Read end of our wake FIFO (made when we join).
     wake_fifo: Option<Arc<WakeFifo>>,
     holding: bool,
     fence: Option<u64>,
@@ -136,9 +136,8 @@ impl LocalSemaphore {
     fn join(&self) -> Result<u64, StoreError> {
         let _meta = self.place.lock()?;
         let mut state = self.place.read_state()?;
-        let live = self.place.live_tickets()?;
         match state.limit {
-            Some(found) if found != self.limit && !live.is_empty() => {
+            Some(found) if found != self.limit && self.place.anyone_live()? => {
                 return Err(self.conflict(found))
             }
             _ => state.limit = Some(self.limit),
@@ -146,11 +145,15 @@ impl LocalSemaphore {
         let ticket = state.next;
         state.next += 1;
         let (contender_file, queue_file) = self.place.create_contender(ticket, &self.info)?;
+        // Made now, off the path of a handoff: once we hold a slot, an
+        // operator who releases us writes to it to wake us.
+        let wake_fifo = self.place.create_wake_fifo(ticket)?;
         self.place.write_state(&state)?;
         let mut shared = self.shared();
         shared.ticket = Some(ticket);
         shared.contender_file = Some(contender_file);
         shared.queue_file = Some(queue_file);
+        shared.wake_fifo = Some(Arc::new(wake_fifo));
         Ok(ticket)
     }
 
@@ -195,7 +198,7 @@ impl LocalSemaphore {
                 None => state.limit = Some(self.limit),
                 Some(_) => {}
             }
-            let live = self.place.prune_dead(&mut state)?;
+            let live = self.place.prune_dead(&mut state, Some(ticket))?;
             let waiters: Vec<u64> = live
                 .iter()
                 .copied()
@@ -203,9 +206,6 @@ impl LocalSemaphore {
                 .collect();
             match decide(&state.holders, &waiters, ticket, self.limit) {
                 Decision::Take => {
-                    // The FIFO exists before the record names us, so that an
-                    // operator who releases us can always wake us.
-                    let wake_fifo = self.place.create_wake_fifo(ticket)?;
                     state.holders.push(ticket);
                     state.fence += 1;
                     self.place.write_state(&state)?;
@@ -215,7 +215,6 @@ impl LocalSemaphore {
                     let mut shared = self.shared();
                     shared.holding = true;
                     shared.fence = Some(state.fence);
-                    shared.wake_fifo = Some(Arc::new(wake_fifo));
                     // Wakes the waiter blocked on our queue file.
                     self.place.remove_queue_file(ticket);
                     shared.queue_file = None;
