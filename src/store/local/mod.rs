@@ -133,8 +133,12 @@ impl LocalSemaphore {
     }
 
     /// Takes a ticket and locks our files, under the directory's lock.
-    fn join(&self) -> Result<u64, StoreError> {
+    /// `None` if release began first.
+    fn join(&self) -> Result<Option<u64>, StoreError> {
         let _meta = self.place.lock()?;
+        if self.shared().closing {
+            return Ok(None);
+        }
         let mut state = self.place.read_state()?;
         match state.limit {
             Some(found) if found != self.limit && self.place.anyone_live()? => {
@@ -154,7 +158,7 @@ impl LocalSemaphore {
         shared.contender_file = Some(contender_file);
         shared.queue_file = Some(queue_file);
         shared.wake_fifo = Some(Arc::new(wake_fifo));
-        Ok(ticket)
+        Ok(Some(ticket))
     }
 
     /// The contender thread: join, wait for a slot, then watch it.
@@ -181,7 +185,9 @@ impl LocalSemaphore {
         // uncontended run never sets up inotify (closing an inotify
         // descriptor waits for the kernel's grace period, about 10 ms).
         let mut waker: Option<Waker> = None;
-        let ticket = self.join()?;
+        let Some(ticket) = self.join()? else {
+            return Ok(None);
+        };
         let mut last_picture: Option<Progress> = None;
         loop {
             let meta = self.place.lock()?;
@@ -318,9 +324,13 @@ impl SlotBackend for LocalSemaphore {
     }
 
     fn release(&self, budget: Duration) -> Result<(), String> {
+        // From here on the contender thread neither joins nor takes a slot: it
+        // looks under the directory's lock, which release then takes, so a
+        // join or a take under way is finished (and undone here) first.
+        self.shared().closing = true;
+        let meta = self.place.lock_within(Instant::now() + budget);
         let (ticket, files) = {
             let mut shared = self.shared();
-            shared.closing = true;
             shared.holding = false;
             let files = (
                 shared.contender_file.take(),
@@ -332,7 +342,7 @@ impl SlotBackend for LocalSemaphore {
         let Some(ticket) = ticket else {
             return Ok(());
         };
-        let outcome = match self.place.lock_within(Instant::now() + budget) {
+        let outcome = match meta {
             Ok(_meta) => self.place.leave(ticket).map_err(|e| e.to_string()),
             Err(error) => Err(format!(
                 "{error}; the kernel frees our slot as consem exits, and the next contender prunes us"
