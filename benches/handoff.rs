@@ -1,4 +1,4 @@
-//! Benchmark harness for issue 6: runs the real `consem` binary against the
+//! Benchmark harness of the Consul store: runs the real `consem` binary against the
 //! in-process Consul test double (or a real agent at
 //! `CONSEM_BENCH_CONSUL_ADDR`) and prints one report on stdout:
 //!
@@ -9,7 +9,7 @@
 //!   CPU time per handoff;
 //! - fairness: contenders started one by one with limit 1; grants out of
 //!   arrival order, longest wait against the ideal;
-//! - the issue's goals next to the figures.
+//! - the goals next to the figures.
 //!
 //! ```text
 //! cargo bench --bench handoff                                      # full run
@@ -68,7 +68,7 @@ const CONSUL_ENV: [&str; 12] = [
     "CONSUL_PARTITION",
 ];
 
-// consul lock -n figures from issue 6 (real agent on loopback, 2 cores).
+// consul lock -n figures the goals were set with (real agent on loopback, 2 cores).
 const CONSUL_LOCK_WALL_MS: f64 = 19.0;
 const CONSUL_LOCK_RSS_MIB: f64 = 18.6;
 const GOAL_RSS_MIB: f64 = 5.0;
@@ -104,7 +104,7 @@ impl Sizes {
                 uncontended_runs: 50,
                 uncontended_warmup: 3,
                 uncontended_proxied: 10,
-                // The issue's sizes, plus limit 5 at N = 20 and 200, so that
+                // The goals' sizes, plus limit 5 at N = 20 and 200, so that
                 // requests per handoff are compared across N at one limit.
                 handoff: vec![
                     (20, 2),
@@ -134,7 +134,7 @@ fn main() {
     let bench = Bench::new();
 
     let mut out = String::new();
-    out.push_str("consem handoff benchmark (issue 6)\n");
+    out.push_str("consem handoff benchmark\n");
     out.push_str(&format!(
         "binary:  {CONSEM} ({} bytes)\n",
         file_size(CONSEM)
@@ -1091,9 +1091,9 @@ fn goals(u: &Uncontended, handoffs: &[Handoff], f: &Fairness, judged: bool) -> S
     };
     let mut t = String::new();
     t.push_str(
-        "## Goals of issue 6 (on this Consul; consul lock's figures are from the issue)\n\n",
+        "## Goals (on this Consul; consul lock's figures were measured on a real agent)\n\n",
     );
-    t.push_str("| goal | target | consem here | consul lock (issue 6, real agent) | verdict |\n");
+    t.push_str("| goal | target | consem here | consul lock (real agent) | verdict |\n");
     t.push_str("|---|---|---|---|---|\n");
     let wall = u.wall_median_ms();
     t.push_str(&format!(
