@@ -415,7 +415,9 @@ fn end_group(
             _ => {}
         }
     }
-    if lost.is_none() && lease.ended() {
+    // Past the lease's stop point the watchdog may have stopped the
+    // command: its status is not its own.
+    if lost.is_none() && lease.running_out() {
         lost = Some(lease.why());
     }
     match lost {

@@ -141,3 +141,16 @@ fn reset_clears_a_lock_left_by_dead_holders_so_a_new_limit_works() {
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     world.assert_clean();
 }
+
+/// Releasing the last holder of a prefix (here a `consul lock` peer, whose
+/// own process would not tidy up) deletes `.lock`, as a consem leaving
+/// last does.
+#[test]
+fn releasing_the_last_holder_leaves_the_prefix_empty() {
+    let world = World::new("release-last");
+    let peer = consul_lock_holder(&world, 2);
+    let output = admin(&world, "release", &["--session", &peer]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(world.lock_value(), None, "an empty .lock was left behind");
+    world.assert_clean();
+}

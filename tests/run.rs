@@ -441,3 +441,20 @@ fn a_waiter_behind_a_consul_lock_waiter_blocks_on_the_prefix() {
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     world.assert_clean();
 }
+
+/// Holders in `.lock` whose names no contender key can have (`.`, `..`,
+/// empty, with a `/`): dead, pruned without asking Consul for a key it
+/// would answer with a redirect.
+#[test]
+fn holders_that_cannot_have_a_contender_key_are_pruned() {
+    let world = World::new("odd-holders");
+    world.consul.put(
+        &world.key(".lock"),
+        br#"{"Limit":1,"Holders":{".":true,"..":true,"":true,"a/b":true}}"#,
+        SEMAPHORE_FLAGS,
+    );
+    let output = world.consem(1, &[], &["printf", "ran"]).output().unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(output.stdout, b"ran");
+    world.assert_clean();
+}

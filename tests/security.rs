@@ -742,9 +742,12 @@ fn status_and_reset_never_call_a_hidden_holder_dead() {
 
 #[test]
 fn a_dead_holder_is_still_pruned_with_a_token_that_cannot_read_everything() {
-    let (world, peer) = filtered_world("acl-dead-holder", Filtering::Silent);
-    // The holder dies: its session goes, and its key with it; .lock still
-    // names it. A direct read shows the key gone, so consem prunes it.
+    // The token may not read a part of the prefix, but the dead holder's
+    // key is outside it: a direct read of it says 404, so it is pruned.
+    let world = acl_world("acl-dead-holder", |_| Acl::new());
+    let peer = hidden_holder(&world);
+    let elsewhere = "ffffffff-0000-4000-8000-000000000000";
+    double(&world).enable_acls(hiding_acl(&world, elsewhere, Filtering::Silent));
     world.consul.destroy_session(&peer);
     let lock = world.lock_value().expect(".lock stays");
     assert_eq!(lock["Holders"][&peer], true, "{lock}");
@@ -758,6 +761,18 @@ fn a_dead_holder_is_still_pruned_with_a_token_that_cannot_read_everything() {
     );
     let output = run(consem_with_token(&world, TOKEN, &HELLO));
     assert_ran(&world, &output, HELLO_OUT);
+}
+
+#[test]
+fn a_dead_holder_whose_key_the_token_cannot_read_is_not_pruned_either() {
+    // Its session is gone, but the token cannot tell: agents filter
+    // session reads by ACL without a word, as they filter listings.
+    let (world, peer) = filtered_world("acl-dead-hidden", Filtering::Silent);
+    world.consul.destroy_session(&peer);
+    let before = keys(&world);
+    let error = denied(consem_with_token(&world, TOKEN, &HELLO));
+    assert_filtering_explained(&world, &error);
+    assert_eq!(keys(&world), before, ".lock changed");
 }
 
 #[test]
@@ -1006,4 +1021,67 @@ fn namespace_and_partition_variables_go_on_every_request() {
     let output = run(command);
     assert_ran(&world, &output, HELLO_OUT);
     assert_scoped(&world, None, "team-a", "part-b");
+}
+
+#[test]
+fn a_session_destroyed_under_acls_ends_the_run_without_a_cleanup_warning() {
+    // With ACLs on, agents answer 500 "Unknown session" to destroying a
+    // session that is gone (200 without ACLs): consem takes it as done.
+    let world = acl_world("acl-destroyed", |prefix| {
+        Acl::new().token(TOKEN, Rights::semaphore(prefix))
+    });
+    let holder = world
+        .consem(
+            1,
+            &["--token", TOKEN, "--kill-grace", "1s"],
+            &strs(&world.held_until("ready", "go", 0)),
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    common::wait_until(PROMPT, "the command to start", || world.exists("ready"));
+    let (session, _) = world.sessions().into_iter().next().expect("a session");
+    world.consul.destroy_session(&session);
+    let output = finish(holder);
+    assert_eq!(output.status.code(), Some(76), "{}", stderr(&output));
+    assert!(
+        !stderr(&output).contains("could not clean up"),
+        "{}",
+        stderr(&output)
+    );
+    assert_clean(&world);
+}
+
+#[test]
+fn a_lock_the_token_cannot_read_is_not_reported_as_no_semaphore() {
+    // A consul lock -n peer holds; the token can read every key but .lock.
+    let world = acl_world("acl-hidden-lock", |_| Acl::new());
+    let _peer = hidden_holder(&world);
+    let rights = Rights {
+        session_write: true,
+        key_read: vec![],
+        key_write: every_key_but(&world.prefix, ".lock"),
+    };
+    assert!(!rights.can_read(&world.key(".lock")));
+    double(&world).enable_acls(
+        Acl::new()
+            .token(TOKEN, rights)
+            .token(HELPER_TOKEN, Rights::all())
+            .silent_filtering(),
+    );
+    for subcommand in ["status", "reset"] {
+        let output = admin_with_token(&world, subcommand, &[]);
+        assert_eq!(
+            output.status.code(),
+            Some(77),
+            "{subcommand}: {}",
+            stderr(&output)
+        );
+        let error = one_line(&output);
+        assert!(
+            error.contains(&format!("key:read on {}/.lock", world.prefix)),
+            "{error}"
+        );
+    }
 }

@@ -842,6 +842,12 @@ impl Shared {
 
     /// The answer to a request; `None` if the double stopped while it waited.
     fn handle(&self, request: &Request) -> Option<Response> {
+        // Go's ServeMux, in front of Consul's handlers, redirects a path
+        // with `.` or `..` segments (after decoding) to its cleaned form.
+        let segments: Vec<&str> = request.path.split('/').skip(1).collect();
+        if segments.iter().any(|s| *s == "." || *s == "..") {
+            return Some(Response::text(301, "<a href=\"/\">Moved Permanently</a>."));
+        }
         // Check expiry here too, so a request never sees a session that the
         // reaper simply has not got round to yet.
         if lock(&self.store).expire_due(Instant::now()) > 0 {
@@ -877,7 +883,7 @@ impl Shared {
                 ("list", "GET") => self.session_list(request),
                 ("info", "GET") => self.session_info(request, id),
                 ("renew", "PUT") => Some(self.session_renew(id)),
-                ("destroy", "PUT") => Some(self.session_destroy(id)),
+                ("destroy", "PUT") => Some(self.session_destroy(id, rights.is_some())),
                 ("create" | "renew" | "destroy" | "list" | "info", _) => {
                     Some(method_not_allowed(method))
                 }
@@ -1139,11 +1145,19 @@ impl Shared {
         }
     }
 
-    fn session_destroy(&self, id: &str) -> Response {
+    /// `acls`: with ACLs on, Consul looks the session up to check the
+    /// token against its node, and answers 500 "Unknown session" for one
+    /// that is gone; without, it answers 200 either way.
+    fn session_destroy(&self, id: &str, acls: bool) -> Response {
         if id.is_empty() {
             return Response::text(400, "Missing session");
         }
-        lock(&self.store).destroy_session(id);
+        let mut store = lock(&self.store);
+        if acls && !store.sessions.contains_key(id) {
+            return Response::text(500, &format!("Unknown session {id:?}"));
+        }
+        store.destroy_session(id);
+        drop(store);
         self.changed.notify_all();
         Response::json(200, &true)
     }

@@ -452,9 +452,6 @@ impl Sim {
                 let entries = entry.into_iter().collect();
                 Answer::HolderKey(Some(Listing { index, entries }))
             }
-            Call::CheckSession { session } => {
-                Answer::SessionAlive(self.consul.session_alive(session))
-            }
             Call::Get { name, .. } => {
                 let (index, entry) = self.consul.get(DIR, &format!("{DIR}{name}"));
                 let entries = entry.into_iter().collect();
@@ -475,10 +472,7 @@ impl Sim {
         };
         let is_write = !matches!(
             call,
-            Call::List { .. }
-                | Call::Get { .. }
-                | Call::CheckHolder { .. }
-                | Call::CheckSession { .. }
+            Call::List { .. } | Call::Get { .. } | Call::CheckHolder { .. }
         );
         if self.faults && is_write && self.rng.chance(30) {
             self.stats.lost_answers += 1;
@@ -884,7 +878,7 @@ impl Sim {
         };
         for suspect in semaphore::suspects(&record, snapshot) {
             let held = if self.clients[i].restricted && self.hidden_sessions.contains(&suspect) {
-                self.consul.session_alive(&suspect)
+                true
             } else {
                 let (_, key) = self.consul.get(DIR, &format!("{DIR}{suspect}"));
                 semaphore::check_key(key.as_ref(), &suspect).is_ok()

@@ -82,11 +82,6 @@ impl Consul {
         id
     }
 
-    /// `GET /v1/session/info/<id>`: whether the session exists.
-    pub fn session_alive(&self, id: &str) -> bool {
-        self.sessions.contains_key(id)
-    }
-
     pub fn session_count(&self) -> usize {
         self.sessions.len()
     }

@@ -48,6 +48,14 @@ impl ConsulAdmin {
         for _ in 0..CAS_ATTEMPTS {
             let mut snapshot = self.read()?;
             let Some((record, _)) = self.lock_record(&snapshot)? else {
+                // A `.lock` the token may not read is left out of the
+                // listing too: "no semaphore" would be wrong.
+                if let Err(ConsulError::Denied(why)) =
+                    self.client
+                        .get(&self.prefix, LOCK_KEY_NAME, Consistency::Consistent, None)
+                {
+                    return Err(StoreError::Denied(format!("permission denied: {why}")));
+                }
                 return Ok(snapshot);
             };
             let revealed = self
@@ -95,11 +103,16 @@ impl ConsulAdmin {
                 return Ok(());
             }
             record.holders.retain(|h| h != session);
-            if self
-                .client
-                .put_cas(&key, encode_lock(&record), index, SEMAPHORE_FLAGS)
-                .map_err(failure)?
-            {
+            // The last one out deletes `.lock`, as a leaving consem does.
+            let nobody_left =
+                record.holders.is_empty() && snapshot.contenders.keys().all(|name| name == session);
+            let written = if nobody_left {
+                self.client.delete(&key, Some(index))
+            } else {
+                self.client
+                    .put_cas(&key, encode_lock(&record), index, SEMAPHORE_FLAGS)
+            };
+            if written.map_err(failure)? {
                 return Ok(());
             }
         }

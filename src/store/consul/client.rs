@@ -155,7 +155,7 @@ impl std::fmt::Display for ConsulError {
 /// [`Client::reveal_hidden`].
 #[derive(Debug, Default)]
 pub struct Revealed {
-    /// Their keys cannot be read (403) and their sessions live.
+    /// Their keys cannot be read (403).
     pub hidden: Vec<String>,
     /// Their keys are held: they came back since the listing.
     pub revived: Vec<String>,
@@ -398,6 +398,11 @@ impl Client {
             self.call_timeout,
             "session:write",
         )?;
+        // With ACLs on, agents answer 500 "Unknown session" for a session
+        // that is already gone, where they answer 200 without: gone is done.
+        if reply.status == 500 && one_line(&reply.body).contains("Unknown session") {
+            return Ok(());
+        }
         expect_ok(reply).map(|_| ())
     }
 
@@ -431,8 +436,8 @@ impl Client {
     /// listing in `snapshot` shows as dead: the listing may have left it out
     /// because the token cannot read it. Marks as live in `snapshot`, so
     /// that nothing prunes them, the holders whose key the token may not
-    /// read (403) while their session lives (`hidden`), and those whose key
-    /// is held after all (`revived`: back since the listing).
+    /// read (403: `hidden`), and those whose key is held after all
+    /// (`revived`: back since the listing).
     pub fn reveal_hidden(
         &self,
         prefix: &str,
@@ -441,6 +446,9 @@ impl Client {
     ) -> Result<Revealed, ConsulError> {
         let mut revealed = Revealed::default();
         for suspect in semaphore::suspects(record, snapshot) {
+            if !semaphore::can_be_a_contender_key(&suspect) {
+                continue;
+            }
             match self.get(prefix, &suspect, Consistency::Default, None) {
                 Ok(read) => {
                     let key = read.entries.iter().find(|e| e.name == suspect);
@@ -448,13 +456,9 @@ impl Client {
                         revealed.revived.push(suspect.clone());
                     }
                 }
-                Err(ConsulError::Denied(_)) => match self.session_info(&suspect) {
-                    Ok(None) => {}
-                    Ok(Some(_)) | Err(ConsulError::Denied(_)) => {
-                        revealed.hidden.push(suspect.clone())
-                    }
-                    Err(other) => return Err(other),
-                },
+                // The token cannot read the whole prefix: the holder may
+                // live (agents filter session reads by ACL silently too).
+                Err(ConsulError::Denied(_)) => revealed.hidden.push(suspect.clone()),
                 Err(other) => return Err(other),
             }
         }

@@ -37,9 +37,6 @@ pub enum Call {
     /// shows as dead, before a write prunes it: a listing may leave out a key
     /// the token cannot read without saying so, a direct read answers 403.
     CheckHolder { name: String },
-    /// Look up the session of a holder whose key the token cannot read: a
-    /// holder whose session is gone is dead.
-    CheckSession { session: String },
     /// Rewrite our contender key with a value that names the slot
     /// (`fence`), which wakes the waiter that blocks on it
     /// ([`WaitOn::Key`]). The value must change: Consul (1.6 and later) does
@@ -69,8 +66,6 @@ pub enum Answer {
     /// The answer to [`Call::CheckHolder`]: at most one entry, or `None`
     /// when the token may not read the key (403).
     HolderKey(Option<Listing>),
-    /// The answer to [`Call::CheckSession`]: whether Consul knows the session.
-    SessionAlive(bool),
 }
 
 /// What the contender wants after an answer.
@@ -237,7 +232,6 @@ impl Contender {
             // Our key changed since the confirming read: look again.
             Answer::Relayed(false) => self.confirm_again(),
             Answer::HolderKey(read) => self.on_holder_key(read),
-            Answer::SessionAlive(alive) => self.on_holder_session(alive),
             Answer::LockWritten(true) => {
                 // Confirm the win with a fresh, consistent read.
                 self.confirm = true;
@@ -273,16 +267,17 @@ impl Contender {
 
     /// A holder the listing showed as dead was read directly: prune it only
     /// if its key is really gone or no longer held by it. A key the token
-    /// may not read tells nothing; the holder's session does. A key read
-    /// held came back since the listing (a holder that rejoined): read the
-    /// prefix again; if the next listing leaves it out too, the listing
-    /// hides it.
+    /// may not read (403) means the listing cannot be trusted: the holder
+    /// may live (its session cannot tell: agents filter session reads by
+    /// ACL without a word too). A key read held came back since the listing
+    /// (a holder that rejoined): read the prefix again; if the next listing
+    /// leaves it out too, the listing hides it.
     fn on_holder_key(&mut self, read: Option<Listing>) -> Step {
         let Call::CheckHolder { name } = self.pending.clone() else {
             unreachable!("a holder's key is only read when checking it");
         };
         let Some(read) = read else {
-            return Step::Call(Call::CheckSession { session: name });
+            return self.on_holder_checked(name, false);
         };
         let key = read.entries.iter().find(|e| e.name == name);
         if semaphore::check_key(key, &name).is_err() {
@@ -295,13 +290,6 @@ impl Contender {
         self.checking = None;
         self.index = 0;
         Step::Call(self.read())
-    }
-
-    fn on_holder_session(&mut self, alive: bool) -> Step {
-        let Call::CheckSession { session } = self.pending.clone() else {
-            unreachable!("a holder's session is only looked up when checking it");
-        };
-        self.on_holder_checked(session, !alive)
     }
 
     /// Decides again on the listing being checked, now that `holder` is
@@ -387,6 +375,7 @@ impl Contender {
                         .and_then(|record| {
                             semaphore::suspects(&record, &snapshot)
                                 .into_iter()
+                                .filter(|h| semaphore::can_be_a_contender_key(h))
                                 .find(|h| !self.gone.contains(h))
                         });
                 match unconfirmed {
@@ -622,26 +611,15 @@ mod tests {
                 session: OTHER.into()
             }
         );
-        // The key may not be read (403): the session decides.
+        // The key may not be read (403): the token cannot see the whole
+        // prefix, whatever else it could read.
         let mut c = checking_other();
         assert_eq!(
             c.on_answer(Answer::HolderKey(None)),
-            Step::Call(Call::CheckSession {
-                session: OTHER.into()
-            })
-        );
-        assert_eq!(
-            c.on_answer(Answer::SessionAlive(true)),
             Step::Hidden {
                 session: OTHER.into()
             }
         );
-        let mut c = checking_other();
-        c.on_answer(Answer::HolderKey(None));
-        assert!(matches!(
-            c.on_answer(Answer::SessionAlive(false)),
-            Step::Call(Call::PutLock { cas: 9, .. })
-        ));
     }
 
     #[test]

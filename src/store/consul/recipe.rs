@@ -339,20 +339,6 @@ impl ConsulSemaphore {
                     Err(other) => Err(other),
                 },
             ),
-            Call::CheckSession { session } => Some(
-                self.client
-                    .session_info(session)
-                    .map(|info| Answer::SessionAlive(info.is_some()))
-                    .map_err(|error| match error {
-                        ConsulError::Denied(_) => {
-                            ConsulError::Denied(crate::store::consul::client::hidden_holder(
-                                &self.settings.prefix,
-                                session,
-                            ))
-                        }
-                        other => other,
-                    }),
-            ),
             Call::Get { .. } => Some(self.read(call).map(Answer::Key)),
             // A CAS on our key as the confirming read showed it: it keeps
             // the key's session, and fails if the key changed since.

@@ -307,6 +307,13 @@ pub fn suspects(record: &LockRecord, snapshot: &Snapshot) -> Vec<String> {
         .collect()
 }
 
+/// Whether a holder named so could have a contender key: a name that is
+/// empty, `.`, `..` or has a `/` cannot be addressed as `<prefix>/<name>`
+/// (Consul's HTTP server redirects such paths), so such a holder is dead.
+pub fn can_be_a_contender_key(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains('/')
+}
+
 /// Drops holders whose contender key is gone or no longer held by them.
 pub fn prune(record: &LockRecord, snapshot: &Snapshot) -> LockRecord {
     LockRecord {
