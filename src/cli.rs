@@ -305,6 +305,52 @@ impl ConsulArgs {
     }
 }
 
+/// A command line clap could not read, as one line: what is wrong, and
+/// how to fix it (`consem: error: ` goes in front, or it becomes a JSON
+/// object, as every other error does).
+pub fn describe_error(error: &clap::Error) -> String {
+    use clap::error::ErrorKind;
+    let rendered = error.render().to_string();
+    // clap's text: "error: <what>", maybe more lines (the arguments that
+    // are missing, a tip), a blank line, the usage.
+    let mut lines = rendered.lines();
+    let first = lines.next().unwrap_or_default();
+    let mut what = first.strip_prefix("error: ").unwrap_or(first).to_string();
+    for line in lines.by_ref() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with("tip:") || line.starts_with("Usage:") {
+            break;
+        }
+        what.push(' ');
+        what.push_str(line);
+    }
+    let what = what
+        .replace("invalid digit found in string", "expected a whole number")
+        .replace(
+            "number too large to fit in target type",
+            "the number is too large",
+        )
+        .trim_end_matches(':')
+        .to_string();
+    let subcommand = std::env::args()
+        .nth(1)
+        .filter(|a| ["run", "status", "release", "reset", "completions"].contains(&a.as_str()));
+    let help = match &subcommand {
+        Some(sub) => format!("consem {sub} --help"),
+        None => "consem --help".to_string(),
+    };
+    let fix = match error.kind() {
+        ErrorKind::UnknownArgument if subcommand.as_deref() == Some("run") => {
+            format!("the command goes after --, as in consem run --prefix P --limit N -- ./job.sh; see {help}")
+        }
+        ErrorKind::InvalidSubcommand => {
+            "use run, status, release, reset or completions; see consem --help".to_string()
+        }
+        _ => format!("see {help}"),
+    };
+    format!("{what} ({fix})")
+}
+
 fn parse_duration(text: &str) -> Result<Duration, String> {
     crate::duration::parse(text)
 }
@@ -331,6 +377,37 @@ mod tests {
             assert!(help.contains("--try -- /opt/nightly.sh"), "{help}");
             assert!(help.contains("--timeout 10m -- make deploy"), "{help}");
             assert!(help.contains("76         the slot was lost"), "{help}");
+        }
+    }
+
+    #[test]
+    fn usage_errors_are_one_line_that_says_how_to_fix_them() {
+        let error = |line: &[&str]| describe_error(&Cli::try_parse_from(line).unwrap_err());
+        let not_a_number = error(&[
+            "consem", "run", "--limit", "two", "--prefix", "p", "--", "x",
+        ]);
+        assert!(
+            not_a_number.contains("'two' for '--limit <N>': expected a whole number"),
+            "{not_a_number}"
+        );
+        let missing = error(&["consem", "run", "--prefix", "p", "--", "x"]);
+        assert!(
+            missing.contains("were not provided: --limit <N>"),
+            "{missing}"
+        );
+        let unknown = error(&["consem", "bogus"]);
+        assert!(
+            unknown.contains("unrecognized subcommand 'bogus'"),
+            "{unknown}"
+        );
+        assert!(
+            unknown
+                .ends_with("(use run, status, release, reset or completions; see consem --help)"),
+            "{unknown}"
+        );
+        for message in [not_a_number, missing, unknown] {
+            assert_eq!(message.lines().count(), 1, "{message}");
+            assert!(!message.starts_with("error"), "{message}");
         }
     }
 

@@ -4,7 +4,10 @@ use consem::cli::{Cli, Command};
 use consem::options::RunOptions;
 
 fn main() {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => std::process::exit(usage_error(error)),
+    };
     let env = |name: &str| std::env::var(name).ok();
     let code = match cli.command {
         Command::Run(args) => {
@@ -27,4 +30,28 @@ fn main() {
         }
     };
     std::process::exit(code);
+}
+
+/// clap could not read the command line: help and version go out as clap
+/// prints them; an error is one line, in the log format asked for.
+fn usage_error(error: clap::Error) -> i32 {
+    use clap::error::ErrorKind;
+    if matches!(
+        error.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        error.exit();
+    }
+    let args: Vec<String> = std::env::args().collect();
+    let json = args.iter().any(|a| a == "--log-format=json")
+        || args
+            .windows(2)
+            .any(|w| w[0] == "--log-format" && w[1] == "json");
+    if json {
+        consem::report::set_format(consem::report::LogFormat::Json);
+    }
+    consem::report::error(&consem::cli::describe_error(&error));
+    consem::exit::USAGE
 }

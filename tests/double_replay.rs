@@ -216,7 +216,7 @@ impl Replay {
         let below = self.indexes.range(..recorded).next_back();
         let above = self.indexes.range(recorded + 1..).next();
         assert!(
-            below.map_or(true, |(_, &a)| a < actual) && above.map_or(true, |(_, &a)| a > actual),
+            below.is_none_or(|(_, &a)| a < actual) && above.is_none_or(|(_, &a)| a > actual),
             "{context}: recorded index {recorded} maps to {actual}, out of order with {below:?} / {above:?}"
         );
         self.indexes.insert(recorded, actual);

@@ -221,6 +221,44 @@ fn usage_errors_exit_2_with_one_line() {
     let _ = Path::new(&world.dir);
 }
 
+/// What clap finds wrong is one line too, with the prefix every error has,
+/// and a JSON object with `--log-format json`.
+#[test]
+fn command_line_errors_are_one_line_in_either_log_format() {
+    for (args, says) in [
+        (
+            &["run", "--limit", "two", "--prefix", "p", "--", "true"][..],
+            "expected a whole number",
+        ),
+        (&["run", "--prefix", "p", "--", "true"], "--limit <N>"),
+        (
+            &["run", "--prefix", "p", "--limit", "1", "true"],
+            "the command goes after --",
+        ),
+        (&["frobnicate"], "unrecognized subcommand"),
+    ] {
+        for json in [false, true] {
+            let mut command = Command::new(env!("CARGO_BIN_EXE_consem"));
+            command.arg(args[0]);
+            if json {
+                command.arg("--log-format=json");
+            }
+            command.args(&args[1..]);
+            let output = command.output().unwrap();
+            assert_eq!(output.status.code(), Some(2), "{args:?}");
+            let text = stderr(&output);
+            assert_eq!(text.lines().count(), 1, "{args:?}: {text}");
+            assert!(text.contains(says), "{args:?}: {text}");
+            if json {
+                let line: serde_json::Value = serde_json::from_str(&text).unwrap();
+                assert_eq!(line["level"], "error", "{text}");
+            } else {
+                assert!(text.starts_with("consem: error: "), "{text}");
+            }
+        }
+    }
+}
+
 #[test]
 fn verbose_reports_the_lifecycle_on_stderr_only() {
     let world = World::new("verbose");

@@ -314,8 +314,8 @@ impl Match {
         let method_ok = self
             .method
             .as_ref()
-            .map_or(true, |m| m.eq_ignore_ascii_case(&request.method));
-        let path_ok = self.path_contains.as_ref().map_or(true, |fragment| {
+            .is_none_or(|m| m.eq_ignore_ascii_case(&request.method));
+        let path_ok = self.path_contains.as_ref().is_none_or(|fragment| {
             request.target.contains(fragment.as_str()) || request.path.contains(fragment.as_str())
         });
         method_ok && path_ok
@@ -960,7 +960,7 @@ impl Shared {
         rights: Option<&Rights>,
         announce_filtering: bool,
     ) -> Option<Response> {
-        let readable = |k: &str| rights.map_or(true, |r| r.can_read(k));
+        let readable = |k: &str| rights.is_none_or(|r| r.can_read(k));
         if request.has("keys") {
             let separator = request.value("separator").unwrap_or("");
             return self.blocking_read(request, |store| {

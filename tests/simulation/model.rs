@@ -166,7 +166,7 @@ impl Consul {
     /// `PUT ?release=<session>` by an operator: the key stays, held by no
     /// session (so no session's end deletes it). False if it is not held.
     pub fn release_key(&mut self, key: &str) -> bool {
-        if !self.kv.get(key).is_some_and(|v| v.session.is_some()) {
+        if self.kv.get(key).is_none_or(|v| v.session.is_none()) {
             return false;
         }
         let index = self.bump();

@@ -413,7 +413,7 @@ impl PrefixDir {
     ) -> Result<Vec<u64>, StoreError> {
         let mut live = Vec::new();
         for ticket in self.tickets()? {
-            let ahead = before.map_or(true, |before| ticket < before);
+            let ahead = before.is_none_or(|before| ticket < before);
             if !ahead && !state.holders.contains(&ticket) {
                 continue;
             }
