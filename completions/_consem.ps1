@@ -44,7 +44,7 @@ Register-ArgumentCompleter -Native -CommandName 'consem' -ScriptBlock {
             [CompletionResult]::new('--monitor-retry', '--monitor-retry', [CompletionResultType]::ParameterName, 'Consul: consecutive transient failures tolerated while holding a slot (default 3)')
             [CompletionResult]::new('--name', '--name', [CompletionResultType]::ParameterName, 'Consul: session name (default: "consem: <command> at <prefix>")')
             [CompletionResult]::new('--log-format', '--log-format', [CompletionResultType]::ParameterName, 'Format of what consem writes on stderr')
-            [CompletionResult]::new('--store', '--store', [CompletionResultType]::ParameterName, 'Where the semaphore lives: consul, local (this host only, no server) or local:DIR [default: CONSEM_STORE, else consul]')
+            [CompletionResult]::new('--store', '--store', [CompletionResultType]::ParameterName, 'Where the semaphore lives: consul, local (this host only, no server), local:DIR, or redis://[user[:password]@]host[:port][/db] [default: CONSEM_STORE, else consul]')
             [CompletionResult]::new('--http-addr', '--http-addr', [CompletionResultType]::ParameterName, 'Consul HTTP API address: host:port, http://host:port or https://host:port [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]')
             [CompletionResult]::new('--token', '--token', [CompletionResultType]::ParameterName, 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]')
             [CompletionResult]::new('--token-file', '--token-file', [CompletionResultType]::ParameterName, 'File holding the ACL token; wins over a token [default: CONSUL_HTTP_TOKEN_FILE]')
@@ -68,7 +68,7 @@ Register-ArgumentCompleter -Native -CommandName 'consem' -ScriptBlock {
         }
         'consem;status' {
             [CompletionResult]::new('--prefix', '--prefix', [CompletionResultType]::ParameterName, 'Name of the semaphore (a KV prefix on Consul)')
-            [CompletionResult]::new('--store', '--store', [CompletionResultType]::ParameterName, 'Where the semaphore lives: consul, local (this host only, no server) or local:DIR [default: CONSEM_STORE, else consul]')
+            [CompletionResult]::new('--store', '--store', [CompletionResultType]::ParameterName, 'Where the semaphore lives: consul, local (this host only, no server), local:DIR, or redis://[user[:password]@]host[:port][/db] [default: CONSEM_STORE, else consul]')
             [CompletionResult]::new('--http-addr', '--http-addr', [CompletionResultType]::ParameterName, 'Consul HTTP API address: host:port, http://host:port or https://host:port [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]')
             [CompletionResult]::new('--token', '--token', [CompletionResultType]::ParameterName, 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]')
             [CompletionResult]::new('--token-file', '--token-file', [CompletionResultType]::ParameterName, 'File holding the ACL token; wins over a token [default: CONSUL_HTTP_TOKEN_FILE]')
@@ -92,7 +92,7 @@ Register-ArgumentCompleter -Native -CommandName 'consem' -ScriptBlock {
             [CompletionResult]::new('--session', '--session', [CompletionResultType]::ParameterName, 'The holder''s session ID, or a unique beginning of it')
             [CompletionResult]::new('--host', '--host', [CompletionResultType]::ParameterName, 'The holder''s host (with --pid)')
             [CompletionResult]::new('--pid', '--pid', [CompletionResultType]::ParameterName, 'The holder''s consem process ID (with --host)')
-            [CompletionResult]::new('--store', '--store', [CompletionResultType]::ParameterName, 'Where the semaphore lives: consul, local (this host only, no server) or local:DIR [default: CONSEM_STORE, else consul]')
+            [CompletionResult]::new('--store', '--store', [CompletionResultType]::ParameterName, 'Where the semaphore lives: consul, local (this host only, no server), local:DIR, or redis://[user[:password]@]host[:port][/db] [default: CONSEM_STORE, else consul]')
             [CompletionResult]::new('--http-addr', '--http-addr', [CompletionResultType]::ParameterName, 'Consul HTTP API address: host:port, http://host:port or https://host:port [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]')
             [CompletionResult]::new('--token', '--token', [CompletionResultType]::ParameterName, 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]')
             [CompletionResult]::new('--token-file', '--token-file', [CompletionResultType]::ParameterName, 'File holding the ACL token; wins over a token [default: CONSUL_HTTP_TOKEN_FILE]')
@@ -112,7 +112,7 @@ Register-ArgumentCompleter -Native -CommandName 'consem' -ScriptBlock {
         }
         'consem;reset' {
             [CompletionResult]::new('--prefix', '--prefix', [CompletionResultType]::ParameterName, 'Name of the semaphore (a KV prefix on Consul)')
-            [CompletionResult]::new('--store', '--store', [CompletionResultType]::ParameterName, 'Where the semaphore lives: consul, local (this host only, no server) or local:DIR [default: CONSEM_STORE, else consul]')
+            [CompletionResult]::new('--store', '--store', [CompletionResultType]::ParameterName, 'Where the semaphore lives: consul, local (this host only, no server), local:DIR, or redis://[user[:password]@]host[:port][/db] [default: CONSEM_STORE, else consul]')
             [CompletionResult]::new('--http-addr', '--http-addr', [CompletionResultType]::ParameterName, 'Consul HTTP API address: host:port, http://host:port or https://host:port [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]')
             [CompletionResult]::new('--token', '--token', [CompletionResultType]::ParameterName, 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]')
             [CompletionResult]::new('--token-file', '--token-file', [CompletionResultType]::ParameterName, 'File holding the ACL token; wins over a token [default: CONSUL_HTTP_TOKEN_FILE]')

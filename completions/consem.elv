@@ -40,7 +40,7 @@ set edit:completion:arg-completer[consem] = {|@words|
             cand --monitor-retry 'Consul: consecutive transient failures tolerated while holding a slot (default 3)'
             cand --name 'Consul: session name (default: "consem: <command> at <prefix>")'
             cand --log-format 'Format of what consem writes on stderr'
-            cand --store 'Where the semaphore lives: consul, local (this host only, no server) or local:DIR [default: CONSEM_STORE, else consul]'
+            cand --store 'Where the semaphore lives: consul, local (this host only, no server), local:DIR, or redis://[user[:password]@]host[:port][/db] [default: CONSEM_STORE, else consul]'
             cand --http-addr 'Consul HTTP API address: host:port, http://host:port or https://host:port [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]'
             cand --token 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]'
             cand --token-file 'File holding the ACL token; wins over a token [default: CONSUL_HTTP_TOKEN_FILE]'
@@ -63,7 +63,7 @@ set edit:completion:arg-completer[consem] = {|@words|
         }
         &'consem;status'= {
             cand --prefix 'Name of the semaphore (a KV prefix on Consul)'
-            cand --store 'Where the semaphore lives: consul, local (this host only, no server) or local:DIR [default: CONSEM_STORE, else consul]'
+            cand --store 'Where the semaphore lives: consul, local (this host only, no server), local:DIR, or redis://[user[:password]@]host[:port][/db] [default: CONSEM_STORE, else consul]'
             cand --http-addr 'Consul HTTP API address: host:port, http://host:port or https://host:port [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]'
             cand --token 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]'
             cand --token-file 'File holding the ACL token; wins over a token [default: CONSUL_HTTP_TOKEN_FILE]'
@@ -86,7 +86,7 @@ set edit:completion:arg-completer[consem] = {|@words|
             cand --session 'The holder''s session ID, or a unique beginning of it'
             cand --host 'The holder''s host (with --pid)'
             cand --pid 'The holder''s consem process ID (with --host)'
-            cand --store 'Where the semaphore lives: consul, local (this host only, no server) or local:DIR [default: CONSEM_STORE, else consul]'
+            cand --store 'Where the semaphore lives: consul, local (this host only, no server), local:DIR, or redis://[user[:password]@]host[:port][/db] [default: CONSEM_STORE, else consul]'
             cand --http-addr 'Consul HTTP API address: host:port, http://host:port or https://host:port [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]'
             cand --token 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]'
             cand --token-file 'File holding the ACL token; wins over a token [default: CONSUL_HTTP_TOKEN_FILE]'
@@ -105,7 +105,7 @@ set edit:completion:arg-completer[consem] = {|@words|
         }
         &'consem;reset'= {
             cand --prefix 'Name of the semaphore (a KV prefix on Consul)'
-            cand --store 'Where the semaphore lives: consul, local (this host only, no server) or local:DIR [default: CONSEM_STORE, else consul]'
+            cand --store 'Where the semaphore lives: consul, local (this host only, no server), local:DIR, or redis://[user[:password]@]host[:port][/db] [default: CONSEM_STORE, else consul]'
             cand --http-addr 'Consul HTTP API address: host:port, http://host:port or https://host:port [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]'
             cand --token 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]'
             cand --token-file 'File holding the ACL token; wins over a token [default: CONSUL_HTTP_TOKEN_FILE]'

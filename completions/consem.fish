@@ -42,7 +42,7 @@ complete -c consem -n "__fish_consem_using_subcommand run" -l monitor-retry -d '
 complete -c consem -n "__fish_consem_using_subcommand run" -l name -d 'Consul: session name (default: "consem: <command> at <prefix>")' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l log-format -d 'Format of what consem writes on stderr' -r -f -a "text\t'`<time> consem[<pid>] <event> key=value ...`; errors as `consem: error: ...`'
 json\t'One JSON object per line: time, pid, level, event or message, details'"
-complete -c consem -n "__fish_consem_using_subcommand run" -l store -d 'Where the semaphore lives: consul, local (this host only, no server) or local:DIR [default: CONSEM_STORE, else consul]' -r
+complete -c consem -n "__fish_consem_using_subcommand run" -l store -d 'Where the semaphore lives: consul, local (this host only, no server), local:DIR, or redis://[user[:password]@]host[:port][/db] [default: CONSEM_STORE, else consul]' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l http-addr -d 'Consul HTTP API address: host:port, http://host:port or https://host:port [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l token -d 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l token-file -d 'File holding the ACL token; wins over a token [default: CONSUL_HTTP_TOKEN_FILE]' -r -F
@@ -60,7 +60,7 @@ complete -c consem -n "__fish_consem_using_subcommand run" -s v -l verbose -d 'P
 complete -c consem -n "__fish_consem_using_subcommand run" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c consem -n "__fish_consem_using_subcommand run" -s V -l version -d 'Print version'
 complete -c consem -n "__fish_consem_using_subcommand status" -l prefix -d 'Name of the semaphore (a KV prefix on Consul)' -r
-complete -c consem -n "__fish_consem_using_subcommand status" -l store -d 'Where the semaphore lives: consul, local (this host only, no server) or local:DIR [default: CONSEM_STORE, else consul]' -r
+complete -c consem -n "__fish_consem_using_subcommand status" -l store -d 'Where the semaphore lives: consul, local (this host only, no server), local:DIR, or redis://[user[:password]@]host[:port][/db] [default: CONSEM_STORE, else consul]' -r
 complete -c consem -n "__fish_consem_using_subcommand status" -l http-addr -d 'Consul HTTP API address: host:port, http://host:port or https://host:port [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]' -r
 complete -c consem -n "__fish_consem_using_subcommand status" -l token -d 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]' -r
 complete -c consem -n "__fish_consem_using_subcommand status" -l token-file -d 'File holding the ACL token; wins over a token [default: CONSUL_HTTP_TOKEN_FILE]' -r -F
@@ -79,7 +79,7 @@ complete -c consem -n "__fish_consem_using_subcommand release" -l prefix -d 'Nam
 complete -c consem -n "__fish_consem_using_subcommand release" -l session -d 'The holder\'s session ID, or a unique beginning of it' -r
 complete -c consem -n "__fish_consem_using_subcommand release" -l host -d 'The holder\'s host (with --pid)' -r
 complete -c consem -n "__fish_consem_using_subcommand release" -l pid -d 'The holder\'s consem process ID (with --host)' -r
-complete -c consem -n "__fish_consem_using_subcommand release" -l store -d 'Where the semaphore lives: consul, local (this host only, no server) or local:DIR [default: CONSEM_STORE, else consul]' -r
+complete -c consem -n "__fish_consem_using_subcommand release" -l store -d 'Where the semaphore lives: consul, local (this host only, no server), local:DIR, or redis://[user[:password]@]host[:port][/db] [default: CONSEM_STORE, else consul]' -r
 complete -c consem -n "__fish_consem_using_subcommand release" -l http-addr -d 'Consul HTTP API address: host:port, http://host:port or https://host:port [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]' -r
 complete -c consem -n "__fish_consem_using_subcommand release" -l token -d 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]' -r
 complete -c consem -n "__fish_consem_using_subcommand release" -l token-file -d 'File holding the ACL token; wins over a token [default: CONSUL_HTTP_TOKEN_FILE]' -r -F
@@ -94,7 +94,7 @@ complete -c consem -n "__fish_consem_using_subcommand release" -l tls-server-nam
 complete -c consem -n "__fish_consem_using_subcommand release" -s h -l help -d 'Print help'
 complete -c consem -n "__fish_consem_using_subcommand release" -s V -l version -d 'Print version'
 complete -c consem -n "__fish_consem_using_subcommand reset" -l prefix -d 'Name of the semaphore (a KV prefix on Consul)' -r
-complete -c consem -n "__fish_consem_using_subcommand reset" -l store -d 'Where the semaphore lives: consul, local (this host only, no server) or local:DIR [default: CONSEM_STORE, else consul]' -r
+complete -c consem -n "__fish_consem_using_subcommand reset" -l store -d 'Where the semaphore lives: consul, local (this host only, no server), local:DIR, or redis://[user[:password]@]host[:port][/db] [default: CONSEM_STORE, else consul]' -r
 complete -c consem -n "__fish_consem_using_subcommand reset" -l http-addr -d 'Consul HTTP API address: host:port, http://host:port or https://host:port [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]' -r
 complete -c consem -n "__fish_consem_using_subcommand reset" -l token -d 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]' -r
 complete -c consem -n "__fish_consem_using_subcommand reset" -l token-file -d 'File holding the ACL token; wins over a token [default: CONSUL_HTTP_TOKEN_FILE]' -r -F

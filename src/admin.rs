@@ -42,19 +42,26 @@ fn open(
     env: impl Fn(&str) -> Option<String>,
 ) -> Result<(String, Box<dyn Admin>), StoreError> {
     let prefix = options::normalize_prefix(prefix).map_err(StoreError::Usage)?;
-    let admin: Box<dyn Admin> =
-        match StoreChoice::from_args(store.store, &env).map_err(StoreError::Usage)? {
-            StoreChoice::Consul => {
-                let config = consul::config(consul_args, &env).map_err(StoreError::Usage)?;
-                let client = consul::Client::new(config).map_err(StoreError::Usage)?;
-                Box::new(ConsulAdmin::new(client, prefix.clone()))
-            }
-            StoreChoice::Local(dir) => {
-                options::refuse_consul_options(&consul_args, "local").map_err(StoreError::Usage)?;
-                let settings = local::Settings::new(dir, &env, 1).map_err(StoreError::Usage)?;
-                Box::new(LocalAdmin::open(&settings, &prefix)?)
-            }
-        };
+    let admin: Box<dyn Admin> = match StoreChoice::from_args(store.store, &env)
+        .map_err(StoreError::Usage)?
+    {
+        StoreChoice::Consul => {
+            let config = consul::config(consul_args, &env).map_err(StoreError::Usage)?;
+            let client = consul::Client::new(config).map_err(StoreError::Usage)?;
+            Box::new(ConsulAdmin::new(client, prefix.clone()))
+        }
+        StoreChoice::Local(dir) => {
+            options::refuse_consul_options(&consul_args, "local").map_err(StoreError::Usage)?;
+            let settings = local::Settings::new(dir, &env, 1).map_err(StoreError::Usage)?;
+            Box::new(LocalAdmin::open(&settings, &prefix)?)
+        }
+        StoreChoice::Redis(url) => {
+            options::refuse_consul_options(&consul_args, "redis://").map_err(StoreError::Usage)?;
+            let settings = crate::store::redis::Settings::new(&url, &env, 1, None, None)
+                .map_err(StoreError::Usage)?;
+            Box::new(crate::store::redis::RedisAdmin::new(settings, &prefix))
+        }
+    };
     Ok((prefix, admin))
 }
 

@@ -225,8 +225,9 @@ pub struct RunArgs {
 /// Which store keeps the semaphore.
 #[derive(Debug, Args)]
 pub struct StoreArgs {
-    /// Where the semaphore lives: consul, local (this host only, no server)
-    /// or local:DIR [default: CONSEM_STORE, else consul]
+    /// Where the semaphore lives: consul, local (this host only, no server),
+    /// local:DIR, or redis://[user[:password]@]host[:port][/db]
+    /// [default: CONSEM_STORE, else consul]
     #[arg(long, value_name = "STORE")]
     pub store: Option<String>,
 }

@@ -84,6 +84,12 @@ fn open_store(
             options.limit,
             info,
         )?),
+        StoreOptions::Redis(redis) => Arc::new(store::redis::RedisSemaphore::new(
+            (**redis).clone(),
+            &options.prefix,
+            options.limit,
+            &info,
+        )),
     })
 }
 

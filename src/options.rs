@@ -31,6 +31,7 @@ pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(5);
 pub enum StoreOptions {
     Consul(Box<consul::RunSettings>),
     Local(local::Settings),
+    Redis(Box<crate::store::redis::Settings>),
 }
 
 /// `--store`, else `CONSEM_STORE`, else Consul.
@@ -39,6 +40,8 @@ pub enum StoreChoice {
     Consul,
     /// The directory of `local:<DIR>`, or the default one.
     Local(Option<PathBuf>),
+    /// `redis://...`.
+    Redis(String),
 }
 
 impl StoreChoice {
@@ -67,14 +70,16 @@ impl StoreChoice {
                     return Ok(StoreChoice::Local(Some(PathBuf::from(dir))));
                 }
                 let scheme = text.split("://").next().unwrap_or(text);
-                if ["redis", "rediss", "etcd", "etcds"].contains(&scheme) && text.contains("://") {
+                if text.contains("://") && ["redis", "rediss"].contains(&scheme) {
+                    return Ok(StoreChoice::Redis(text.to_string()));
+                }
+                if text.contains("://") && ["etcd", "etcds"].contains(&scheme) {
                     return Err(format!(
-                        "{source} '{scheme}://...': the {} store is not in this version of consem; use consul or local",
-                        if scheme.starts_with("redis") { "Redis" } else { "etcd" }
+                        "{source} '{scheme}://...': the etcd store is not in this version of consem; use consul, local or redis://"
                     ));
                 }
                 Err(format!(
-                    "{source} '{text}' is not a store: use consul, local, or local:DIR"
+                    "{source} '{text}' is not a store: use consul, local, local:DIR or redis://host:port"
                 ))
             }
         }
@@ -131,10 +136,28 @@ impl RunOptions {
                 }
                 StoreOptions::Local(local::Settings::new(dir, &env, args.limit)?)
             }
+            StoreChoice::Redis(url) => {
+                refuse_consul_options(&args.consul, "redis://")?;
+                if args.name.is_some() {
+                    return Err("--name does not apply to the Redis store, which keeps no sessions: drop it".into());
+                }
+                StoreOptions::Redis(Box::new(crate::store::redis::Settings::new(
+                    &url,
+                    &env,
+                    args.limit,
+                    args.ttl,
+                    args.monitor_retry,
+                )?))
+            }
         };
         let kill_grace = match &store {
-            StoreOptions::Consul(consul) => consul::fit_kill_grace(args.kill_grace, consul.ttl)?,
+            StoreOptions::Consul(consul) => {
+                crate::store::lease::fit_kill_grace(args.kill_grace, consul.ttl, "Consul")?
+            }
             StoreOptions::Local(_) => args.kill_grace.unwrap_or(DEFAULT_KILL_GRACE),
+            StoreOptions::Redis(redis) => {
+                crate::store::lease::fit_kill_grace(args.kill_grace, redis.ttl, "Redis")?
+            }
         };
         Ok(RunOptions {
             prefix,
@@ -245,7 +268,7 @@ mod tests {
             args.extend_from_slice(extra);
             match parse(&args, env).unwrap().store {
                 StoreOptions::Consul(consul) => consul.config.token,
-                StoreOptions::Local(_) => panic!("the default store is Consul"),
+                _ => panic!("the default store is Consul"),
             }
         };
         let env = [
@@ -303,9 +326,13 @@ mod tests {
             choice(Some("local:/srv/slots"), None),
             Ok(StoreChoice::Local(Some(PathBuf::from("/srv/slots"))))
         );
-        let reserved = choice(Some("redis://cache:6379"), None).unwrap_err();
+        assert_eq!(
+            choice(Some("redis://cache:6379/2"), None),
+            Ok(StoreChoice::Redis("redis://cache:6379/2".into()))
+        );
+        let reserved = choice(Some("etcd://a:2379"), None).unwrap_err();
         assert!(
-            reserved.contains("Redis store is not in this version"),
+            reserved.contains("etcd store is not in this version"),
             "{reserved}"
         );
         let unknown = choice(None, Some("zookeeper")).unwrap_err();

@@ -1,7 +1,8 @@
 //! The conformance suite: every behaviour that does not depend on the store,
 //! stated once and run on every store (`consul::<test>` against the Consul
 //! double, or a real agent with CONSEM_TEST_CONSUL_ADDR; `local::<test>`
-//! against the local store in a scratch directory). The real binary runs in
+//! against the local store in a scratch directory; `redis::<test>` against
+//! a redis-server of the test's own). The real binary runs in
 //! each. Store-specific behaviour is tested beside its store.
 
 mod common;
@@ -23,6 +24,9 @@ macro_rules! on_every_store {
         }
         mod local {
             $( #[test] fn $test() { super::$test(super::World::local) } )*
+        }
+        mod redis {
+            $( #[test] fn $test() { super::$test(super::World::redis) } )*
         }
     };
 }

@@ -5,7 +5,9 @@
 //! of its own below this one.
 
 pub mod consul;
+pub mod lease;
 pub mod local;
+pub mod redis;
 
 use std::sync::Arc;
 

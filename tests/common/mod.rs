@@ -6,6 +6,7 @@
 pub mod double;
 pub mod pki;
 pub mod pty;
+pub mod redis;
 pub mod world;
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -42,6 +42,9 @@ pub struct World {
     /// `Some(dir)`: the local store in `dir` (every `consem` gets `--store
     /// local:<dir>`); `None`: the Consul in `consul`.
     pub local: Option<PathBuf>,
+    /// `Some`: a Redis server of the world's own (every `consem` gets
+    /// `--store redis://...`).
+    pub redis: Option<super::redis::RedisServer>,
 }
 
 impl World {
@@ -59,7 +62,18 @@ impl World {
             prefix: unique_prefix(name),
             dir,
             local: None,
+            redis: None,
         }
+    }
+
+    /// A world on a Redis server of its own.
+    pub fn redis(name: &str) -> World {
+        let mut world = World::with_consul(name, TestConsul::start());
+        world.redis = Some(super::redis::RedisServer::start(
+            &world.dir.join("redis"),
+            &[],
+        ));
+        world
     }
 
     /// A world on the Consul double even when a real agent is given, for
@@ -88,6 +102,8 @@ impl World {
     pub fn store_name(&self) -> &'static str {
         if self.local.is_some() {
             "local"
+        } else if self.redis.is_some() {
+            "redis"
         } else {
             "consul"
         }
@@ -95,9 +111,10 @@ impl World {
 
     /// `--store local:<dir>` for a local world, nothing for Consul.
     pub fn store_args(&self) -> Vec<String> {
-        match &self.local {
-            Some(base) => vec![format!("--store=local:{}", base.display())],
-            None => Vec::new(),
+        match (&self.local, &self.redis) {
+            (Some(base), _) => vec![format!("--store=local:{}", base.display())],
+            (None, Some(redis)) => vec![format!("--store={}", redis.url())],
+            (None, None) => Vec::new(),
         }
     }
 
@@ -197,6 +214,9 @@ impl World {
     /// How many contenders (holders and waiters) the store holds: Consul's
     /// contender keys, the local store's contender files.
     pub fn contender_keys(&self) -> usize {
+        if let Some(redis) = &self.redis {
+            return redis.contenders(&self.prefix);
+        }
         if let Some(base) = &self.local {
             let Ok(prefixes) = std::fs::read_dir(base) else {
                 return 0;
@@ -236,6 +256,16 @@ impl World {
     }
 
     pub fn assert_clean(&self) {
+        if let Some(redis) = &self.redis {
+            // The fence and ticket counters stay, so that they keep growing.
+            let keys = redis.keys(&self.prefix);
+            let left: Vec<&String> = keys
+                .iter()
+                .filter(|k| !k.ends_with(":fence") && !k.ends_with(":tickets"))
+                .collect();
+            assert!(left.is_empty(), "keys left on Redis: {left:?}");
+            return;
+        }
         if let Some(base) = &self.local {
             assert_local_clean(base);
             return;

@@ -24,24 +24,6 @@ pub const MAX_LIMIT: u32 = semaphore::MAX_LIMIT;
 /// The session TTLs Consul accepts.
 const TTL_RANGE: (Duration, Duration) = (Duration::from_secs(10), Duration::from_secs(86_400));
 
-/// The kill grace: SIGKILL must reach the command before Consul may free
-/// the slot, so the grace fits in the lease of `ttl` (see
-/// `recipe::max_kill_grace`). One asked for that does not fit is refused;
-/// the default is shortened to fit.
-pub fn fit_kill_grace(asked: Option<Duration>, ttl: Duration) -> Result<Duration, String> {
-    let most = recipe::max_kill_grace(ttl);
-    match asked {
-        Some(grace) if grace > most => Err(format!(
-            "--kill-grace {} does not fit in the lease of --ttl {}: consem must have stopped the command before Consul may free the slot; use at most {}, or a longer --ttl",
-            crate::duration::human(grace),
-            crate::duration::human(ttl),
-            crate::duration::human(most)
-        )),
-        Some(grace) => Ok(grace),
-        None => Ok(crate::options::DEFAULT_KILL_GRACE.min(most)),
-    }
-}
-
 /// What a run on Consul needs beyond the store-neutral options.
 #[derive(Debug, Clone)]
 pub struct RunSettings {

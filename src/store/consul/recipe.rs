@@ -20,6 +20,7 @@ use crate::store::consul::contender::{
     Answer, Call, Contender, Note, Step, WaitPicture, Watched, Watcher,
 };
 use crate::store::consul::semaphore::{self, ReleaseStep, Snapshot, SEMAPHORE_FLAGS};
+use crate::store::lease::{self, lease_end};
 use crate::store::{
     Contend, ContenderInfo, Holder, Notify, Progress, SlotBackend, SlotEvent, StoreError,
 };
@@ -36,30 +37,6 @@ const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 /// Pause between renewal attempts after a failed one.
 const RENEW_RETRY: Duration = Duration::from_secs(1);
-
-/// Consul keeps a session at least one TTL after the renewal it answered
-/// (and invalidates it somewhere before two). The lease consem counts on
-/// ends at the moment the last confirmed renewal was sent plus the TTL,
-/// less this share of it (clocks that do not run at quite the same rate,
-/// the time the kill takes).
-const LEASE_MARGIN_DIVISOR: u32 = 6;
-
-/// Renewals come every TTL/3, so that a lease (5/6 of a TTL) always has
-/// room for one that fails and the retry after it.
-const RENEW_DIVISOR: u32 = 3;
-
-/// The lease a renewal sent at `sent` gives, for a session of `ttl`.
-pub fn lease_end(sent: Instant, ttl: Duration) -> Instant {
-    sent + ttl - ttl / LEASE_MARGIN_DIVISOR
-}
-
-/// The longest `--kill-grace` that fits in the lease of a session of `ttl`:
-/// SIGTERM goes at the lease's end less the grace, which must come after
-/// the next renewal is due (TTL/3 after the last) with a second to spare
-/// for it to be answered.
-pub fn max_kill_grace(ttl: Duration) -> Duration {
-    (ttl - ttl / LEASE_MARGIN_DIVISOR - ttl / RENEW_DIVISOR).saturating_sub(Duration::from_secs(1))
-}
 
 /// Attempts at the `.lock` CAS when releasing, against concurrent writers.
 const RELEASE_CAS_ATTEMPTS: u32 = 8;
@@ -495,7 +472,7 @@ impl ConsulSemaphore {
     /// second; the supervisor stops the command when the lease runs out.
     fn renew_loop(&self) {
         let ttl = self.settings.ttl;
-        let period = ttl / RENEW_DIVISOR;
+        let period = lease::renew_period(ttl);
         let mut next_pause = period;
         while !self.pause(next_pause) {
             let Some(session) = self.shared().session.clone() else {

@@ -1,0 +1,71 @@
+-- Takes a slot for ARGV[1] if the live holders plus the live waiters that
+-- arrived before it are fewer than the limit; else queues it. Atomic, with
+-- the server's clock.
+-- KEYS: 1 holders (sorted set: permit -> expiry, Unix seconds), 2 queue
+-- (sorted set: waiter -> ticket), 3 tickets (counter), 4 fence (counter),
+-- 5 limit record.
+-- ARGV: 1 id, 2 limit, 3 ttl in ms, 4 base of per-contender keys,
+-- 5 description (JSON), 6 "wait" or "try".
+local holders, queue, tickets, fence, limit_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local id, limit, ttl, base, info, mode =
+  ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6]
+local time = redis.call('TIME')
+local now = tonumber(time[1]) + tonumber(time[2]) / 1000000
+
+local kind = redis.call('TYPE', holders).ok
+if kind ~= 'zset' and kind ~= 'none' then
+  return {'conflict', 'is a ' .. kind .. ', not a sorted set of permits'}
+end
+-- Permits whose expiry passed are gone, as every client of this layout has it.
+redis.call('ZREMRANGEBYSCORE', holders, '-inf', now)
+-- Waiters that stopped refreshing their liveness key are gone.
+for _, waiter in ipairs(redis.call('ZRANGE', queue, 0, -1)) do
+  if redis.call('EXISTS', base .. 'waiter:' .. waiter) == 0 and waiter ~= id then
+    redis.call('ZREM', queue, waiter)
+  end
+end
+local recorded = redis.call('GET', limit_key)
+if recorded and tonumber(recorded) ~= limit then
+  local others = redis.call('ZCARD', holders) + redis.call('ZCARD', queue)
+  if redis.call('ZSCORE', queue, id) then others = others - 1 end
+  if others > 0 then
+    return {'conflict', 'has limit ' .. recorded}
+  end
+end
+redis.call('SET', limit_key, limit)
+
+local held_fence = redis.call('GET', base .. 'fence:' .. id)
+if redis.call('ZSCORE', holders, id) and held_fence then
+  -- An earlier call took the slot and its answer was lost.
+  return {'acquired', tonumber(held_fence)}
+end
+
+local mine = redis.call('ZSCORE', queue, id)
+if not mine then
+  mine = redis.call('INCR', tickets)
+  redis.call('ZADD', queue, mine, id)
+end
+redis.call('SET', base .. 'waiter:' .. id, '1', 'PX', ttl)
+redis.call('SET', base .. 'info:' .. id, info, 'PX', ttl)
+local ahead = redis.call('ZCOUNT', queue, '-inf', '(' .. mine)
+local held = redis.call('ZCARD', holders)
+if held + ahead < limit then
+  redis.call('ZADD', holders, now + ttl / 1000, id)
+  redis.call('ZREM', queue, id)
+  redis.call('DEL', base .. 'waiter:' .. id)
+  local taken = redis.call('INCR', fence)
+  redis.call('SET', base .. 'fence:' .. id, taken, 'PX', ttl)
+  -- The waiter now first in line may be served by the next departure.
+  local next_waiter = redis.call('ZRANGE', queue, 0, 0)[1]
+  if next_waiter then
+    redis.call('LPUSH', base .. 'wake:' .. next_waiter, '1')
+    redis.call('PEXPIRE', base .. 'wake:' .. next_waiter, ttl)
+  end
+  return {'acquired', taken}
+end
+if mode == 'try' then
+  redis.call('ZREM', queue, id)
+  redis.call('DEL', base .. 'waiter:' .. id, base .. 'info:' .. id)
+  return {'full', held, ahead}
+end
+return {'wait', held, ahead}

@@ -1,0 +1,116 @@
+//! A real `redis-server` for one test: a free loopback port, a scratch
+//! directory, no persistence; stopped when dropped.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct RedisServer {
+    pub port: u16,
+    process: Child,
+}
+
+/// A port nobody listens on now (the kernel's pick for a socket we close).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl RedisServer {
+    /// Starts one in `dir` with `extra` arguments, and waits until it
+    /// answers PING.
+    pub fn start(dir: &Path, extra: &[&str]) -> RedisServer {
+        std::fs::create_dir_all(dir).unwrap();
+        let port = free_port();
+        let process = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .arg("--dir")
+            .arg(dir)
+            .arg("--logfile")
+            .arg(dir.join("redis.log"))
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server is not installed: scripts/test installs it (apt-get install redis-server)");
+        let server = RedisServer { port, process };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if server.ping() {
+                return server;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "redis-server on port {port} did not answer within 20 s; see {}",
+                dir.join("redis.log").display()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    fn ping(&self) -> bool {
+        self.connection()
+            .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+            .is_ok()
+    }
+
+    /// A connection with no password (tests that set one connect by hand).
+    pub fn connection(&self) -> redis::RedisResult<redis::Connection> {
+        redis::Client::open(self.url())?.get_connection_with_timeout(Duration::from_secs(2))
+    }
+
+    /// Every key under `semaphore:<prefix>`.
+    pub fn keys(&self, prefix: &str) -> Vec<String> {
+        let mut connection = self.connection().unwrap();
+        let mut keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("semaphore:{}*", glob_escape(prefix)))
+            .query(&mut connection)
+            .unwrap();
+        keys.sort();
+        keys
+    }
+
+    /// Holders plus waiters in the queue.
+    pub fn contenders(&self, prefix: &str) -> usize {
+        let mut connection = self.connection().unwrap();
+        let holders: usize = redis::cmd("ZCARD")
+            .arg(format!("semaphore:{prefix}"))
+            .query(&mut connection)
+            .unwrap();
+        let waiters: usize = redis::cmd("ZCARD")
+            .arg(format!("semaphore:{prefix}:queue"))
+            .query(&mut connection)
+            .unwrap();
+        holders + waiters
+    }
+
+    /// Stops the server now (as a crash: no save).
+    pub fn stop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+    }
+}
+
+fn glob_escape(text: &str) -> String {
+    text.chars()
+        .flat_map(|c| match c {
+            '*' | '?' | '[' | ']' | '\\' => vec!['\\', c],
+            other => vec![other],
+        })
+        .collect()
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
