@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 pub struct RedisServer {
     pub port: u16,
     process: Child,
+    dir: std::path::PathBuf,
+    extra: Vec<String>,
 }
 
 /// A port nobody listens on now (the kernel's pick for a socket we close).
@@ -23,8 +25,12 @@ impl RedisServer {
     /// Starts one in `dir` with `extra` arguments, and waits until it
     /// answers PING.
     pub fn start(dir: &Path, extra: &[&str]) -> RedisServer {
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        RedisServer::start_on(free_port(), dir, extra)
+    }
+
+    fn start_on(port: u16, dir: &Path, extra: Vec<String>) -> RedisServer {
         std::fs::create_dir_all(dir).unwrap();
-        let port = free_port();
         let process = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
@@ -32,13 +38,18 @@ impl RedisServer {
             .arg(dir)
             .arg("--logfile")
             .arg(dir.join("redis.log"))
-            .args(extra)
+            .args(&extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("redis-server is not installed: scripts/test installs it (apt-get install redis-server)");
-        let server = RedisServer { port, process };
+        let server = RedisServer {
+            port,
+            process,
+            dir: dir.to_path_buf(),
+            extra,
+        };
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if server.ping() {
@@ -57,10 +68,24 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    /// Answers PING, or refuses us for want of a password (it is up).
     fn ping(&self) -> bool {
-        self.connection()
+        match self
+            .connection()
             .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
-            .is_ok()
+        {
+            Ok(_) => true,
+            Err(error) => error.code() == Some("NOAUTH"),
+        }
+    }
+
+    /// Stops it (no save) and starts an empty one on the same port, as a
+    /// server restarted without persistence.
+    pub fn restart(&mut self) {
+        self.stop();
+        let fresh = RedisServer::start_on(self.port, &self.dir.clone(), self.extra.clone());
+        let old = std::mem::replace(self, fresh);
+        std::mem::forget(old);
     }
 
     /// A connection with no password (tests that set one connect by hand).

@@ -200,11 +200,14 @@ fn classify(error: RedisError, shown: &str) -> Failure {
     }
 }
 
+/// Connects, and says PING, so that a server that wants a password says
+/// so (NOAUTH) before anything else is sent.
 fn connect(settings: &Settings, read_timeout: Duration) -> Result<Connection, RedisError> {
     let client = redis::Client::open(settings.connection.clone())?;
-    let connection = client.get_connection_with_timeout(CONNECT_TIMEOUT)?;
+    let mut connection = client.get_connection_with_timeout(CONNECT_TIMEOUT)?;
     connection.set_read_timeout(Some(read_timeout))?;
     connection.set_write_timeout(Some(CALL_TIMEOUT))?;
+    redis::cmd("PING").query::<String>(&mut connection)?;
     Ok(connection)
 }
 
@@ -250,6 +253,8 @@ struct Shared {
     fence: Option<u64>,
     /// A script that writes may be under way: release waits for it.
     writing: bool,
+    /// A script that writes was sent: release has something to undo.
+    written: bool,
 }
 
 /// A semaphore at one prefix on Redis, for one run.
@@ -303,6 +308,7 @@ impl RedisSemaphore {
                 return None;
             }
             shared.writing = true;
+            shared.written = true;
         }
         let ttl_ms = self.settings.ttl.as_millis() as u64;
         let answer = acquire_script()
@@ -373,7 +379,14 @@ impl RedisSemaphore {
                     })?
                 }
                 Err(error) => match classify(error, shown) {
-                    Failure::Final(error) => return Err(error),
+                    Failure::Final(error) => {
+                        // A script refused for want of permission never
+                        // ran: release has nothing to undo.
+                        if matches!(error, StoreError::Denied(_)) {
+                            self.shared().written = false;
+                        }
+                        return Err(error);
+                    }
                     Failure::Transient(why) => {
                         let since = *outage.get_or_insert_with(Instant::now);
                         if !reached || since.elapsed() > ttl {
@@ -529,7 +542,9 @@ impl SlotBackend for RedisSemaphore {
                 .changed
                 .wait_timeout_while(shared, budget / 2, |s| s.writing)
                 .unwrap_or_else(|e| e.into_inner());
-            drop(shared);
+            if !shared.written {
+                return Ok(());
+            }
         }
         let left = deadline
             .saturating_duration_since(Instant::now())

@@ -1,0 +1,253 @@
+//! What only the Redis store does, against a real redis-server of each
+//! test's own: it shares its sorted set with the common sorted-set clients,
+//! loses a slot that a restarted server forgot, stops its command before
+//! its permit could expire when Redis is gone, and refuses bad credentials.
+//! The behaviour every store shares is in tests/conformance.rs.
+
+mod common;
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::redis::RedisServer;
+use common::wait_until;
+use common::world::*;
+
+fn server_time(redis: &RedisServer) -> f64 {
+    let mut connection = redis.connection().unwrap();
+    let (seconds, micros): (u64, u64) = redis::cmd("TIME").query(&mut connection).unwrap();
+    seconds as f64 + micros as f64 / 1e6
+}
+
+/// A permit as the common clients write it: `ZADD semaphore:<prefix>
+/// <expiry> <id>`, with the expiry in Unix seconds.
+fn foreign_permit(world: &World, id: &str, expires_in: f64) {
+    let redis = world.redis.as_ref().unwrap();
+    let expiry = server_time(redis) + expires_in;
+    let mut connection = redis.connection().unwrap();
+    let _: i64 = redis::cmd("ZADD")
+        .arg(format!("semaphore:{}", world.prefix))
+        .arg(expiry)
+        .arg(id)
+        .query(&mut connection)
+        .unwrap();
+}
+
+fn output(world: &World, limit: u32, extra: &[&str], command: &[&str]) -> std::process::Output {
+    let mut child = world
+        .consem(limit, extra, command)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_with_deadline(&mut child, Duration::from_secs(60), "consem to exit");
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn permits_of_the_common_clients_count_against_the_limit_and_expire_as_they_expect() {
+    let world = World::redis("foreign");
+    foreign_permit(&world, "python-client-permit", 30.0);
+    let full = output(&world, 1, &["--try"], &["touch", &world.path("ran")]);
+    assert_eq!(full.status.code(), Some(75), "{}", stderr(&full));
+    assert!(!world.exists("ran"), "ran beside the foreign permit");
+    // Their permit in consem's status, as a holder that says nothing of itself.
+    let status = world.admin("status", &["--json"]).output().unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(
+        json["holders"][0]["session"], "python-client-permit",
+        "{json}"
+    );
+    assert!(json["holders"][0]["host"].is_null());
+    // A permit whose expiry passed is gone for everyone.
+    let redis = world.redis.as_ref().unwrap();
+    let mut connection = redis.connection().unwrap();
+    let _: i64 = redis::cmd("DEL")
+        .arg(format!("semaphore:{}", world.prefix))
+        .query(&mut connection)
+        .unwrap();
+    foreign_permit(&world, "expired-permit", -1.0);
+    // And consem's permit counts for them: ZCARD while it holds, scored by
+    // an expiry in the future.
+    let script = format!(
+        "redis-cli -p {} ZRANGE 'semaphore:{}' 0 -1 WITHSCORES",
+        redis.port, world.prefix
+    );
+    let held = output(&world, 1, &[], &["sh", "-c", &script]);
+    assert_eq!(held.status.code(), Some(0), "{}", stderr(&held));
+    let seen = String::from_utf8_lossy(&held.stdout).to_string();
+    let lines: Vec<&str> = seen.lines().collect();
+    assert_eq!(
+        lines.len(),
+        2,
+        "only our permit, the expired one gone: {seen}"
+    );
+    let expiry: f64 = lines[1].parse().unwrap();
+    assert!(expiry > server_time(redis), "{seen}");
+    world.assert_clean();
+}
+
+#[test]
+fn a_server_restarted_without_persistence_takes_the_slot_away() {
+    let mut world = World::redis("restarted");
+    let script = format!("echo $$ > '{}'; exec sleep 60", world.path("pid"));
+    let holder = world.spawn(
+        1,
+        &["--ttl", "6s", "--kill-grace", "1s"],
+        &["sh", "-c", &script],
+    );
+    let pid = read_pid(&world, "pid");
+    world.redis.as_mut().unwrap().restart();
+    let output = finish(holder);
+    assert_eq!(output.status.code(), Some(76), "{}", stderr(&output));
+    assert!(stderr(&output).contains("slot lost"), "{}", stderr(&output));
+    assert!(process_gone(pid));
+    world.assert_clean();
+}
+
+#[test]
+fn redis_gone_stops_the_command_before_its_permit_could_expire() {
+    let mut world = World::redis("gone");
+    let script = format!("echo $$ > '{}'; exec sleep 60", world.path("pid"));
+    let started = Instant::now();
+    let holder = world.spawn(
+        1,
+        &["--ttl", "4s", "--kill-grace", "1s"],
+        &["sh", "-c", &script],
+    );
+    let pid = read_pid(&world, "pid");
+    world.redis.as_mut().unwrap().stop();
+    wait_until(Duration::from_secs(10), "the command to be stopped", || {
+        process_gone(pid)
+    });
+    // The permit could expire on the server 4 s after its last renewal.
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "the command ran {:?} after the start",
+        started.elapsed()
+    );
+    let output = finish(holder);
+    assert_eq!(output.status.code(), Some(76), "{}", stderr(&output));
+}
+
+#[test]
+fn wrong_credentials_and_missing_permissions_exit_77() {
+    let world = World::redis("auth");
+    let redis = world.redis.as_ref().unwrap();
+    let mut connection = redis.connection().unwrap();
+    let _: () = redis::cmd("ACL")
+        .arg(
+            &[
+                "SETUSER",
+                "limited",
+                "on",
+                ">limited-pw",
+                "~*",
+                "-@all",
+                "+ping",
+                "+hello",
+            ][..],
+        )
+        .query(&mut connection)
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg(&["SET", "requirepass", "s3cret-redis"][..])
+        .query(&mut connection)
+        .unwrap();
+    let run = |store: &str, password_env: Option<&str>| {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_consem"));
+        command
+            .args([
+                "run",
+                "--prefix",
+                &world.prefix,
+                "--limit",
+                "1",
+                "--store",
+                store,
+            ])
+            .args(["--", "touch", &world.path("ran")])
+            .env_remove("REDISCLI_AUTH")
+            .stdin(Stdio::null());
+        if let Some(password) = password_env {
+            command.env("REDISCLI_AUTH", password);
+        }
+        command.output().unwrap()
+    };
+    let base = format!("127.0.0.1:{}", redis.port);
+    for (store, env, says) in [
+        (format!("redis://{base}"), None, "refused the credentials"),
+        (
+            format!("redis://:wrong@{base}"),
+            None,
+            "refused the credentials",
+        ),
+        (
+            format!("redis://{base}"),
+            Some("wrong"),
+            "refused the credentials",
+        ),
+        (
+            format!("redis://limited:limited-pw@{base}"),
+            None,
+            "may not do what consem needs",
+        ),
+    ] {
+        let output = run(&store, env);
+        let text = stderr(&output);
+        assert_eq!(output.status.code(), Some(77), "{store}: {text}");
+        assert_eq!(text.lines().count(), 1, "{text}");
+        assert!(text.contains(says), "{text}");
+        assert!(
+            !text.contains("wrong") && !text.contains("limited-pw"),
+            "a password in: {text}"
+        );
+        assert!(!world.exists("ran"));
+    }
+    let output = run(&format!("redis://{base}"), Some("s3cret-redis"));
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(world.exists("ran"));
+}
+
+#[test]
+fn a_key_that_is_not_a_sorted_set_is_a_conflict_and_stays_untouched() {
+    let world = World::redis("not-a-zset");
+    let redis = world.redis.as_ref().unwrap();
+    let mut connection = redis.connection().unwrap();
+    let key = format!("semaphore:{}", world.prefix);
+    let _: () = redis::cmd("SET")
+        .arg(&key)
+        .arg("someone else's")
+        .query(&mut connection)
+        .unwrap();
+    let output = output(&world, 1, &[], &["touch", &world.path("ran")]);
+    assert_eq!(output.status.code(), Some(65), "{}", stderr(&output));
+    assert!(!world.exists("ran"));
+    let value: String = redis::cmd("GET").arg(&key).query(&mut connection).unwrap();
+    assert_eq!(value, "someone else's");
+}
+
+#[test]
+fn runs_of_every_kind_leave_nothing_but_the_counters() {
+    let world = World::redis("leaks");
+    let holder = hold_slot(&world, 1, "ready", "go");
+    for round in 0..10 {
+        let tried = output(&world, 1, &["--try"], &["true"]);
+        assert_eq!(tried.status.code(), Some(75), "round {round}");
+        let timed = output(&world, 1, &["--timeout", "100ms"], &["true"]);
+        assert_eq!(timed.status.code(), Some(75), "round {round}");
+        let waiter = world.spawn(1, &[], &["true"]);
+        wait_until(PROMPT, "the waiter to queue", || {
+            world.contender_keys() == 2
+        });
+        signal(&waiter, libc::SIGTERM);
+        assert_eq!(finish(waiter).status.code(), Some(143), "round {round}");
+    }
+    world.touch("go");
+    assert_eq!(finish(holder).status.code(), Some(0));
+    for code in [0, 3] {
+        let ran = output(&world, 1, &[], &["sh", "-c", &format!("exit {code}")]);
+        assert_eq!(ran.status.code(), Some(code));
+    }
+    world.assert_clean();
+}
