@@ -19,15 +19,15 @@
 //! a slow machine.
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+mod common;
+
+use common::{ms, percentile, yes};
 
 const CONSEM: &str = env!("CARGO_BIN_EXE_consem");
 const QUICK_ENV: &str = "CONSEM_BENCH_QUICK";
-/// Set in the child mode: the bench binary is also the command it runs.
-const CHILD_LOG_ENV: &str = "LOCAL_BENCH_CHILD_LOG";
-const CHILD_SLEEP_ENV: &str = "LOCAL_BENCH_CHILD_SLEEP_MS";
-
 struct Sizes {
     uncontended_runs: usize,
     waiters: usize,
@@ -111,8 +111,7 @@ impl Bench {
 }
 
 fn main() {
-    if let Ok(log) = std::env::var(CHILD_LOG_ENV) {
-        child(&log);
+    if common::run_child_mode() {
         return;
     }
     let quick = std::env::var(QUICK_ENV).is_ok_and(|v| !v.is_empty());
@@ -171,7 +170,10 @@ fn main() {
     println!("|---|---|---|---|");
     let mut walls = Vec::new();
     for tool in bench.tools() {
-        let (median, p90, rss) = uncontended(&bench, tool, &sizes);
+        let make = |name: &str, limit: usize, command: &[String]| {
+            bench.command(tool, name, limit, command)
+        };
+        let (median, p90, rss) = common::uncontended(&make, sizes.uncontended_runs);
         println!(
             "| {} | {:.2} ms | {:.2} ms | {:.1} MiB |",
             tool.name(),
@@ -190,7 +192,11 @@ fn main() {
     println!("|---|---|---|---|");
     let mut gaps = Vec::new();
     for tool in bench.tools() {
-        let gap = handoff(&bench, tool, &sizes);
+        let make = |name: &str, limit: usize, command: &[String]| {
+            bench.command(tool, name, limit, command)
+        };
+        let name = format!("handoff-{}", tool.name().len());
+        let gap = common::handoff(&make, &bench.dir, &name, sizes.waiters, sizes.child_sleep);
         println!(
             "| {} | {:.2} ms | {:.2} ms | {:.2} ms |",
             tool.name(),
@@ -200,7 +206,7 @@ fn main() {
         );
         gaps.push((tool, gap[gap.len() / 2]));
     }
-    let spawn = spawn_cost(&sizes);
+    let spawn = common::spawn_cost(sizes.uncontended_runs.min(50));
     println!(
         "(starting the command alone, fork+exec of this binary in child mode, median: {:.2} ms)",
         ms(spawn)
@@ -214,7 +220,10 @@ fn main() {
     println!("|---|---|");
     let mut cpus = Vec::new();
     for tool in bench.tools() {
-        let cpu = waiter_cpu(&bench, tool, &sizes);
+        let make = |name: &str, limit: usize, command: &[String]| {
+            bench.command(tool, name, limit, command)
+        };
+        let cpu = common::waiter_cpu(&make, &format!("cpu-{}", tool.name().len()), sizes.waiting);
         println!("| {} | {:.2} ms |", tool.name(), ms(cpu));
         cpus.push((tool, cpu));
     }
@@ -240,207 +249,4 @@ fn main() {
         println!("(quick mode: sizes too small to judge)");
     }
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-fn yes(met: bool) -> &'static str {
-    if met {
-        "yes"
-    } else {
-        "no"
-    }
-}
-
-/// The child mode: log our start, sleep, log our end (nanoseconds since the
-/// epoch), so that gaps are measured from inside the commands.
-fn child(log: &str) {
-    let sleep: u64 = std::env::var(CHILD_SLEEP_ENV)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let start = now_ns();
-    std::thread::sleep(Duration::from_millis(sleep));
-    let end = now_ns();
-    use std::io::Write as _;
-    let mut file = std::fs::OpenOptions::new()
-        .append(true)
-        .create(true)
-        .open(log)
-        .unwrap();
-    writeln!(file, "{start} {end}").unwrap();
-}
-
-fn now_ns() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos()
-}
-
-fn self_command() -> Vec<String> {
-    vec![std::env::current_exe().unwrap().display().to_string()]
-}
-
-fn uncontended(bench: &Bench, tool: Tool, sizes: &Sizes) -> (Duration, Duration, f64) {
-    let mut walls = Vec::new();
-    let mut peak = 0.0f64;
-    for run in 0..sizes.uncontended_runs {
-        let mut cmd = bench.command(
-            tool,
-            &format!("uncontended-{run}"),
-            2,
-            &["true".to_string()],
-        );
-        cmd.stdout(Stdio::null()).stderr(Stdio::null());
-        let started = Instant::now();
-        let (status, rss) = run_measured(cmd);
-        walls.push(started.elapsed());
-        assert!(status == 0, "{} failed: {status}", tool.name());
-        peak = peak.max(rss);
-    }
-    walls.sort();
-    (walls[walls.len() / 2], percentile(&walls, 0.9), peak)
-}
-
-/// Runs `cmd` and returns its exit status and the largest peak RSS (MiB) of
-/// it and the processes it waited for, from `wait4`.
-fn run_measured(mut cmd: Command) -> (i32, f64) {
-    let child = cmd.spawn().unwrap();
-    let pid = child.id() as libc::pid_t;
-    let mut status = 0;
-    // SAFETY: an all-zero rusage is valid; wait4 fills it for our child.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: waits for a child we spawned and have not reaped.
-    let rc = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
-    assert_eq!(rc, pid);
-    std::mem::forget(child);
-    let code = if libc::WIFEXITED(status) {
-        libc::WEXITSTATUS(status)
-    } else {
-        128 + libc::WTERMSIG(status)
-    };
-    (code, usage.ru_maxrss as f64 / 1024.0)
-}
-
-/// A holder and `waiters` waiters, each running this binary in child mode
-/// for `child_sleep`; returns the sorted gaps between one's end and the
-/// next one's start.
-fn handoff(bench: &Bench, tool: Tool, sizes: &Sizes) -> Vec<Duration> {
-    let name = format!("handoff-{}", tool.name().len());
-    let log = bench.dir.join(format!("handoff-{}.log", tool.name().len()));
-    let spawn = |i: usize| -> Child {
-        let mut cmd = bench.command(tool, &name, 1, &self_command());
-        cmd.env(CHILD_LOG_ENV, &log)
-            .env(CHILD_SLEEP_ENV, sizes.child_sleep.as_millis().to_string())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        let child = cmd.spawn().unwrap();
-        // Let each one queue before the next arrives.
-        if i == 0 {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        child
-    };
-    let children: Vec<Child> = (0..=sizes.waiters).map(spawn).collect();
-    for mut child in children {
-        let status = child.wait().unwrap();
-        assert!(status.success(), "{}: a contender failed", tool.name());
-    }
-    let text = std::fs::read_to_string(&log).unwrap();
-    let mut runs: Vec<(u128, u128)> = text
-        .lines()
-        .map(|l| {
-            let mut parts = l.split(' ').map(|p| p.parse::<u128>().unwrap());
-            (parts.next().unwrap(), parts.next().unwrap())
-        })
-        .collect();
-    runs.sort();
-    let mut gaps: Vec<Duration> = runs
-        .windows(2)
-        .map(|w| Duration::from_nanos(w[1].0.saturating_sub(w[0].1) as u64))
-        .collect();
-    gaps.sort();
-    gaps
-}
-
-/// What starting the child costs by itself: spawn it and wait.
-fn spawn_cost(sizes: &Sizes) -> Duration {
-    let log = std::env::temp_dir().join(format!("consem-bench-spawn-{}", std::process::id()));
-    let mut walls: Vec<Duration> = (0..sizes.uncontended_runs.min(50))
-        .map(|_| {
-            let started = Instant::now();
-            Command::new(&self_command()[0])
-                .env(CHILD_LOG_ENV, &log)
-                .status()
-                .unwrap();
-            started.elapsed()
-        })
-        .collect();
-    let _ = std::fs::remove_file(&log);
-    walls.sort();
-    walls[walls.len() / 2]
-}
-
-/// One holder sleeps; one waiter waits `waiting`; its CPU time (every
-/// thread, from /proc schedstat, in nanoseconds) is read at the end.
-fn waiter_cpu(bench: &Bench, tool: Tool, sizes: &Sizes) -> Duration {
-    let name = format!("cpu-{}", tool.name().len());
-    let hold = (sizes.waiting + Duration::from_secs(1)).as_secs_f64();
-    let mut holder = bench
-        .command(tool, &name, 1, &["sleep".to_string(), format!("{hold}")])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    let mut waiter = bench
-        .command(tool, &name, 1, &["true".to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    // Start counting once the waiter is set up.
-    std::thread::sleep(Duration::from_millis(300));
-    let before = tree_cpu(waiter.id());
-    std::thread::sleep(sizes.waiting);
-    let after = tree_cpu(waiter.id());
-    holder.wait().unwrap();
-    waiter.wait().unwrap();
-    after.saturating_sub(before)
-}
-
-/// CPU time of `pid`, its threads and its descendants (sem and the flock
-/// script run helpers), from /proc.
-fn tree_cpu(pid: u32) -> Duration {
-    let mut total = 0u64;
-    let mut stack = vec![pid];
-    while let Some(pid) = stack.pop() {
-        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
-            for task in tasks.flatten() {
-                if let Ok(text) = std::fs::read_to_string(task.path().join("schedstat")) {
-                    total += text
-                        .split(' ')
-                        .next()
-                        .and_then(|n| n.parse::<u64>().ok())
-                        .unwrap_or(0);
-                }
-                if let Ok(children) = std::fs::read_to_string(task.path().join("children")) {
-                    stack.extend(
-                        children
-                            .split_whitespace()
-                            .filter_map(|c| c.parse::<u32>().ok()),
-                    );
-                }
-            }
-        }
-    }
-    Duration::from_nanos(total)
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
-}
-
-fn percentile(sorted: &[Duration], q: f64) -> Duration {
-    let index = ((sorted.len() as f64 - 1.0) * q).round() as usize;
-    sorted[index.min(sorted.len() - 1)]
 }

@@ -3,10 +3,11 @@
 -- the server's clock.
 -- KEYS: 1 holders (sorted set: permit -> expiry, Unix seconds), 2 queue
 -- (sorted set: waiter -> ticket), 3 tickets (counter), 4 fence (counter),
--- 5 limit record.
+-- 5 limit record, 6 alive (sorted set: waiter -> until when it is alive).
 -- ARGV: 1 id, 2 limit, 3 ttl in ms, 4 base of per-contender keys,
 -- 5 description (JSON), 6 "wait" or "try".
-local holders, queue, tickets, fence, limit_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local holders, queue, tickets, fence, limit_key, alive =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local id, limit, ttl, base, info, mode =
   ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6]
 local time = redis.call('TIME')
@@ -18,12 +19,13 @@ if kind ~= 'zset' and kind ~= 'none' then
 end
 -- Permits whose expiry passed are gone, as every client of this layout has it.
 redis.call('ZREMRANGEBYSCORE', holders, '-inf', now)
--- Waiters that stopped refreshing their liveness key are gone.
-for _, waiter in ipairs(redis.call('ZRANGE', queue, 0, -1)) do
-  if redis.call('EXISTS', base .. 'waiter:' .. waiter) == 0 and waiter ~= id then
-    redis.call('ZREM', queue, waiter)
-  end
+-- Waiters that stopped looking (dead, or stopped) are gone: each is
+-- removed once, so that a call costs the same whatever the queue's length.
+for _, waiter in ipairs(redis.call('ZRANGEBYSCORE', alive, '-inf', now)) do
+  redis.call('ZREM', queue, waiter)
+  redis.call('DEL', base .. 'info:' .. waiter, base .. 'wake:' .. waiter)
 end
+redis.call('ZREMRANGEBYSCORE', alive, '-inf', now)
 local recorded = redis.call('GET', limit_key)
 if recorded and tonumber(recorded) ~= limit then
   local others = redis.call('ZCARD', holders) + redis.call('ZCARD', queue)
@@ -45,14 +47,14 @@ if not mine then
   mine = redis.call('INCR', tickets)
   redis.call('ZADD', queue, mine, id)
 end
-redis.call('SET', base .. 'waiter:' .. id, '1', 'PX', ttl)
+redis.call('ZADD', alive, now + ttl / 1000, id)
 redis.call('SET', base .. 'info:' .. id, info, 'PX', ttl)
 local ahead = redis.call('ZCOUNT', queue, '-inf', '(' .. mine)
 local held = redis.call('ZCARD', holders)
 if held + ahead < limit then
   redis.call('ZADD', holders, now + ttl / 1000, id)
   redis.call('ZREM', queue, id)
-  redis.call('DEL', base .. 'waiter:' .. id)
+  redis.call('ZREM', alive, id)
   local taken = redis.call('INCR', fence)
   redis.call('SET', base .. 'fence:' .. id, taken, 'PX', ttl)
   -- The waiter now first in line may be served by the next departure.
@@ -65,7 +67,8 @@ if held + ahead < limit then
 end
 if mode == 'try' then
   redis.call('ZREM', queue, id)
-  redis.call('DEL', base .. 'waiter:' .. id, base .. 'info:' .. id)
+  redis.call('ZREM', alive, id)
+  redis.call('DEL', base .. 'info:' .. id)
   return {'full', held, ahead}
 end
 return {'wait', held, ahead}

@@ -110,7 +110,9 @@ struct Keys {
     tickets: String,
     fence: String,
     limit: String,
-    /// Per contender: `<base>info:<id>`, `waiter:`, `fence:`, `wake:`.
+    /// Waiters, scored by when their liveness runs out.
+    alive: String,
+    /// Per contender: `<base>info:<id>`, `fence:`, `wake:`.
     base: String,
 }
 
@@ -122,6 +124,7 @@ impl Keys {
             tickets: format!("{holders}:tickets"),
             fence: format!("{holders}:fence"),
             limit: format!("{holders}:limit"),
+            alive: format!("{holders}:alive"),
             base: format!("{holders}:"),
             holders,
         }
@@ -133,10 +136,6 @@ impl Keys {
 
     fn info(&self, id: &str) -> String {
         format!("{}info:{id}", self.base)
-    }
-
-    fn waiter(&self, id: &str) -> String {
-        format!("{}waiter:{id}", self.base)
     }
 }
 
@@ -317,6 +316,7 @@ impl RedisSemaphore {
             .key(&self.keys.tickets)
             .key(&self.keys.fence)
             .key(&self.keys.limit)
+            .key(&self.keys.alive)
             .arg(&self.id)
             .arg(self.limit)
             .arg(ttl_ms)
@@ -554,6 +554,7 @@ impl SlotBackend for RedisSemaphore {
                 .key(&self.keys.holders)
                 .key(&self.keys.queue)
                 .key(&self.keys.limit)
+                .key(&self.keys.alive)
                 .arg(&self.id)
                 .arg(&self.keys.base)
                 .invoke::<i64>(&mut connection)
@@ -733,13 +734,15 @@ impl Admin for RedisAdmin {
         for (index, id) in live.iter().enumerate() {
             holders.push(self.describe(&mut connection, id, index as u64)?);
         }
+        let now = self.now(&mut connection)?;
         let mut waiters = Vec::new();
         for (id, ticket) in queue {
-            let alive: bool = redis::cmd("EXISTS")
-                .arg(self.keys.waiter(&id))
+            let until: Option<f64> = redis::cmd("ZSCORE")
+                .arg(&self.keys.alive)
+                .arg(&id)
                 .query(&mut connection)
                 .map_err(|e| self.failure(e))?;
-            if alive {
+            if until.is_some_and(|until| until > now) {
                 waiters.push(self.describe(&mut connection, &id, ticket as u64)?);
             }
         }

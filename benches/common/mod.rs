@@ -1,0 +1,228 @@
+//! What the benchmark harnesses of the stores share: the child mode (the
+//! harness's own binary as the command, logging when it starts and ends),
+//! and the measures that do not depend on the tool measured.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Set in the child mode: the harness's binary is also the command it runs.
+pub const CHILD_LOG_ENV: &str = "CONSEM_BENCH_CHILD_LOG";
+pub const CHILD_SLEEP_ENV: &str = "CONSEM_BENCH_CHILD_SLEEP_MS";
+
+/// Makes the command that runs `command` under one of `limit` slots named
+/// `name`, with one tool or another.
+pub type Make<'a> = dyn Fn(&str, usize, &[String]) -> Command + 'a;
+
+/// Runs the child mode if this process is a child; true if it was.
+pub fn run_child_mode() -> bool {
+    match std::env::var(CHILD_LOG_ENV) {
+        Ok(log) => {
+            child(&log);
+            true
+        }
+        Err(_) => false,
+    }
+}
+
+pub fn yes(met: bool) -> &'static str {
+    if met {
+        "yes"
+    } else {
+        "no"
+    }
+}
+
+/// The child mode: log our start, sleep, log our end (nanoseconds since the
+/// epoch), so that gaps are measured from inside the commands.
+fn child(log: &str) {
+    let sleep: u64 = std::env::var(CHILD_SLEEP_ENV)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let start = now_ns();
+    std::thread::sleep(Duration::from_millis(sleep));
+    let end = now_ns();
+    use std::io::Write as _;
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(log)
+        .unwrap();
+    writeln!(file, "{start} {end}").unwrap();
+}
+
+pub fn now_ns() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+pub fn self_command() -> Vec<String> {
+    vec![std::env::current_exe().unwrap().display().to_string()]
+}
+
+/// `runs` uncontended runs of `true`, one after the other: the median and
+/// 90th percentile of the wall time, and the largest peak RSS.
+pub fn uncontended(make: &Make, runs: usize) -> (Duration, Duration, f64) {
+    let mut walls = Vec::new();
+    let mut peak = 0.0f64;
+    for run in 0..runs {
+        let mut cmd = make(&format!("uncontended-{run}"), 2, &["true".to_string()]);
+        cmd.stdout(Stdio::null()).stderr(Stdio::null());
+        let started = Instant::now();
+        let (status, rss) = run_measured(cmd);
+        walls.push(started.elapsed());
+        assert!(status == 0, "an uncontended run failed: {status}");
+        peak = peak.max(rss);
+    }
+    walls.sort();
+    (walls[walls.len() / 2], percentile(&walls, 0.9), peak)
+}
+
+/// Runs `cmd` and returns its exit status and the largest peak RSS (MiB) of
+/// it and the processes it waited for, from `wait4`.
+pub fn run_measured(mut cmd: Command) -> (i32, f64) {
+    let child = cmd.spawn().unwrap();
+    let pid = child.id() as libc::pid_t;
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is valid; wait4 fills it for our child.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: waits for a child we spawned and have not reaped.
+    let rc = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    assert_eq!(rc, pid);
+    std::mem::forget(child);
+    let code = if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else {
+        128 + libc::WTERMSIG(status)
+    };
+    (code, usage.ru_maxrss as f64 / 1024.0)
+}
+
+/// A holder and `waiters` waiters, each running this binary in child mode
+/// for `child_sleep`; returns the sorted gaps between one's end and the
+/// next one's start.
+pub fn handoff(
+    make: &Make,
+    dir: &Path,
+    name: &str,
+    waiters: usize,
+    child_sleep: Duration,
+) -> Vec<Duration> {
+    let log = dir.join(format!("{name}.log"));
+    let spawn = |i: usize| -> Child {
+        let mut cmd = make(name, 1, &self_command());
+        cmd.env(CHILD_LOG_ENV, &log)
+            .env(CHILD_SLEEP_ENV, child_sleep.as_millis().to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let child = cmd.spawn().unwrap();
+        // Let the holder start before the waiters queue.
+        if i == 0 {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        child
+    };
+    let children: Vec<Child> = (0..=waiters).map(spawn).collect();
+    for mut child in children {
+        let status = child.wait().unwrap();
+        assert!(status.success(), "{name}: a contender failed");
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    let mut runs: Vec<(u128, u128)> = text
+        .lines()
+        .map(|l| {
+            let mut parts = l.split(' ').map(|p| p.parse::<u128>().unwrap());
+            (parts.next().unwrap(), parts.next().unwrap())
+        })
+        .collect();
+    runs.sort();
+    let mut gaps: Vec<Duration> = runs
+        .windows(2)
+        .map(|w| Duration::from_nanos(w[1].0.saturating_sub(w[0].1) as u64))
+        .collect();
+    gaps.sort();
+    gaps
+}
+
+/// What starting the child costs by itself: spawn it and wait.
+pub fn spawn_cost(runs: usize) -> Duration {
+    let log = std::env::temp_dir().join(format!("consem-bench-spawn-{}", std::process::id()));
+    let mut walls: Vec<Duration> = (0..runs)
+        .map(|_| {
+            let started = Instant::now();
+            Command::new(&self_command()[0])
+                .env(CHILD_LOG_ENV, &log)
+                .status()
+                .unwrap();
+            started.elapsed()
+        })
+        .collect();
+    let _ = std::fs::remove_file(&log);
+    walls.sort();
+    walls[walls.len() / 2]
+}
+
+/// One holder sleeps; one waiter waits `waiting`; its CPU time (every
+/// thread and every descendant, from /proc schedstat) over that time.
+pub fn waiter_cpu(make: &Make, name: &str, waiting: Duration) -> Duration {
+    let hold = (waiting + Duration::from_secs(1)).as_secs_f64();
+    let mut holder = make(name, 1, &["sleep".to_string(), format!("{hold}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut waiter = make(name, 1, &["true".to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Start counting once the waiter is set up.
+    std::thread::sleep(Duration::from_millis(300));
+    let before = tree_cpu(waiter.id());
+    std::thread::sleep(waiting);
+    let after = tree_cpu(waiter.id());
+    holder.wait().unwrap();
+    waiter.wait().unwrap();
+    after.saturating_sub(before)
+}
+
+/// CPU time of `pid`, its threads and its descendants (helpers that some
+/// tools run), from /proc.
+pub fn tree_cpu(pid: u32) -> Duration {
+    let mut total = 0u64;
+    let mut stack = vec![pid];
+    while let Some(pid) = stack.pop() {
+        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+            for task in tasks.flatten() {
+                if let Ok(text) = std::fs::read_to_string(task.path().join("schedstat")) {
+                    total += text
+                        .split(' ')
+                        .next()
+                        .and_then(|n| n.parse::<u64>().ok())
+                        .unwrap_or(0);
+                }
+                if let Ok(children) = std::fs::read_to_string(task.path().join("children")) {
+                    stack.extend(
+                        children
+                            .split_whitespace()
+                            .filter_map(|c| c.parse::<u32>().ok()),
+                    );
+                }
+            }
+        }
+    }
+    Duration::from_nanos(total)
+}
+
+pub fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+pub fn percentile(sorted: &[Duration], q: f64) -> Duration {
+    let index = ((sorted.len() as f64 - 1.0) * q).round() as usize;
+    sorted[index.min(sorted.len() - 1)]
+}
