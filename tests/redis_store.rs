@@ -251,3 +251,58 @@ fn runs_of_every_kind_leave_nothing_but_the_counters() {
     }
     world.assert_clean();
 }
+
+#[test]
+fn rediss_checks_the_server_certificate_against_the_trusted_roots() {
+    let world = World::on_the_double("redis-tls");
+    let pki = common::pki::TestPki::new();
+    let files = pki.write_to(&world.dir.join("pki"));
+    let tls_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+        .to_string();
+    let path = |p: &std::path::Path| p.to_str().unwrap().to_string();
+    let _server = RedisServer::start(
+        &world.dir.join("redis"),
+        &[
+            "--tls-port",
+            &tls_port,
+            "--tls-cert-file",
+            &path(&files.server),
+            "--tls-key-file",
+            &path(&files.server_key),
+            "--tls-ca-cert-file",
+            &path(&files.ca),
+            "--tls-auth-clients",
+            "no",
+        ],
+    );
+    let run = |trusted: Option<&std::path::Path>| {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_consem"));
+        command
+            .args(["run", "--prefix", &world.prefix, "--limit", "1"])
+            .args(["--store", &format!("rediss://127.0.0.1:{tls_port}")])
+            .args(["--", "echo", "over tls"])
+            .env_remove("SSL_CERT_DIR")
+            .stdin(Stdio::null());
+        match trusted {
+            Some(ca) => command.env("SSL_CERT_FILE", ca),
+            None => command.env_remove("SSL_CERT_FILE"),
+        };
+        command.output().unwrap()
+    };
+    let output = run(Some(&files.ca));
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(output.stdout, b"over tls\n");
+    // A CA that did not sign the server's certificate: refused, and said so.
+    let output = run(Some(&files.other_ca));
+    assert_eq!(output.status.code(), Some(69), "{}", stderr(&output));
+    let text = stderr(&output);
+    assert_eq!(text.lines().count(), 1, "{text}");
+    assert!(
+        text.contains("over TLS") && text.contains("SSL_CERT_FILE"),
+        "{text}"
+    );
+}

@@ -47,8 +47,10 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// Reads `redis://[user[:password]@]host[:port][/db]`; the password
-    /// may come from `REDISCLI_AUTH`, as redis-cli reads it.
+    /// Reads `redis://[user[:password]@]host[:port][/db]`, or `rediss://`
+    /// for TLS (the server's certificate checked against the system's
+    /// roots, or the file `SSL_CERT_FILE` names, as OpenSSL has it); the
+    /// password may come from `REDISCLI_AUTH`, as redis-cli reads it.
     pub fn new(
         url: &str,
         env: impl Fn(&str) -> Option<String>,
@@ -56,11 +58,6 @@ impl Settings {
         ttl: Option<Duration>,
         monitor_retry: Option<u32>,
     ) -> Result<Settings, String> {
-        if url.starts_with("rediss://") {
-            return Err(
-                "--store rediss://: TLS to Redis is not in this version of consem; use redis:// on a trusted network".into(),
-            );
-        }
         let mut connection: redis::ConnectionInfo = redis::IntoConnectionInfo::into_connection_info(url)
             .map_err(|e| format!("--store: {} is not a Redis URL ({}); write redis://[user[:password]@]host[:port][/db]", hide_password(url), e.detail().unwrap_or("unreadable")))?;
         if connection.redis_settings().password().is_none() {
@@ -184,13 +181,14 @@ fn classify(error: RedisError, shown: &str) -> Failure {
                 "permission denied: Redis at {shown} refused the credentials: give the password in the URL or in REDISCLI_AUTH"
             )))
         }
+        _ if error.to_string().contains("certificate") => {
+            Failure::Final(StoreError::Unavailable(format!(
+                "cannot talk to Redis at {shown} over TLS: {error} (point SSL_CERT_FILE at the CA that signs the server's certificate)"
+            )))
+        }
         _ if error.is_io_error() || error.is_timeout() || error.is_connection_refusal() => {
             Failure::Transient(format!(
-                "cannot reach Redis at {shown}: {} (is redis-server running? check --store)",
-                error
-                    .detail()
-                    .map(str::to_string)
-                    .unwrap_or_else(|| format!("{:?}", error.kind()))
+                "cannot reach Redis at {shown}: {error} (is redis-server running? check --store)"
             ))
         }
         _ => Failure::Final(StoreError::Unavailable(format!(
