@@ -139,7 +139,7 @@ fn child_sees_its_slot_in_the_environment(make: MakeWorld) {
 
 fn fence_grows_from_one_acquisition_to_the_next(make: MakeWorld) {
     let world = make("fence");
-    let fences: Vec<u64> = (0..5)
+    let fences: Vec<u64> = (0..50)
         .map(|_| {
             let output = output(&world, 1, &[], &["sh", "-c", "printf %s \"$CONSEM_FENCE\""]);
             assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
@@ -185,7 +185,7 @@ fn waiters_get_their_slot_in_order_of_arrival(make: MakeWorld) {
     let holder = hold_slot(&world, 1, "ready", "go");
     let log = world.path("order");
     let mut waiters = Vec::new();
-    for position in 0..5 {
+    for position in 0..8 {
         let script = format!("echo {position} >> '{log}'");
         waiters.push(world.spawn(1, &[], &["sh", "-c", &script]));
         // The next one arrives only once this one is in the queue.
@@ -200,7 +200,8 @@ fn waiters_get_their_slot_in_order_of_arrival(make: MakeWorld) {
         assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     }
     let order = std::fs::read_to_string(&log).unwrap();
-    assert_eq!(order, "0\n1\n2\n3\n4\n", "slots went out of arrival order");
+    let expected: String = (0..8).map(|p| format!("{p}\n")).collect();
+    assert_eq!(order, expected, "slots went out of arrival order");
     world.assert_clean();
 }
 

@@ -231,7 +231,8 @@ fn a_key_that_is_not_a_sorted_set_is_a_conflict_and_stays_untouched() {
 fn runs_of_every_kind_leave_nothing_but_the_counters() {
     let world = World::redis("leaks");
     let holder = hold_slot(&world, 1, "ready", "go");
-    for round in 0..10 {
+    // 66 rounds of 3 runs, and 2 more: 200 runs.
+    for round in 0..66 {
         let tried = output(&world, 1, &["--try"], &["true"]);
         assert_eq!(tried.status.code(), Some(75), "round {round}");
         let timed = output(&world, 1, &["--timeout", "100ms"], &["true"]);
@@ -305,4 +306,40 @@ fn rediss_checks_the_server_certificate_against_the_trusted_roots() {
         text.contains("over TLS") && text.contains("SSL_CERT_FILE"),
         "{text}"
     );
+}
+
+#[test]
+fn waiters_retry_while_redis_is_gone_then_give_up() {
+    let mut world = World::redis("gone-waiting");
+    let holder = world.spawn(
+        1,
+        &["--ttl", "4s", "--kill-grace", "1s"],
+        &strs(&world.held_until("ready", "go", 0)),
+    );
+    wait_until(PROMPT, "the holder's command to start", || {
+        world.exists("ready")
+    });
+    let mut waiter = world.spawn(1, &["-v", "--ttl", "4s", "--kill-grace", "1s"], &["true"]);
+    wait_until(PROMPT, "the waiter to queue", || {
+        world.contender_keys() == 2
+    });
+    let stopped = Instant::now();
+    world.redis.as_mut().unwrap().stop();
+    // It retries for up to one TTL, then gives up: 69.
+    wait_with_deadline(
+        &mut waiter,
+        Duration::from_secs(30),
+        "the waiter to give up",
+    );
+    let output = finish(waiter);
+    assert_eq!(output.status.code(), Some(69), "{}", stderr(&output));
+    let text = stderr(&output);
+    assert!(text.contains(" retry "), "it retried: {text}");
+    assert!(text.contains("cannot reach Redis"), "{text}");
+    assert!(
+        stopped.elapsed() >= Duration::from_secs(4),
+        "gave up after {:?}",
+        stopped.elapsed()
+    );
+    assert_eq!(finish(holder).status.code(), Some(76));
 }
