@@ -343,3 +343,65 @@ fn waiters_retry_while_redis_is_gone_then_give_up() {
     );
     assert_eq!(finish(holder).status.code(), Some(76));
 }
+
+/// The acquire script's rule, driven directly: a contender takes a slot only
+/// while the permits plus the live waiters ahead of it are fewer than the
+/// limit, whichever of them happens to look first.
+#[test]
+fn the_acquire_script_takes_slots_in_order_of_arrival() {
+    let world = World::redis("script-fifo");
+    let redis = world.redis.as_ref().unwrap();
+    let mut connection = redis.connection().unwrap();
+    let script = redis::Script::new(include_str!("../src/store/redis/acquire.lua"));
+    let base = format!("semaphore:{}", world.prefix);
+    let acquire = |connection: &mut redis::Connection, id: &str, limit: u32| -> String {
+        let answer: Vec<redis::Value> = script
+            .key(&base)
+            .key(format!("{base}:queue"))
+            .key(format!("{base}:tickets"))
+            .key(format!("{base}:fence"))
+            .key(format!("{base}:limit"))
+            .key(format!("{base}:alive"))
+            .arg(id)
+            .arg(limit)
+            .arg(30_000)
+            .arg(format!("{base}:"))
+            .arg("{}")
+            .arg("wait")
+            .invoke(connection)
+            .unwrap();
+        match &answer[0] {
+            redis::Value::BulkString(word) => String::from_utf8_lossy(word).into_owned(),
+            other => format!("{other:?}"),
+        }
+    };
+    // A holds the one slot; B, then C queue behind it.
+    assert_eq!(acquire(&mut connection, "A", 1), "acquired");
+    assert_eq!(acquire(&mut connection, "B", 1), "wait");
+    assert_eq!(acquire(&mut connection, "C", 1), "wait");
+    // A leaves. C looks first: B arrived before it, so C still waits.
+    let _: i64 = redis::cmd("ZREM")
+        .arg(&base)
+        .arg("A")
+        .query(&mut connection)
+        .unwrap();
+    assert_eq!(acquire(&mut connection, "C", 1), "wait", "C overtook B");
+    assert_eq!(acquire(&mut connection, "B", 1), "acquired");
+    // A permit of another client counts too.
+    let _: i64 = redis::cmd("ZREM")
+        .arg(&base)
+        .arg("B")
+        .query(&mut connection)
+        .unwrap();
+    let _: i64 = redis::cmd("ZADD")
+        .arg(&base)
+        .arg(9_999_999_999u64)
+        .arg("foreign")
+        .query(&mut connection)
+        .unwrap();
+    assert_eq!(
+        acquire(&mut connection, "C", 1),
+        "wait",
+        "C ran beside a foreign permit"
+    );
+}
