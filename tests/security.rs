@@ -1085,3 +1085,25 @@ fn a_lock_the_token_cannot_read_is_not_reported_as_no_semaphore() {
         );
     }
 }
+
+/// With no --ca-file or --ca-path, consem trusts the operating system's
+/// store, as the consul CLI does: here pointed at the test CA with
+/// SSL_CERT_FILE, as a company CA would be installed; -v says which roots.
+#[test]
+fn the_system_trust_store_is_used_by_default() {
+    let pki = TestPki::new();
+    let (world, files) = tls_world("system-roots", &pki, false);
+    let mut command = world.consem(1, &["-v"], &HELLO);
+    command
+        .env("SSL_CERT_FILE", &files.ca)
+        .env_remove("SSL_CERT_DIR");
+    let output = run(command);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(String::from_utf8_lossy(&output.stdout), HELLO_OUT);
+    assert!(
+        stderr(&output).contains(" tls-roots source=\"system"),
+        "{}",
+        stderr(&output)
+    );
+    assert_clean(&world);
+}

@@ -32,6 +32,37 @@ impl TlsSettings {
         if let Some(dir) = &self.ca_path {
             roots.extend(read_certificate_dir(dir)?);
         }
+        if roots.is_empty() {
+            // As the consul CLI does: the operating system's store (where a
+            // company CA is installed), or the files SSL_CERT_FILE and
+            // SSL_CERT_DIR name; the bundle compiled in if it has none.
+            let native = rustls_native_certs::load_native_certs();
+            roots.extend(
+                native
+                    .certs
+                    .iter()
+                    .map(|der| Certificate::from_der(der.as_ref()).to_owned()),
+            );
+            crate::report::event(
+                "tls-roots",
+                &[(
+                    "source",
+                    &if roots.is_empty() {
+                        "bundled (the system has none)".to_string()
+                    } else {
+                        format!("system ({} certificates)", roots.len())
+                    },
+                )],
+            );
+        } else {
+            crate::report::event(
+                "tls-roots",
+                &[(
+                    "source",
+                    &format!("--ca-file/--ca-path ({} certificates)", roots.len()),
+                )],
+            );
+        }
         if !roots.is_empty() {
             builder = builder.root_certs(RootCerts::Specific(Arc::new(roots)));
         }
