@@ -36,20 +36,20 @@ complete -c consem -n "__fish_consem_using_subcommand run" -l prefix -d 'Name al
 complete -c consem -n "__fish_consem_using_subcommand run" -l limit -d 'Number of slots; every contender on the prefix must use the same limit' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l timeout -d 'Give up waiting for a slot after this long (default: wait forever)' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -s E -l no-slot-exit-code -d 'Exit code when no slot was obtained' -r
-complete -c consem -n "__fish_consem_using_subcommand run" -l ttl -d 'Consul: session TTL, renewed every TTL/2 (10s to 24h; default 15s)' -r
+complete -c consem -n "__fish_consem_using_subcommand run" -l ttl -d 'Consul and Redis: the lease of a slot, renewed every TTL/3 (Consul\'s session TTL, 10s to 24h; a Redis permit\'s, 2s to 24h; default 15s)' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l kill-grace -d 'Time between SIGTERM and SIGKILL when consem must stop the command (default 5s; on Consul, at most what fits in the lease of --ttl)' -r
-complete -c consem -n "__fish_consem_using_subcommand run" -l monitor-retry -d 'Consul: consecutive transient failures tolerated while holding a slot (default 3)' -r
+complete -c consem -n "__fish_consem_using_subcommand run" -l monitor-retry -d 'Consul and Redis: consecutive failures to reach the store tolerated while holding a slot (default 3)' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l name -d 'Consul: session name (default: "consem: <command> at <prefix>")' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l log-format -d 'Format of what consem writes on stderr' -r -f -a "text\t'`<time> consem[<pid>] <event> key=value ...`; errors as `consem: error: ...`'
 json\t'One JSON object per line: time, pid, level, event or message, details'"
-complete -c consem -n "__fish_consem_using_subcommand run" -l store -d 'Where the semaphore lives: consul, local (this host only, no server), local:DIR, or redis://[user[:password]@]host[:port][/db] [default: CONSEM_STORE, else consul]' -r
-complete -c consem -n "__fish_consem_using_subcommand run" -l http-addr -d 'Consul HTTP API address: host:port, http://host:port or https://host:port [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]' -r
-complete -c consem -n "__fish_consem_using_subcommand run" -l token -d 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]' -r
+complete -c consem -n "__fish_consem_using_subcommand run" -l store -d 'Where the semaphore lives: consul, local (this host only, no server), local:DIR, redis://[user[:password]@]host[:port][/db] or rediss://... (TLS; the password also from REDISCLI_AUTH) [default: CONSEM_STORE, else consul]' -r
+complete -c consem -n "__fish_consem_using_subcommand run" -l http-addr -d 'Consul HTTP API address: host:port, http://host:port or https://host:port (host:port means https with CONSUL_HTTP_SSL=true) [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]' -r
+complete -c consem -n "__fish_consem_using_subcommand run" -l token -d 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]; HTTP basic auth, if the agent sits behind it, comes from CONSUL_HTTP_AUTH (user:password)' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l token-file -d 'File holding the ACL token; wins over a token [default: CONSUL_HTTP_TOKEN_FILE]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand run" -l datacenter -d 'Datacenter to use (default: the agent\'s)' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l namespace -d 'Namespace to use (Consul Enterprise) [default: CONSUL_NAMESPACE]' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l partition -d 'Admin partition to use (Consul Enterprise) [default: CONSUL_PARTITION]' -r
-complete -c consem -n "__fish_consem_using_subcommand run" -l ca-file -d 'PEM file of the CA that signs the agent\'s certificate [default: CONSUL_CACERT]' -r -F
+complete -c consem -n "__fish_consem_using_subcommand run" -l ca-file -d 'PEM file of the CA that signs the agent\'s certificate [default: CONSUL_CACERT, else the system\'s trust store]; CONSUL_HTTP_SSL_VERIFY=false turns checking off' -r -F
 complete -c consem -n "__fish_consem_using_subcommand run" -l ca-path -d 'Directory of PEM CA certificates [default: CONSUL_CAPATH]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand run" -l client-cert -d 'PEM client certificate, for agents that verify clients (mTLS) [default: CONSUL_CLIENT_CERT]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand run" -l client-key -d 'PEM private key of the client certificate [default: CONSUL_CLIENT_KEY]' -r -F
@@ -60,14 +60,14 @@ complete -c consem -n "__fish_consem_using_subcommand run" -s v -l verbose -d 'P
 complete -c consem -n "__fish_consem_using_subcommand run" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c consem -n "__fish_consem_using_subcommand run" -s V -l version -d 'Print version'
 complete -c consem -n "__fish_consem_using_subcommand status" -l prefix -d 'Name of the semaphore (a KV prefix on Consul)' -r
-complete -c consem -n "__fish_consem_using_subcommand status" -l store -d 'Where the semaphore lives: consul, local (this host only, no server), local:DIR, or redis://[user[:password]@]host[:port][/db] [default: CONSEM_STORE, else consul]' -r
-complete -c consem -n "__fish_consem_using_subcommand status" -l http-addr -d 'Consul HTTP API address: host:port, http://host:port or https://host:port [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]' -r
-complete -c consem -n "__fish_consem_using_subcommand status" -l token -d 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]' -r
+complete -c consem -n "__fish_consem_using_subcommand status" -l store -d 'Where the semaphore lives: consul, local (this host only, no server), local:DIR, redis://[user[:password]@]host[:port][/db] or rediss://... (TLS; the password also from REDISCLI_AUTH) [default: CONSEM_STORE, else consul]' -r
+complete -c consem -n "__fish_consem_using_subcommand status" -l http-addr -d 'Consul HTTP API address: host:port, http://host:port or https://host:port (host:port means https with CONSUL_HTTP_SSL=true) [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]' -r
+complete -c consem -n "__fish_consem_using_subcommand status" -l token -d 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]; HTTP basic auth, if the agent sits behind it, comes from CONSUL_HTTP_AUTH (user:password)' -r
 complete -c consem -n "__fish_consem_using_subcommand status" -l token-file -d 'File holding the ACL token; wins over a token [default: CONSUL_HTTP_TOKEN_FILE]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand status" -l datacenter -d 'Datacenter to use (default: the agent\'s)' -r
 complete -c consem -n "__fish_consem_using_subcommand status" -l namespace -d 'Namespace to use (Consul Enterprise) [default: CONSUL_NAMESPACE]' -r
 complete -c consem -n "__fish_consem_using_subcommand status" -l partition -d 'Admin partition to use (Consul Enterprise) [default: CONSUL_PARTITION]' -r
-complete -c consem -n "__fish_consem_using_subcommand status" -l ca-file -d 'PEM file of the CA that signs the agent\'s certificate [default: CONSUL_CACERT]' -r -F
+complete -c consem -n "__fish_consem_using_subcommand status" -l ca-file -d 'PEM file of the CA that signs the agent\'s certificate [default: CONSUL_CACERT, else the system\'s trust store]; CONSUL_HTTP_SSL_VERIFY=false turns checking off' -r -F
 complete -c consem -n "__fish_consem_using_subcommand status" -l ca-path -d 'Directory of PEM CA certificates [default: CONSUL_CAPATH]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand status" -l client-cert -d 'PEM client certificate, for agents that verify clients (mTLS) [default: CONSUL_CLIENT_CERT]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand status" -l client-key -d 'PEM private key of the client certificate [default: CONSUL_CLIENT_KEY]' -r -F
@@ -79,14 +79,14 @@ complete -c consem -n "__fish_consem_using_subcommand release" -l prefix -d 'Nam
 complete -c consem -n "__fish_consem_using_subcommand release" -l session -d 'The holder\'s session ID, or a unique beginning of it' -r
 complete -c consem -n "__fish_consem_using_subcommand release" -l host -d 'The holder\'s host (with --pid)' -r
 complete -c consem -n "__fish_consem_using_subcommand release" -l pid -d 'The holder\'s consem process ID (with --host)' -r
-complete -c consem -n "__fish_consem_using_subcommand release" -l store -d 'Where the semaphore lives: consul, local (this host only, no server), local:DIR, or redis://[user[:password]@]host[:port][/db] [default: CONSEM_STORE, else consul]' -r
-complete -c consem -n "__fish_consem_using_subcommand release" -l http-addr -d 'Consul HTTP API address: host:port, http://host:port or https://host:port [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]' -r
-complete -c consem -n "__fish_consem_using_subcommand release" -l token -d 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]' -r
+complete -c consem -n "__fish_consem_using_subcommand release" -l store -d 'Where the semaphore lives: consul, local (this host only, no server), local:DIR, redis://[user[:password]@]host[:port][/db] or rediss://... (TLS; the password also from REDISCLI_AUTH) [default: CONSEM_STORE, else consul]' -r
+complete -c consem -n "__fish_consem_using_subcommand release" -l http-addr -d 'Consul HTTP API address: host:port, http://host:port or https://host:port (host:port means https with CONSUL_HTTP_SSL=true) [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]' -r
+complete -c consem -n "__fish_consem_using_subcommand release" -l token -d 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]; HTTP basic auth, if the agent sits behind it, comes from CONSUL_HTTP_AUTH (user:password)' -r
 complete -c consem -n "__fish_consem_using_subcommand release" -l token-file -d 'File holding the ACL token; wins over a token [default: CONSUL_HTTP_TOKEN_FILE]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand release" -l datacenter -d 'Datacenter to use (default: the agent\'s)' -r
 complete -c consem -n "__fish_consem_using_subcommand release" -l namespace -d 'Namespace to use (Consul Enterprise) [default: CONSUL_NAMESPACE]' -r
 complete -c consem -n "__fish_consem_using_subcommand release" -l partition -d 'Admin partition to use (Consul Enterprise) [default: CONSUL_PARTITION]' -r
-complete -c consem -n "__fish_consem_using_subcommand release" -l ca-file -d 'PEM file of the CA that signs the agent\'s certificate [default: CONSUL_CACERT]' -r -F
+complete -c consem -n "__fish_consem_using_subcommand release" -l ca-file -d 'PEM file of the CA that signs the agent\'s certificate [default: CONSUL_CACERT, else the system\'s trust store]; CONSUL_HTTP_SSL_VERIFY=false turns checking off' -r -F
 complete -c consem -n "__fish_consem_using_subcommand release" -l ca-path -d 'Directory of PEM CA certificates [default: CONSUL_CAPATH]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand release" -l client-cert -d 'PEM client certificate, for agents that verify clients (mTLS) [default: CONSUL_CLIENT_CERT]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand release" -l client-key -d 'PEM private key of the client certificate [default: CONSUL_CLIENT_KEY]' -r -F
@@ -94,14 +94,14 @@ complete -c consem -n "__fish_consem_using_subcommand release" -l tls-server-nam
 complete -c consem -n "__fish_consem_using_subcommand release" -s h -l help -d 'Print help'
 complete -c consem -n "__fish_consem_using_subcommand release" -s V -l version -d 'Print version'
 complete -c consem -n "__fish_consem_using_subcommand reset" -l prefix -d 'Name of the semaphore (a KV prefix on Consul)' -r
-complete -c consem -n "__fish_consem_using_subcommand reset" -l store -d 'Where the semaphore lives: consul, local (this host only, no server), local:DIR, or redis://[user[:password]@]host[:port][/db] [default: CONSEM_STORE, else consul]' -r
-complete -c consem -n "__fish_consem_using_subcommand reset" -l http-addr -d 'Consul HTTP API address: host:port, http://host:port or https://host:port [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]' -r
-complete -c consem -n "__fish_consem_using_subcommand reset" -l token -d 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]' -r
+complete -c consem -n "__fish_consem_using_subcommand reset" -l store -d 'Where the semaphore lives: consul, local (this host only, no server), local:DIR, redis://[user[:password]@]host[:port][/db] or rediss://... (TLS; the password also from REDISCLI_AUTH) [default: CONSEM_STORE, else consul]' -r
+complete -c consem -n "__fish_consem_using_subcommand reset" -l http-addr -d 'Consul HTTP API address: host:port, http://host:port or https://host:port (host:port means https with CONSUL_HTTP_SSL=true) [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]' -r
+complete -c consem -n "__fish_consem_using_subcommand reset" -l token -d 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]; HTTP basic auth, if the agent sits behind it, comes from CONSUL_HTTP_AUTH (user:password)' -r
 complete -c consem -n "__fish_consem_using_subcommand reset" -l token-file -d 'File holding the ACL token; wins over a token [default: CONSUL_HTTP_TOKEN_FILE]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand reset" -l datacenter -d 'Datacenter to use (default: the agent\'s)' -r
 complete -c consem -n "__fish_consem_using_subcommand reset" -l namespace -d 'Namespace to use (Consul Enterprise) [default: CONSUL_NAMESPACE]' -r
 complete -c consem -n "__fish_consem_using_subcommand reset" -l partition -d 'Admin partition to use (Consul Enterprise) [default: CONSUL_PARTITION]' -r
-complete -c consem -n "__fish_consem_using_subcommand reset" -l ca-file -d 'PEM file of the CA that signs the agent\'s certificate [default: CONSUL_CACERT]' -r -F
+complete -c consem -n "__fish_consem_using_subcommand reset" -l ca-file -d 'PEM file of the CA that signs the agent\'s certificate [default: CONSUL_CACERT, else the system\'s trust store]; CONSUL_HTTP_SSL_VERIFY=false turns checking off' -r -F
 complete -c consem -n "__fish_consem_using_subcommand reset" -l ca-path -d 'Directory of PEM CA certificates [default: CONSUL_CAPATH]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand reset" -l client-cert -d 'PEM client certificate, for agents that verify clients (mTLS) [default: CONSUL_CLIENT_CERT]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand reset" -l client-key -d 'PEM private key of the client certificate [default: CONSUL_CLIENT_KEY]' -r -F

@@ -181,7 +181,8 @@ pub struct RunArgs {
     #[arg(short = 'E', long, value_name = "CODE", default_value_t = 75)]
     pub no_slot_exit_code: u8,
 
-    /// Consul: session TTL, renewed every TTL/2 (10s to 24h; default 15s)
+    /// Consul and Redis: the lease of a slot, renewed every TTL/3 (Consul's session
+    /// TTL, 10s to 24h; a Redis permit's, 2s to 24h; default 15s)
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub ttl: Option<Duration>,
 
@@ -195,7 +196,8 @@ pub struct RunArgs {
     #[arg(long)]
     pub wait_group: bool,
 
-    /// Consul: consecutive transient failures tolerated while holding a slot (default 3)
+    /// Consul and Redis: consecutive failures to reach the store tolerated while
+    /// holding a slot (default 3)
     #[arg(long, value_name = "N")]
     pub monitor_retry: Option<u32>,
 
@@ -226,8 +228,8 @@ pub struct RunArgs {
 #[derive(Debug, Args)]
 pub struct StoreArgs {
     /// Where the semaphore lives: consul, local (this host only, no server),
-    /// local:DIR, or redis://[user[:password]@]host[:port][/db]
-    /// [default: CONSEM_STORE, else consul]
+    /// local:DIR, redis://[user[:password]@]host[:port][/db] or rediss://... (TLS; the
+    /// password also from REDISCLI_AUTH) [default: CONSEM_STORE, else consul]
     #[arg(long, value_name = "STORE")]
     pub store: Option<String>,
 }
@@ -238,11 +240,13 @@ pub struct StoreArgs {
 #[command(next_help_heading = "Consul options")]
 pub struct ConsulArgs {
     /// Consul HTTP API address: host:port, http://host:port or https://host:port
-    /// [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]
+    /// (host:port means https with CONSUL_HTTP_SSL=true) [default: CONSUL_HTTP_ADDR, else
+    /// 127.0.0.1:8500]
     #[arg(long, value_name = "ADDR")]
     pub http_addr: Option<String>,
 
-    /// ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]
+    /// ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]; HTTP basic
+    /// auth, if the agent sits behind it, comes from CONSUL_HTTP_AUTH (user:password)
     #[arg(long, value_name = "TOKEN")]
     pub token: Option<String>,
 
@@ -262,7 +266,8 @@ pub struct ConsulArgs {
     #[arg(long, value_name = "PARTITION")]
     pub partition: Option<String>,
 
-    /// PEM file of the CA that signs the agent's certificate [default: CONSUL_CACERT]
+    /// PEM file of the CA that signs the agent's certificate [default: CONSUL_CACERT, else the
+    /// system's trust store]; CONSUL_HTTP_SSL_VERIFY=false turns checking off
     #[arg(long, value_name = "PATH")]
     pub ca_file: Option<PathBuf>,
 

@@ -336,6 +336,7 @@ fn waiters_retry_while_redis_is_gone_then_give_up() {
     let text = stderr(&output);
     assert!(text.contains(" retry "), "it retried: {text}");
     assert!(text.contains("cannot reach Redis"), "{text}");
+    assert!(!text.contains("os error"), "no errno noise: {text}");
     assert!(
         stopped.elapsed() >= Duration::from_secs(4),
         "gave up after {:?}",

@@ -199,6 +199,10 @@ fn consul_down_at_start_exits_69_naming_the_address() {
         message.contains("use --store local"),
         "names the store that needs no server: {message}"
     );
+    assert!(
+        message.contains(": connection refused (") && !message.contains("os error"),
+        "says the cause without the layers' noise: {message}"
+    );
     assert_eq!(message.lines().count(), 1, "{message}");
 }
 

@@ -155,6 +155,35 @@ impl std::fmt::Display for StoreError {
 
 impl std::error::Error for StoreError {}
 
+/// The cause of a network failure as a user reads it: the layers' prefixes
+/// (`io: `) and the errno (` (os error 111)`) carry nothing a user can act
+/// on, so they are dropped; what is left starts in lower case.
+pub fn network_cause(error: &str) -> String {
+    let mut text = error.trim();
+    while let Some(rest) = text.strip_prefix("io: ") {
+        text = rest;
+    }
+    if let Some(open) = text.rfind(" (os error ") {
+        if text.ends_with(')') {
+            text = &text[..open];
+        }
+    }
+    let text = if let Some(why) = text.strip_prefix("failed to lookup address information: ") {
+        format!("cannot resolve the host name ({why})")
+    } else if text.starts_with("timeout: ") {
+        "no answer in time".to_string()
+    } else {
+        text.to_string()
+    };
+    let mut chars = text.chars();
+    match chars.next() {
+        Some(first) if !chars.clone().next().is_some_and(char::is_uppercase) => {
+            first.to_lowercase().chain(chars).collect()
+        }
+        _ => text,
+    }
+}
+
 /// Where a backend sends its events.
 pub type Notify = Arc<dyn Fn(SlotEvent) + Send + Sync>;
 
@@ -269,4 +298,31 @@ pub trait Admin {
     /// Deletes the limit record once no live holder remains, so that a new
     /// limit can be used; with `force`, releases the live holders first.
     fn reset(&self, force: bool) -> Result<ResetOutcome, StoreError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::network_cause;
+
+    #[test]
+    fn network_causes_lose_the_layers_noise() {
+        assert_eq!(
+            network_cause("io: Connection refused (os error 111)"),
+            "connection refused"
+        );
+        assert_eq!(
+            network_cause("Connection refused (os error 111)"),
+            "connection refused"
+        );
+        assert_eq!(
+            network_cause("io: failed to lookup address information: Name or service not known"),
+            "cannot resolve the host name (Name or service not known)"
+        );
+        // An acronym keeps its case; a message without noise is kept.
+        assert_eq!(
+            network_cause("TLS handshake failed"),
+            "TLS handshake failed"
+        );
+        assert_eq!(network_cause("timeout: global"), "no answer in time");
+    }
 }

@@ -652,7 +652,8 @@ impl Client {
         let mut response = result.map_err(|e| match tls::explain(&e, checked, no_client_cert) {
             Some(why) => ConsulError::Transient(format!("cannot talk to Consul at {address}: {why}")),
             None => ConsulError::Transient(format!(
-                "cannot reach Consul at {address}: {e} (is the agent running? check --http-addr or CONSUL_HTTP_ADDR; for slots on this host alone, with no server, use --store local)"
+                "cannot reach Consul at {address}: {} (is the agent running? check --http-addr or CONSUL_HTTP_ADDR; for slots on this host alone, with no server, use --store local)",
+                crate::store::network_cause(&e.to_string())
             )),
         })?;
         let status = response.status().as_u16();
@@ -691,7 +692,10 @@ impl Client {
             .limit(MAX_BODY)
             .read_to_vec()
             .map_err(|e| {
-                ConsulError::Transient(format!("lost Consul's answer from {address}: {e}"))
+                ConsulError::Transient(format!(
+                    "lost Consul's answer from {address}: {}",
+                    crate::store::network_cause(&e.to_string())
+                ))
             })?;
         Ok(Reply {
             status,

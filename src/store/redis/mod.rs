@@ -188,7 +188,8 @@ fn classify(error: RedisError, shown: &str) -> Failure {
         }
         _ if error.is_io_error() || error.is_timeout() || error.is_connection_refusal() => {
             Failure::Transient(format!(
-                "cannot reach Redis at {shown}: {error} (is redis-server running? check --store)"
+                "cannot reach Redis at {shown}: {} (is redis-server running? check --store)",
+                crate::store::network_cause(&error.to_string())
             ))
         }
         _ => Failure::Final(StoreError::Unavailable(format!(
@@ -560,8 +561,9 @@ impl SlotBackend for RedisSemaphore {
         report::event("released", &[("prefix", &self.prefix)]);
         released.map(|_| ()).map_err(|error| {
             format!(
-                "leaving {}: {error}; our permit expires by itself within {}",
+                "leaving {}: {}; our permit expires by itself within {}",
                 self.keys.holders,
+                crate::store::network_cause(&error.to_string()),
                 crate::duration::human(self.settings.ttl)
             )
         })
