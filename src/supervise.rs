@@ -43,6 +43,11 @@ const STOP_POLL: Duration = Duration::from_millis(250);
 /// How often the waiting line's clock moves.
 const PROGRESS_TICK: Duration = Duration::from_secs(1);
 
+/// How long the first attempt may take to answer, counted from the start,
+/// even past a shorter `--timeout`: a timeout bounds the wait for a slot,
+/// it does not forbid taking a free one.
+const FIRST_ATTEMPT_BUDGET: Duration = Duration::from_secs(2);
+
 /// How long to wait for a SIGKILLed child to be reaped.
 const KILL_WAIT: Duration = Duration::from_secs(5);
 
@@ -165,10 +170,12 @@ fn wait_for_slot(
     mut line: Option<&mut ProgressLine>,
 ) -> Result<(), Outcome> {
     let started = Instant::now();
+    let mut answered = false;
     loop {
         // A line that is up is redrawn every second, for its clock.
         let tick = line.as_ref().filter(|l| l.shown()).map(|_| PROGRESS_TICK);
-        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        let left = wait_deadline(deadline, started, answered)
+            .map(|d| d.saturating_duration_since(Instant::now()));
         if left.is_some_and(|left| left.is_zero()) {
             report::event("timed-out", &[]);
             return Err(Outcome::NoSlot);
@@ -193,6 +200,7 @@ fn wait_for_slot(
             Ok(Event::Signal(SIGTSTP)) => sys::stop_self(),
             Ok(Event::Signal(signal)) => report::event("signal-ignored", &[("signal", &signal)]),
             Ok(Event::Slot(SlotEvent::Waiting(progress))) => {
+                answered = true;
                 if let Some(line) = line.as_mut() {
                     line.update(progress, started.elapsed());
                 }
@@ -208,6 +216,16 @@ fn wait_for_slot(
                 unreachable!("the event loop holds a sender")
             }
         }
+    }
+}
+
+/// When the wait for a slot ends: at `--timeout`, but not before the
+/// store's first answer (that every slot is taken) or the first attempt's
+/// budget, so that a short timeout still takes a free slot.
+fn wait_deadline(timeout: Option<Instant>, started: Instant, answered: bool) -> Option<Instant> {
+    match timeout {
+        Some(at) if !answered => Some(at.max(started + FIRST_ATTEMPT_BUDGET)),
+        other => other,
     }
 }
 
@@ -543,5 +561,26 @@ fn wait_for_exit(inbox: &Receiver<Event>, within: Duration) -> bool {
 fn leave(backend: &dyn SlotBackend, budget: Duration) {
     if let Err(problems) = backend.release(budget) {
         report::warning(&format!("could not clean up completely: {problems}"));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_short_timeout_still_waits_for_the_first_answer() {
+        let started = Instant::now();
+        let short = Some(started + Duration::from_millis(1));
+        assert_eq!(
+            wait_deadline(short, started, false),
+            Some(started + FIRST_ATTEMPT_BUDGET)
+        );
+        // Once every slot is known to be taken, the timeout counts as given.
+        assert_eq!(wait_deadline(short, started, true), short);
+        // A timeout longer than the first attempt's budget is kept as it is.
+        let long = Some(started + Duration::from_secs(60));
+        assert_eq!(wait_deadline(long, started, false), long);
+        assert_eq!(wait_deadline(None, started, false), None);
     }
 }

@@ -42,6 +42,7 @@ on_every_store!(
     try_and_timeout_give_up_with_75_or_the_chosen_code,
     timeout_0_takes_a_free_slot,
     timeout_0_exits_75_at_once_when_full,
+    a_short_timeout_takes_a_free_slot_and_gives_up_on_a_full_one,
     a_signal_while_waiting_ends_the_wait_promptly,
     user_signals_while_waiting_are_ignored,
     a_signal_while_running_goes_to_the_child_and_its_status_comes_back,
@@ -254,6 +255,25 @@ fn timeout_0_exits_75_at_once_when_full(make: MakeWorld) {
     assert!(!log.contains(" waiting"), "{log}");
     assert!(!log.contains(" timed-out"), "{log}");
     assert_eq!(world.contender_keys(), 1, "only the holder is left");
+    world.touch("go");
+    assert_eq!(finish(holder).status.code(), Some(0));
+    world.assert_clean();
+}
+
+/// A timeout bounds the wait, not the first attempt: `--timeout 1ms`
+/// takes a free slot however long the store takes to answer, and on a full
+/// semaphore gives up once the store has said so.
+fn a_short_timeout_takes_a_free_slot_and_gives_up_on_a_full_one(make: MakeWorld) {
+    let world = make("timeout-short");
+    for _ in 0..3 {
+        let output = output(&world, 1, &["--timeout", "1ms"], &["printf", "ran"]);
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+        assert_eq!(output.stdout, b"ran");
+    }
+    let holder = hold_slot(&world, 1, "ready", "go");
+    let output = output(&world, 1, &["-v", "--timeout", "1ms"], &["true"]);
+    assert_eq!(output.status.code(), Some(75), "{}", stderr(&output));
+    assert!(stderr(&output).contains(" timed-out"), "{}", stderr(&output));
     world.touch("go");
     assert_eq!(finish(holder).status.code(), Some(0));
     world.assert_clean();
