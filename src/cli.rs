@@ -11,6 +11,7 @@ pub const EXIT_CODES: &str = "\
 Exit codes:
   <child's>  the command ran and exited by itself
   128+N      the command died of signal N, or a signal N ended the wait
+             (consem then dies of signal N itself, as the shell expects)
   2          usage error
   65         semaphore conflict (other limit, a record that is not consem's)
   69         the store unreachable or failing when starting

@@ -93,8 +93,27 @@ fn open_store(
     })
 }
 
-/// Runs `consem run` and returns the exit code.
-pub fn run(options: RunOptions) -> i32 {
+/// How `consem run` ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    Code(i32),
+    /// Die of this signal, as the command did or as the signal that ended
+    /// the wait would have had it, so that a shell sees it (`sys::die_of`).
+    Signal(i32),
+}
+
+impl Exit {
+    /// Ends consem this way.
+    pub fn finish(self) -> ! {
+        match self {
+            Exit::Code(code) => std::process::exit(code),
+            Exit::Signal(signal) => sys::die_of(signal),
+        }
+    }
+}
+
+/// Runs `consem run` and says how to exit.
+pub fn run(options: RunOptions) -> Exit {
     report::set_verbose(options.verbose);
     report::set_format(options.log_format);
     let command: Vec<String> = options
@@ -106,7 +125,7 @@ pub fn run(options: RunOptions) -> i32 {
         Ok(backend) => backend,
         Err(error) => {
             report::error(&error.to_string());
-            return exit_code_of(&error);
+            return Exit::Code(exit_code_of(&error));
         }
     };
     let plan = Plan {
@@ -122,13 +141,14 @@ pub fn run(options: RunOptions) -> i32 {
             && !options.verbose)
             .then(|| options.prefix.clone()),
     };
-    match supervise::run(backend, &plan) {
-        Outcome::ChildExited(status) => status
-            .code()
-            .or_else(|| status.signal().map(|signal| 128 + signal))
-            .unwrap_or(1),
+    let code = match supervise::run(backend, &plan) {
+        Outcome::ChildExited(status) => match (status.code(), status.signal()) {
+            (Some(code), _) => code,
+            (None, Some(signal)) => return Exit::Signal(signal),
+            (None, None) => 1,
+        },
         Outcome::NoSlot => i32::from(options.no_slot_exit_code),
-        Outcome::Interrupted(signal) => 128 + signal,
+        Outcome::Interrupted(signal) => return Exit::Signal(signal),
         Outcome::SlotLost => exit::SLOT_LOST,
         Outcome::Failed(error) => {
             report::error(&error.to_string());
@@ -143,5 +163,6 @@ pub fn run(options: RunOptions) -> i32 {
             report::error(&format!("cannot run '{}': {error}; {hint}", command[0]));
             code
         }
-    }
+    };
+    Exit::Code(code)
 }

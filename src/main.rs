@@ -14,7 +14,7 @@ fn main() {
             // Errors in the options already speak the chosen format.
             consem::report::set_format(args.log_format);
             match RunOptions::from_args(args, env) {
-                Ok(options) => consem::run(options),
+                Ok(options) => consem::run(options).finish(),
                 Err(message) => {
                     consem::report::error(&message);
                     consem::exit::USAGE

@@ -11,7 +11,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use signal_hook::consts::signal::{
-    SIGCONT, SIGHUP, SIGINT, SIGKILL, SIGQUIT, SIGSTOP, SIGTERM, SIGTSTP, SIGUSR1, SIGUSR2,
+    SIGALRM, SIGCONT, SIGHUP, SIGINT, SIGKILL, SIGPROF, SIGQUIT, SIGSTOP, SIGTERM, SIGTSTP,
+    SIGUSR1, SIGUSR2, SIGVTALRM, SIGXCPU, SIGXFSZ,
 };
 use signal_hook::iterator::Signals;
 
@@ -20,12 +21,19 @@ use crate::store::{Contend, Notify, SlotBackend, SlotEvent, StoreError};
 use crate::watchdog::Watchdog;
 use crate::{report, sys};
 
-/// Signals that end a wait, and are passed on to the child once it runs.
-const SHUTDOWN_SIGNALS: [i32; 4] = [SIGINT, SIGTERM, SIGHUP, SIGQUIT];
+/// Signals that end a wait, and are passed on to the child once it runs:
+/// every signal whose default is to end a process, but SIGPIPE (Rust's
+/// runtime ignores it before consem starts) and SIGUSR1/SIGUSR2.
+const SHUTDOWN_SIGNALS: [i32; 9] = [
+    SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGALRM, SIGXCPU, SIGXFSZ, SIGVTALRM, SIGPROF,
+];
 
 /// Signals consem handles. SIGUSR1/2 are passed on to the child (and ignored
 /// while waiting); SIGTSTP stops the child with consem (job control).
-const HANDLED_SIGNALS: [i32; 7] = [SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGTSTP];
+const HANDLED_SIGNALS: [i32; 12] = [
+    SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGALRM, SIGXCPU, SIGXFSZ, SIGVTALRM, SIGPROF, SIGUSR1,
+    SIGUSR2, SIGTSTP,
+];
 
 /// Time for leaving the semaphore after an interrupted wait: the user asked
 /// to stop, so consem exits within about a second even if Consul stalls (the
@@ -99,7 +107,11 @@ pub fn run(backend: Arc<dyn SlotBackend>, plan: &Plan) -> Outcome {
     let (events, inbox) = mpsc::channel();
     // Handlers go in before the first request, so that no signal is missed.
     sys::set_signal_dispositions();
-    let signals = Signals::new(HANDLED_SIGNALS).expect("cannot install signal handlers");
+    // What the parent left ignored stays ignored, for consem and the
+    // command (`nohup`, a shell's background jobs, `trap ''`).
+    let ignored = sys::ignored_at_start(&HANDLED_SIGNALS);
+    let handled = HANDLED_SIGNALS.iter().filter(|s| !ignored.contains(s));
+    let signals = Signals::new(handled).expect("cannot install signal handlers");
     let started = Instant::now();
     let notify: Notify = {
         let events = events.clone();

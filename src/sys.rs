@@ -312,3 +312,45 @@ pub fn set_signal_dispositions() {
         libc::signal(libc::SIGTTOU, libc::SIG_IGN);
     }
 }
+
+/// The signals among `signals` that consem's parent left ignored (`nohup`,
+/// a shell's background job, `trap ''`): consem leaves them ignored, for
+/// itself and so for the command, as Unix tools do.
+pub fn ignored_at_start(signals: &[i32]) -> Vec<i32> {
+    signals
+        .iter()
+        .copied()
+        .filter(|&signal| {
+            // SAFETY: sigaction with a null new action only reads the
+            // current one into our local struct.
+            unsafe {
+                let mut action: libc::sigaction = std::mem::zeroed();
+                libc::sigaction(signal, std::ptr::null(), &mut action) == 0
+                    && action.sa_sigaction == libc::SIG_IGN
+            }
+        })
+        .collect()
+}
+
+/// Ends consem by `signal`, once it has cleaned up, so that its parent
+/// sees what ended the run (a shell stops a loop at Ctrl-C only for a child
+/// killed by SIGINT). No core file is written for it. A signal whose
+/// default is not to end a process ends it with the shell's number.
+pub fn die_of(signal: i32) -> ! {
+    // SAFETY: setrlimit, signal, the mask and raise take plain values or
+    // pointers to locals; raise signals only this thread.
+    unsafe {
+        let no_core = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        libc::setrlimit(libc::RLIMIT_CORE, &no_core);
+        libc::signal(signal, libc::SIG_DFL);
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, signal);
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+        libc::raise(signal);
+    }
+    std::process::exit(128 + signal)
+}

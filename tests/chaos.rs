@@ -50,7 +50,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::double::{ConsulDouble, Fault, Match};
 use common::world::*;
-use common::{encode_key, http, wait_until};
+use common::{encode_key, http, shell_status, wait_until};
 
 // ---- the chaos test's settings ------------------------------------------
 
@@ -1301,7 +1301,7 @@ fn repeated_runs_leave_nothing_behind() {
     let mut tally: BTreeMap<String, usize> = BTreeMap::new();
     let mut done = 0;
     let mut count = |kind: &str, expected: i32, status: ExitStatus, why: &dyn Fn() -> String| {
-        assert_eq!(status.code(), Some(expected), "{kind}: {}", why());
+        assert_eq!(shell_status(status), expected, "{kind}: {}", why());
         *tally.entry(format!("{kind}={expected}")).or_default() += 1;
     };
     let signals = [libc::SIGTERM, libc::SIGKILL, libc::SIGHUP, libc::SIGUSR1];
@@ -1324,6 +1324,11 @@ fn repeated_runs_leave_nothing_behind() {
             .consem(1, &[], &["sh", "-c", &script])
             .output()
             .unwrap();
+        assert_eq!(
+            output.status.signal(),
+            Some(signal),
+            "dies of the child's signal"
+        );
         count("child-signal", 128 + signal, output.status, &|| {
             stderr(&output)
         });
@@ -1356,6 +1361,11 @@ fn repeated_runs_leave_nothing_behind() {
         let signal = wait_signals[round % wait_signals.len()];
         signal_child(&waiter, signal);
         let status = waiter.wait().unwrap();
+        assert_eq!(
+            status.signal(),
+            Some(signal),
+            "dies of the signal that ended its wait"
+        );
         count("interrupted-wait", 128 + signal, status, &|| {
             std::fs::read_to_string(world.path(&log)).unwrap_or_default()
         });

@@ -8,6 +8,7 @@
 mod common;
 
 use std::io::Read as _;
+use std::os::unix::process::ExitStatusExt as _;
 use std::process::{Child, Output};
 use std::time::{Duration, Instant};
 
@@ -46,6 +47,7 @@ on_every_store!(
     a_signal_while_waiting_ends_the_wait_promptly,
     user_signals_while_waiting_are_ignored,
     a_signal_while_running_goes_to_the_child_and_its_status_comes_back,
+    signals_the_parent_ignored_stay_ignored_for_consem_and_the_command,
     a_lost_slot_stops_the_command_and_its_background_jobs_with_76,
     commands_that_cannot_run_exit_126_or_127_and_release,
     odd_prefixes_work_and_clean_up,
@@ -108,8 +110,16 @@ fn exit_codes_pass_through(make: MakeWorld) {
     let code = |script: &str| output(&world, 1, &[], &["sh", "-c", script]).status.code();
     assert_eq!(code("exit 7"), Some(7));
     assert_eq!(code("exit 0"), Some(0));
-    assert_eq!(code("kill -TERM $$"), Some(128 + libc::SIGTERM));
-    assert_eq!(code("kill -KILL $$"), Some(128 + libc::SIGKILL));
+    // A command that dies of a signal: consem cleans up, then dies of the
+    // same signal, so that the shell sees what it would without consem.
+    let signalled = |script: &str| {
+        output(&world, 1, &[], &["sh", "-c", script])
+            .status
+            .signal()
+    };
+    assert_eq!(signalled("kill -TERM $$"), Some(libc::SIGTERM));
+    assert_eq!(signalled("kill -KILL $$"), Some(libc::SIGKILL));
+    assert_eq!(signalled("kill -INT $$"), Some(libc::SIGINT));
     world.assert_clean();
 }
 
@@ -273,18 +283,24 @@ fn a_short_timeout_takes_a_free_slot_and_gives_up_on_a_full_one(make: MakeWorld)
     let holder = hold_slot(&world, 1, "ready", "go");
     let output = output(&world, 1, &["-v", "--timeout", "1ms"], &["true"]);
     assert_eq!(output.status.code(), Some(75), "{}", stderr(&output));
-    assert!(stderr(&output).contains(" timed-out"), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains(" timed-out"),
+        "{}",
+        stderr(&output)
+    );
     world.touch("go");
     assert_eq!(finish(holder).status.code(), Some(0));
     world.assert_clean();
 }
 
 fn a_signal_while_waiting_ends_the_wait_promptly(make: MakeWorld) {
-    for (sig, code) in [
-        (libc::SIGINT, 130),
-        (libc::SIGTERM, 143),
-        (libc::SIGHUP, 129),
-        (libc::SIGQUIT, 131),
+    // consem leaves, then dies of the signal (a shell's loop stops at it).
+    for sig in [
+        libc::SIGINT,
+        libc::SIGTERM,
+        libc::SIGHUP,
+        libc::SIGQUIT,
+        libc::SIGALRM,
     ] {
         let world = make(&format!("signal-waiting-{sig}"));
         let holder = hold_slot(&world, 1, "ready", "go");
@@ -295,7 +311,7 @@ fn a_signal_while_waiting_ends_the_wait_promptly(make: MakeWorld) {
         let started = Instant::now();
         signal(&waiter, sig);
         let output = finish_within(waiter, "the waiter to give up");
-        assert_eq!(output.status.code(), Some(code), "{}", stderr(&output));
+        assert_eq!(output.status.signal(), Some(sig), "{}", stderr(&output));
         assert!(
             started.elapsed() < Duration::from_secs(3),
             "took {:?}",
@@ -359,6 +375,51 @@ fn a_signal_while_running_goes_to_the_child_and_its_status_comes_back(make: Make
     let output = finish_within(child, "consem to pass the child's status on");
     assert_eq!(output.status.code(), Some(3), "{}", stderr(&output));
     assert!(world.exists("trapped"), "the child received SIGTERM");
+    world.assert_clean();
+}
+
+/// `nohup`, `trap ''` and a shell's background jobs leave signals ignored:
+/// consem does not catch them, so SIGHUP (a terminal closing) neither ends
+/// it nor reaches the command, and the command starts with them ignored.
+fn signals_the_parent_ignored_stay_ignored_for_consem_and_the_command(make: MakeWorld) {
+    use std::os::unix::process::CommandExt as _;
+    let world = make("inherited-ignored");
+    let script = format!(
+        "grep SigIgn /proc/self/status > '{}'; touch '{}'; while [ ! -e '{}' ]; do sleep 0.02; done",
+        world.path("sigign"),
+        world.path("ready"),
+        world.path("go")
+    );
+    let mut command = world.consem(1, &[], &["sh", "-c", &script]);
+    // SAFETY: signal(2) is async-signal-safe; the closure allocates nothing.
+    unsafe {
+        command.pre_exec(|| {
+            for signal in [libc::SIGHUP, libc::SIGINT, libc::SIGQUIT] {
+                libc::signal(signal, libc::SIG_IGN);
+            }
+            Ok(())
+        });
+    }
+    let holder = command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until(PROMPT, "the command to start", || world.exists("ready"));
+    let line = std::fs::read_to_string(world.path("sigign")).unwrap();
+    let mask = u64::from_str_radix(line.trim().trim_start_matches("SigIgn:").trim(), 16).unwrap();
+    for signal in [libc::SIGHUP, libc::SIGINT, libc::SIGQUIT] {
+        assert_ne!(
+            mask & (1 << (signal - 1)),
+            0,
+            "signal {signal} ignored: {line}"
+        );
+    }
+    signal(&holder, libc::SIGHUP);
+    signal(&holder, libc::SIGINT);
+    world.touch("go");
+    let output = finish_within(holder, "consem to pass the command's status on");
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     world.assert_clean();
 }
 

@@ -400,3 +400,14 @@ pub fn encode_key(key: &str) -> String {
     }
     encoded
 }
+
+/// The exit status as a shell's `$?` shows it: the code, or 128 + the
+/// signal that ended the process.
+pub fn shell_status(status: std::process::ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt as _;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => code,
+        (None, Some(signal)) => 128 + signal,
+        (None, None) => unreachable!("a process ends with a code or a signal"),
+    }
+}
