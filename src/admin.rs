@@ -116,15 +116,21 @@ fn render(status: &Status) -> String {
         out.push_str(&format!("\n{title}\n"));
         out.push_str("  SESSION                               HOST             PID      NODE             SINCE                     COMMAND\n");
         for c in rows {
+            // Written by whoever can write the store: shown, never obeyed.
             let missing = || "-".to_string();
+            let shown = |value: &Option<String>| {
+                value
+                    .as_deref()
+                    .map_or_else(missing, |v| crate::report::printable(v).into_owned())
+            };
             out.push_str(&format!(
                 "  {:<37} {:<16} {:<8} {:<16} {:<25} {}\n",
-                c.session,
-                c.host.clone().unwrap_or_else(missing),
+                crate::report::printable(&c.session),
+                shown(&c.host),
                 c.pid.map_or_else(missing, |p| p.to_string()),
-                c.node.clone().unwrap_or_else(missing),
-                c.started.clone().unwrap_or_else(missing),
-                c.command.clone().unwrap_or_else(missing),
+                shown(&c.node),
+                shown(&c.started),
+                shown(&c.command),
             ));
         }
     };
@@ -133,7 +139,7 @@ fn render(status: &Status) -> String {
     if !status.dead_holders.is_empty() {
         out.push_str("\nDEAD HOLDERS (gone; the next contender prunes them)\n");
         for id in &status.dead_holders {
-            out.push_str(&format!("  {id}\n"));
+            out.push_str(&format!("  {}\n", crate::report::printable(id)));
         }
     }
     out

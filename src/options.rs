@@ -180,9 +180,28 @@ impl RunOptions {
     }
 }
 
-/// Trims leading and trailing `/`; an empty prefix would put the semaphore
-/// at the root of the KV store.
+/// The longest prefix, in bytes: a key's name must fit in a URL line.
+pub const MAX_PREFIX: usize = 1024;
+
+/// Trims leading and trailing `/` and checks a prefix as every store takes
+/// it; an empty prefix would put the semaphore at the root of the KV store.
 pub fn normalize_prefix(prefix: &str) -> Result<String, String> {
+    let shown = crate::report::abbreviated(prefix);
+    if prefix.len() > MAX_PREFIX {
+        return Err(format!(
+            "--prefix '{shown}' is {} bytes long: use at most {MAX_PREFIX}",
+            prefix.len()
+        ));
+    }
+    // Consul answers such keys with an empty 400, and they would end up in
+    // file names and operators' terminals.
+    if let Some(c) = prefix.chars().find(|c| c.is_control()) {
+        return Err(format!(
+            "--prefix '{}' has a control character ({}): use printable characters only",
+            crate::report::printable(&shown),
+            c.escape_default()
+        ));
+    }
     let trimmed = prefix.trim_matches('/');
     if trimmed.is_empty() {
         return Err(format!(

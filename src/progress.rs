@@ -6,8 +6,8 @@
 use std::io::Write as _;
 use std::time::{Duration, SystemTime};
 
-use crate::duration;
 use crate::store::Progress;
+use crate::{duration, report};
 
 /// Clears the terminal line and returns to its start.
 const CLEAR: &str = "\r\x1b[2K";
@@ -72,7 +72,8 @@ pub fn render(prefix: &str, progress: &Progress, waited: Duration, now: SystemTi
         .iter()
         .take(NAMED_HOLDERS)
         .map(|holder| {
-            let mut text = holder.host.clone().unwrap_or_else(|| "?".into());
+            let host = holder.host.as_deref().unwrap_or("?");
+            let mut text = report::abbreviated(&report::printable(host)).into_owned();
             if let Some(pid) = holder.pid {
                 text.push_str(&format!(" pid {pid}"));
             }

@@ -53,7 +53,11 @@ pub fn event(what: &str, details: &[(&str, &dyn std::fmt::Display)]) {
     }
     if JSON.load(Ordering::Relaxed) {
         let mut fields = vec![("event", what.to_string())];
-        fields.extend(details.iter().map(|(key, value)| (*key, value.to_string())));
+        fields.extend(
+            details
+                .iter()
+                .map(|(key, value)| (*key, abbreviated(&value.to_string()).into_owned())),
+        );
         write_line(&json_line("info", &fields));
         return;
     }
@@ -64,7 +68,12 @@ pub fn event(what: &str, details: &[(&str, &dyn std::fmt::Display)]) {
     );
     for (key, value) in details {
         let value = value.to_string();
-        if value.is_empty() || value.contains(char::is_whitespace) || value.contains('"') {
+        let value = abbreviated(&value);
+        if value.is_empty()
+            || value.contains(char::is_whitespace)
+            || value.contains('"')
+            || value.contains(char::is_control)
+        {
             line.push_str(&format!(" {key}={value:?}"));
         } else {
             line.push_str(&format!(" {key}={value}"));
@@ -94,7 +103,47 @@ pub fn warning(message: &str) {
 fn write_line(line: &str) {
     // One write per line, so that lines from threads never interleave.
     let mut stderr = std::io::stderr().lock();
-    let _ = stderr.write_all(format!("{line}\n").as_bytes());
+    let _ = stderr.write_all(format!("{}\n", printable(line)).as_bytes());
+}
+
+/// `text` with its control characters escaped (`\n`, `\t`, `\x1b`, ...):
+/// values from the store and the command line are written by whoever can
+/// write there, and must not drive an operator's terminal.
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return text.into();
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control() && (c as u32) < 0x100 => {
+                out.push_str(&format!("\\x{:02x}", c as u32));
+            }
+            c if c.is_control() => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.into()
+}
+
+/// The longest value shown whole in a message: longer ones keep their
+/// start and end, so that a 100 KB prefix does not flood stderr.
+const LONGEST_SHOWN: usize = 160;
+
+/// `text`, shortened to about `LONGEST_SHOWN` characters with an ellipsis
+/// that says how much was left out.
+pub fn abbreviated(text: &str) -> std::borrow::Cow<'_, str> {
+    let count = text.chars().count();
+    if count <= LONGEST_SHOWN {
+        return text.into();
+    }
+    let (head, tail) = (LONGEST_SHOWN * 3 / 4, LONGEST_SHOWN / 5);
+    let start: String = text.chars().take(head).collect();
+    let end: String = text.chars().skip(count - tail).collect();
+    format!("{start}...({} characters)...{end}", count - head - tail).into()
 }
 
 /// RFC 3339 UTC with milliseconds.
@@ -162,6 +211,21 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn control_characters_are_escaped_and_long_values_shortened() {
+        use super::{abbreviated, printable};
+        assert_eq!(printable("plain é"), "plain é");
+        assert_eq!(
+            printable("a\nb\tc\x1b[2J\u{9b}d\x7f"),
+            "a\\nb\\tc\\x1b[2J\\x9bd\\x7f"
+        );
+        let long = "x".repeat(100_000);
+        let short = abbreviated(&long);
+        assert!(short.len() < 200, "{short}");
+        assert!(short.contains("...(99848 characters)..."), "{short}");
+        assert_eq!(abbreviated("service/db"), "service/db");
+    }
+
     use super::*;
     use std::time::Duration;
 

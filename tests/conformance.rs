@@ -51,6 +51,7 @@ on_every_store!(
     a_lost_slot_stops_the_command_and_its_background_jobs_with_76,
     commands_that_cannot_run_exit_126_or_127_and_release,
     odd_prefixes_work_and_clean_up,
+    prefixes_with_control_characters_or_too_long_are_usage_errors,
     another_limit_is_a_conflict_while_the_semaphore_is_in_use,
     status_of_an_empty_prefix_says_nothing_is_there,
     status_shows_holders_and_waiters,
@@ -477,6 +478,30 @@ fn commands_that_cannot_run_exit_126_or_127_and_release(make: MakeWorld) {
     world.assert_clean();
 }
 
+/// Consul cannot name such keys, and they would reach operators'
+/// terminals: refused at once, shown escaped and shortened.
+fn prefixes_with_control_characters_or_too_long_are_usage_errors(make: MakeWorld) {
+    let world = make("prefix-refused");
+    let long = "x".repeat(100_000);
+    for prefix in ["jobs/a\nb", "tab\there", "esc\x1b[2J", long.as_str()] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_consem"))
+            .env("CONSUL_HTTP_ADDR", world.http_addr())
+            .args(["run", "--limit", "1", "--prefix", prefix])
+            .args(world.store_args())
+            .args(["--", "touch", &world.path("ran")])
+            .output()
+            .unwrap();
+        let text = stderr(&output);
+        assert_eq!(output.status.code(), Some(2), "{text}");
+        assert_eq!(text.lines().count(), 1, "one line: {text:?}");
+        assert!(text.len() < 400, "shortened: {text}");
+        assert!(!text.contains('\x1b') && !text.contains('\t'), "{text:?}");
+        assert!(text.contains("--prefix"), "{text}");
+    }
+    assert!(!world.exists("ran"));
+    world.assert_clean();
+}
+
 fn odd_prefixes_work_and_clean_up(make: MakeWorld) {
     for (name, prefix) in [
         ("space", "a b"),
@@ -544,7 +569,8 @@ fn status_of_an_empty_prefix_says_nothing_is_there(make: MakeWorld) {
 fn status_shows_holders_and_waiters(make: MakeWorld) {
     let world = make("status-live");
     let holder = hold_slot(&world, 1, "ready", "go");
-    let waiter = world.spawn(1, &[], &["echo", "waiting one"]);
+    // The command's words reach operators' terminals through `status`.
+    let waiter = world.spawn(1, &[], &["echo", "waiting one", "\x1b[2J\n"]);
     wait_until(PROMPT, "the waiter to join the queue", || {
         world.contender_keys() == 2
     });
@@ -557,7 +583,7 @@ fn status_shows_holders_and_waiters(make: MakeWorld) {
     assert_eq!((holders.len(), waiters.len()), (1, 1), "{json}");
     assert_eq!(holders[0]["pid"], holder.id());
     assert_eq!(waiters[0]["pid"], waiter.id());
-    assert_eq!(waiters[0]["command"], "echo waiting one");
+    assert_eq!(waiters[0]["command"], "echo waiting one \x1b[2J\n");
     assert!(holders[0]["command"].as_str().unwrap().starts_with("sh -c"));
     assert!(holders[0]["host"].is_string() && holders[0]["started"].is_string());
     assert!(
@@ -566,7 +592,8 @@ fn status_shows_holders_and_waiters(make: MakeWorld) {
     );
     let table = stdout(&admin(&world, "status", &[]));
     assert!(table.contains("1 of 1 slots held, 1 waiting"), "{table}");
-    assert!(table.contains("echo waiting one"), "{table}");
+    assert!(table.contains("echo waiting one \\x1b[2J\\n"), "{table}");
+    assert!(!table.contains('\x1b'), "no raw escape: {table:?}");
     world.touch("go");
     assert_eq!(finish(holder).status.code(), Some(0));
     assert_eq!(finish_within(waiter, "the waiter").status.code(), Some(0));
