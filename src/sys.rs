@@ -64,6 +64,27 @@ pub fn take_terminal_back() {
     unsafe { libc::tcsetpgrp(0, libc::getpgrp()) };
 }
 
+/// The standard descriptors (bit 0: stdin, 1: stdout, 2: stderr) that were
+/// closed when consem started. Rust's runtime opens /dev/null on them before
+/// `main`, so they are read before it, by a constructor; the command gets
+/// them closed again, as it would without consem.
+static CLOSED_AT_START: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+#[cfg(target_os = "linux")]
+#[used]
+#[unsafe(link_section = ".init_array")]
+static RECORD_CLOSED_STANDARD_FDS: extern "C" fn() = record_closed_standard_fds;
+
+#[cfg(target_os = "linux")]
+extern "C" fn record_closed_standard_fds() {
+    for fd in 0..3 {
+        // SAFETY: F_GETFD only asks whether the descriptor is open.
+        if unsafe { libc::fcntl(fd, libc::F_GETFD) } == -1 {
+            CLOSED_AT_START.fetch_or(1 << fd, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
 /// Starts the command: `argv[0]` is looked up in PATH as `execvp` does, and
 /// `env` is added to consem's environment. The child runs in a process group
 /// of its own (so that stopping it reaches everything it starts), dies with
@@ -86,6 +107,8 @@ pub fn spawn_child(
         envp: Vec<*const libc::c_char>,
         parent: libc::pid_t,
         take_terminal: bool,
+        /// Standard descriptors consem's parent left closed (bit per fd).
+        closed: u8,
         last_signal: libc::c_int,
         /// The signal mask to run the command with: consem's own.
         mask: libc::sigset_t,
@@ -133,6 +156,11 @@ pub fn spawn_child(
                         libc::signal(signal, libc::SIG_DFL);
                     }
                 }
+                for fd in 0..3 {
+                    if setup.closed & (1 << fd) != 0 {
+                        libc::close(fd);
+                    }
+                }
                 libc::pthread_sigmask(libc::SIG_SETMASK, &setup.mask, std::ptr::null_mut());
                 libc::execvpe(setup.file, setup.argv.as_ptr(), setup.envp.as_ptr());
             }
@@ -172,6 +200,7 @@ pub fn spawn_child(
         // SAFETY: getpid cannot fail.
         parent: unsafe { libc::getpid() },
         take_terminal,
+        closed: CLOSED_AT_START.load(std::sync::atomic::Ordering::Relaxed),
         last_signal: libc::SIGRTMAX(),
         // SAFETY: a sigset_t is plain data; pthread_sigmask fills it below.
         mask: unsafe { std::mem::zeroed() },

@@ -36,6 +36,7 @@ on_every_store!(
     uncontended_run_leaves_stdout_to_the_child_and_cleans_up,
     exit_codes_pass_through,
     argv_is_passed_exactly_without_a_shell,
+    descriptors_the_parent_closed_stay_closed_for_the_command,
     child_sees_its_slot_in_the_environment,
     fence_grows_from_one_acquisition_to_the_next,
     eight_contenders_never_exceed_the_limit,
@@ -134,6 +135,31 @@ fn argv_is_passed_exactly_without_a_shell(make: MakeWorld) {
     );
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     assert_eq!(stdout(&output), "[a b][][$HOME][*][c\"d]");
+    world.assert_clean();
+}
+
+/// `cmd <&- >&-` under consem sees what it sees without consem: closed
+/// descriptors, not /dev/null (which a write to would silently swallow).
+fn descriptors_the_parent_closed_stay_closed_for_the_command(make: MakeWorld) {
+    use std::os::unix::process::CommandExt as _;
+    let world = make("closed-fds");
+    let script = "for fd in 0 1; do if [ -e /proc/self/fd/$fd ]; then echo \"$fd open\" >&2; else echo \"$fd closed\" >&2; fi; done";
+    let mut command = world.consem(1, &[], &["sh", "-c", script]);
+    command.stderr(std::process::Stdio::piped());
+    // SAFETY: close(2) is async-signal-safe; the closure allocates nothing.
+    unsafe {
+        command.pre_exec(|| {
+            libc::close(0);
+            libc::close(1);
+            Ok(())
+        });
+    }
+    let output = finish_within(command.spawn().unwrap(), "consem to exit");
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(stderr(&output), "0 closed\n1 closed\n");
+    // Open ones are passed as they are.
+    let output = output(&world, 1, &[], &["sh", "-c", script]);
+    assert_eq!(stderr(&output), "0 open\n1 open\n");
     world.assert_clean();
 }
 
