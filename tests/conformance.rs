@@ -154,12 +154,12 @@ fn descriptors_the_parent_closed_stay_closed_for_the_command(make: MakeWorld) {
             Ok(())
         });
     }
-    let output = finish_within(command.spawn().unwrap(), "consem to exit");
-    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
-    assert_eq!(stderr(&output), "0 closed\n1 closed\n");
+    let closed = finish_within(command.spawn().unwrap(), "consem to exit");
+    assert_eq!(closed.status.code(), Some(0), "{}", stderr(&closed));
+    assert_eq!(stderr(&closed), "0 closed\n1 closed\n");
     // Open ones are passed as they are.
-    let output = output(&world, 1, &[], &["sh", "-c", script]);
-    assert_eq!(stderr(&output), "0 open\n1 open\n");
+    let open = output(&world, 1, &[], &["sh", "-c", script]);
+    assert_eq!(stderr(&open), "0 open\n1 open\n");
     world.assert_clean();
 }
 
