@@ -8,7 +8,7 @@ fn main() {
         Ok(cli) => cli,
         Err(error) => std::process::exit(usage_error(error)),
     };
-    let env = |name: &str| std::env::var(name).ok();
+    let env = environment_variable;
     let code = match cli.command {
         Command::Run(args) => {
             // Errors in the options already speak the chosen format.
@@ -30,6 +30,22 @@ fn main() {
         }
     };
     std::process::exit(code);
+}
+
+/// A variable consem reads. One that is set but not UTF-8 is refused, never
+/// taken as unset: a token file's path that cannot be read as text must not
+/// mean "no token".
+fn environment_variable(name: &str) -> Option<String> {
+    match std::env::var(name) {
+        Ok(value) => Some(value),
+        Err(std::env::VarError::NotPresent) => None,
+        Err(std::env::VarError::NotUnicode(_)) => {
+            consem::report::error(&format!(
+                "{name} is not valid UTF-8, which consem cannot use: set it to a UTF-8 value (or pass the matching option), or unset it"
+            ));
+            std::process::exit(consem::exit::USAGE)
+        }
+    }
 }
 
 /// clap could not read the command line: help and version go out as clap

@@ -206,6 +206,28 @@ fn consul_down_at_start_exits_69_naming_the_address() {
     assert_eq!(message.lines().count(), 1, "{message}");
 }
 
+/// A token file's path that cannot be read as text is refused, naming the
+/// variable, never taken as "no token".
+#[test]
+fn a_token_file_path_that_is_not_utf8_is_a_usage_error() {
+    use std::os::unix::ffi::OsStrExt as _;
+    let world = World::new("token-file-bytes");
+    let output = world
+        .consem(1, &[], &["touch", &world.path("ran")])
+        .env(
+            "CONSUL_HTTP_TOKEN_FILE",
+            std::ffi::OsStr::from_bytes(b"/tmp/token-\xff"),
+        )
+        .output()
+        .unwrap();
+    let message = stderr(&output);
+    assert_eq!(output.status.code(), Some(2), "{message}");
+    assert!(message.contains("CONSUL_HTTP_TOKEN_FILE"), "{message}");
+    assert_eq!(message.lines().count(), 1, "{message}");
+    assert!(!world.exists("ran"));
+    world.assert_clean();
+}
+
 #[test]
 fn usage_errors_exit_2_with_one_line() {
     let world = World::new("usage");
