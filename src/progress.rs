@@ -46,7 +46,11 @@ impl ProgressLine {
         }
         if let Some(progress) = &self.last {
             let line = render(&self.prefix, progress, waited, SystemTime::now());
-            write(&format!("{CLEAR}{line}"));
+            // One column short of the width: a line that fills the last
+            // column wraps on some terminals, and a wrapped line cannot be
+            // erased in place.
+            let columns = crate::sys::stderr_columns().unwrap_or(80);
+            write(&format!("{CLEAR}{}", fit(&line, columns.saturating_sub(1))));
             self.shown = true;
         }
     }
@@ -56,6 +60,47 @@ impl ProgressLine {
             write(CLEAR);
             self.shown = false;
         }
+    }
+}
+
+/// `line` cut to `columns` terminal columns, with an ellipsis where cut.
+pub fn fit(line: &str, columns: usize) -> String {
+    if line.chars().map(columns_of).sum::<usize>() <= columns {
+        return line.to_string();
+    }
+    let mut out = String::new();
+    let mut used = 0;
+    for c in line.chars() {
+        let width = columns_of(c);
+        // Room is kept for the ellipsis.
+        if used + width + 1 > columns {
+            break;
+        }
+        out.push(c);
+        used += width;
+    }
+    if columns > 0 {
+        out.push('…');
+    }
+    out
+}
+
+/// Columns a character takes on a terminal: two for the East Asian wide
+/// ranges and most emoji, one for the rest (the line holds no control
+/// characters).
+fn columns_of(c: char) -> usize {
+    match u32::from(c) {
+        0x1100..=0x115f
+        | 0x2e80..=0xa4cf
+        | 0xac00..=0xd7a3
+        | 0xf900..=0xfaff
+        | 0xfe30..=0xfe4f
+        | 0xff00..=0xff60
+        | 0xffe0..=0xffe6
+        | 0x1f300..=0x1f64f
+        | 0x1f900..=0x1f9ff
+        | 0x20000..=0x3fffd => 2,
+        _ => 1,
     }
 }
 
@@ -122,6 +167,16 @@ pub fn render(prefix: &str, progress: &Progress, waited: Duration, now: SystemTi
 mod tests {
     use super::*;
     use crate::store::Holder;
+
+    #[test]
+    fn a_line_is_cut_to_the_terminal_s_width() {
+        assert_eq!(fit("waiting", 80), "waiting");
+        assert_eq!(fit("waiting for a slot", 10), "waiting f…");
+        assert_eq!(fit("waiting for a slot", 10).chars().count(), 10);
+        // Wide characters take two columns each.
+        assert_eq!(fit("日本日本日本", 7), "日本日…");
+        assert_eq!(fit("abc", 0), "");
+    }
 
     #[test]
     fn renders_holders_queue_and_clock() {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use signal_hook::consts::signal::{
     SIGALRM, SIGCONT, SIGHUP, SIGINT, SIGKILL, SIGPROF, SIGQUIT, SIGSTOP, SIGTERM, SIGTSTP,
-    SIGUSR1, SIGUSR2, SIGVTALRM, SIGXCPU, SIGXFSZ,
+    SIGUSR1, SIGUSR2, SIGVTALRM, SIGWINCH, SIGXCPU, SIGXFSZ,
 };
 use signal_hook::iterator::Signals;
 
@@ -29,10 +29,12 @@ const SHUTDOWN_SIGNALS: [i32; 9] = [
 ];
 
 /// Signals consem handles. SIGUSR1/2 are passed on to the child (and ignored
-/// while waiting); SIGTSTP stops the child with consem (job control).
-const HANDLED_SIGNALS: [i32; 12] = [
+/// while waiting); SIGTSTP stops the child with consem (job control);
+/// SIGWINCH redraws the waiting line, and reaches a child that does not own
+/// the terminal.
+const HANDLED_SIGNALS: [i32; 13] = [
     SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGALRM, SIGXCPU, SIGXFSZ, SIGVTALRM, SIGPROF, SIGUSR1,
-    SIGUSR2, SIGTSTP,
+    SIGUSR2, SIGTSTP, SIGWINCH,
 ];
 
 /// Time for leaving the semaphore after an interrupted wait: the user asked
@@ -209,7 +211,21 @@ fn wait_for_slot(
                 report::event("interrupted", &[("signal", &signal)]);
                 return Err(Outcome::Interrupted(signal));
             }
-            Ok(Event::Signal(SIGTSTP)) => sys::stop_self(),
+            Ok(Event::Signal(SIGTSTP)) => {
+                // The line (and the ^Z the terminal echoed) go with the job.
+                if let Some(line) = line.as_mut() {
+                    line.erase();
+                }
+                sys::stop_self();
+                if let Some(line) = line.as_mut() {
+                    line.redraw(started.elapsed());
+                }
+            }
+            Ok(Event::Signal(SIGWINCH)) => {
+                if let Some(line) = line.as_mut() {
+                    line.redraw(started.elapsed());
+                }
+            }
             Ok(Event::Signal(signal)) => report::event("signal-ignored", &[("signal", &signal)]),
             Ok(Event::Slot(SlotEvent::Waiting(progress))) => {
                 answered = true;
@@ -377,6 +393,8 @@ fn run_child(
                 report::event("continued", &[("pid", &group)]);
                 sys::signal_group(group, SIGCONT);
             }
+            // A child that owns the terminal has it from the terminal.
+            Ok(Event::Signal(SIGWINCH)) if take_terminal => {}
             Ok(Event::Signal(signal)) => {
                 report::event("forwarded", &[("signal", &signal), ("pid", &group)]);
                 sys::signal_group(group, signal);

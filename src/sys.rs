@@ -312,6 +312,17 @@ pub fn stderr_in_foreground() -> bool {
     unsafe { libc::isatty(2) == 1 && libc::tcgetpgrp(2) == libc::getpgrp() }
 }
 
+/// The width, in columns, of the terminal on stderr; `None` if it has none
+/// or does not say.
+pub fn stderr_columns() -> Option<usize> {
+    // SAFETY: TIOCGWINSZ writes a winsize into our local struct.
+    unsafe {
+        let mut size: libc::winsize = std::mem::zeroed();
+        (libc::ioctl(2, libc::TIOCGWINSZ, &mut size) == 0 && size.ws_col > 0)
+            .then_some(usize::from(size.ws_col))
+    }
+}
+
 /// Whether the process `pid` is stopped right now, from /proc (Linux).
 /// Elsewhere this cannot be told and is false: stop reports alone count.
 pub fn is_stopped(pid: u32) -> bool {

@@ -307,13 +307,7 @@ fn ctrl_z_on_a_terminal_stops_consem_with_the_command_and_fg_resumes_it() {
         world.path("pid")
     );
     let command = world.consem(1, &["-v"], &["sh", "-c", &script]);
-    let (mut consem, mut terminal) = match spawn_on_terminal(command) {
-        Ok(started) => started,
-        Err(error) => {
-            eprintln!("skipped: cannot open a pseudo-terminal: {error}");
-            return;
-        }
-    };
+    let (mut consem, mut terminal) = spawn_on_terminal(command).expect("a pseudo-terminal");
     let screen = terminal.screen.clone();
     let consem_pid = pid_of(&consem);
     let status = or_kill(
@@ -381,13 +375,7 @@ fn a_command_that_cannot_start_leaves_the_terminal_to_the_shell() {
             None => shell.env_remove(name),
         };
     }
-    let (mut shell, mut terminal) = match spawn_on_terminal(shell) {
-        Ok(started) => started,
-        Err(error) => {
-            eprintln!("skipped: cannot open a pseudo-terminal: {error}");
-            return;
-        }
-    };
+    let (mut shell, mut terminal) = spawn_on_terminal(shell).expect("a pseudo-terminal");
     let screen = terminal.screen.clone();
     let shell_pid = pid_of(&shell);
     let status = or_kill(

@@ -116,8 +116,7 @@ impl TestConsul {
         }
     }
 
-    /// The double, for fault tests; `None` against a real agent (such tests
-    /// print that they are skipped and return).
+    /// The double, for fault tests; `None` against a real agent.
     pub fn double(&self) -> Option<&ConsulDouble> {
         match self {
             TestConsul::Double(double) | TestConsul::Secured(double, _) => Some(double),

@@ -93,6 +93,20 @@ impl Terminal {
         self.keyboard.write_all(keys).unwrap();
     }
 
+    /// Sets the window's size, as a terminal emulator does when its window
+    /// is resized: the foreground group gets SIGWINCH.
+    pub fn resize(&mut self, columns: u16, rows: u16) {
+        let size = libc::winsize {
+            ws_row: rows,
+            ws_col: columns,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
+        // SAFETY: TIOCSWINSZ reads the winsize we pass.
+        let rc = unsafe { libc::ioctl(self.keyboard.as_raw_fd(), libc::TIOCSWINSZ, &size) };
+        assert_eq!(rc, 0, "TIOCSWINSZ: {}", std::io::Error::last_os_error());
+    }
+
     /// The terminal's foreground process group (Linux answers TIOCGPGRP on
     /// the master side); 0 if that group no longer exists.
     pub fn foreground_group(&self) -> i32 {
@@ -114,6 +128,17 @@ impl Terminal {
 /// pseudo-terminal can be opened (the caller skips its test).
 pub fn spawn_on_terminal(mut command: Command) -> std::io::Result<(Child, Terminal)> {
     let pty = open_pty()?;
+    let size = libc::winsize {
+        ws_row: 24,
+        ws_col: 80,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCSWINSZ reads the winsize we pass. An 80x24 window, as a
+    // terminal emulator opens by default.
+    if unsafe { libc::ioctl(pty.master.as_raw_fd(), libc::TIOCSWINSZ, &size) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
     command
         .stdin(pty.slave.try_clone().unwrap())
         .stdout(pty.slave.try_clone().unwrap())
