@@ -331,7 +331,7 @@ fn a_signal_while_waiting_ends_the_wait_promptly(make: MakeWorld) {
     ] {
         let world = make(&format!("signal-waiting-{sig}"));
         let holder = hold_slot(&world, 1, "ready", "go");
-        let waiter = world.spawn(1, &[], &["touch", &world.path("waiter-ran")]);
+        let waiter = world.spawn(1, &["-v"], &["touch", &world.path("waiter-ran")]);
         wait_until(PROMPT, "the waiter to join the queue", || {
             world.contender_keys() == 2
         });
@@ -339,6 +339,12 @@ fn a_signal_while_waiting_ends_the_wait_promptly(make: MakeWorld) {
         signal(&waiter, sig);
         let output = finish_within(waiter, "the waiter to give up");
         assert_eq!(output.status.signal(), Some(sig), "{}", stderr(&output));
+        let log = stderr(&output);
+        let after = &log[log.find(" interrupted ").expect("an interrupted event")..];
+        assert!(
+            !after.contains(" rejoining "),
+            "nothing after leaving: {log}"
+        );
         assert!(
             started.elapsed() < Duration::from_secs(3),
             "took {:?}",

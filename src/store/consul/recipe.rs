@@ -237,6 +237,9 @@ impl ConsulSemaphore {
                             notify(SlotEvent::Waiting(progress));
                         }
                     }
+                    // While leaving, our key goes because we destroyed
+                    // the session: nothing to tell.
+                    Note::Rejoining if self.closing() => {}
                     Note::Rejoining => report::event(
                         "rejoining",
                         &[
