@@ -339,8 +339,10 @@ pub fn describe_error(error: &clap::Error) -> String {
         )
         .trim_end_matches(':')
         .to_string();
-    let subcommand = std::env::args()
+    // args_os: an argument that is not UTF-8 may be why we are here.
+    let subcommand = std::env::args_os()
         .nth(1)
+        .and_then(|a| a.into_string().ok())
         .filter(|a| ["run", "status", "release", "reset", "completions"].contains(&a.as_str()));
     let help = match &subcommand {
         Some(sub) => format!("consem {sub} --help"),
@@ -350,12 +352,42 @@ pub fn describe_error(error: &clap::Error) -> String {
         ErrorKind::UnknownArgument if subcommand.as_deref() == Some("run") => {
             format!("the command goes after --, as in consem run --prefix P --limit N -- ./job.sh; see {help}")
         }
+        ErrorKind::InvalidUtf8 => {
+            return format!(
+                "{} is not valid UTF-8: give it as UTF-8 text (see {help})",
+                not_utf8_argument(std::env::args_os())
+            );
+        }
         ErrorKind::InvalidSubcommand => {
             "use run, status, release, reset or completions; see consem --help".to_string()
         }
         _ => format!("see {help}"),
     };
     format!("{what} ({fix})")
+}
+
+/// Names the first argument that is not UTF-8: the option it is the value
+/// of, where there is one.
+fn not_utf8_argument(args: impl Iterator<Item = OsString>) -> String {
+    let mut previous: Option<String> = None;
+    for arg in args {
+        match arg.to_str() {
+            Some(text) => previous = Some(text.to_string()),
+            None => {
+                let lossy = arg.to_string_lossy();
+                if let Some((option, _)) =
+                    lossy.split_once('=').filter(|(o, _)| o.starts_with("--"))
+                {
+                    return format!("the value of {option}");
+                }
+                return match previous.filter(|p| p.starts_with('-') && p != "--") {
+                    Some(option) => format!("the value of {option}"),
+                    None => format!("the argument '{}'", crate::report::printable(&lossy)),
+                };
+            }
+        }
+    }
+    "an argument".to_string()
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -366,6 +398,29 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 mod tests {
     use super::*;
     use clap::CommandFactory;
+
+    #[test]
+    fn the_argument_that_is_not_utf8_is_named_by_its_option() {
+        use std::os::unix::ffi::OsStringExt as _;
+        let args = |list: &[&[u8]]| {
+            list.iter()
+                .map(|a| OsString::from_vec(a.to_vec()))
+                .collect::<Vec<_>>()
+                .into_iter()
+        };
+        assert_eq!(
+            not_utf8_argument(args(&[b"consem", b"run", b"--prefix", b"a\xff"])),
+            "the value of --prefix"
+        );
+        assert_eq!(
+            not_utf8_argument(args(&[b"consem", b"run", b"--prefix=a\xff"])),
+            "the value of --prefix"
+        );
+        assert_eq!(
+            not_utf8_argument(args(&[b"consem", b"\xffrun"])),
+            "the argument '\u{fffd}run'"
+        );
+    }
 
     #[test]
     fn definition_is_consistent() {

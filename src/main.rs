@@ -60,7 +60,10 @@ fn usage_error(error: clap::Error) -> i32 {
     ) {
         error.exit();
     }
-    let args: Vec<String> = std::env::args().collect();
+    // args_os: an argument that is not UTF-8 may be why we are here.
+    let args: Vec<String> = std::env::args_os()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
     let json = args.iter().any(|a| a == "--log-format=json")
         || args
             .windows(2)

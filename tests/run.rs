@@ -228,6 +228,25 @@ fn a_token_file_path_that_is_not_utf8_is_a_usage_error() {
     world.assert_clean();
 }
 
+/// An argument that is not UTF-8 is a usage error that names its option,
+/// in either log format (it once made consem panic).
+#[test]
+fn an_argument_that_is_not_utf8_is_a_usage_error_naming_its_option() {
+    use std::os::unix::ffi::OsStrExt as _;
+    for format in ["text", "json"] {
+        let output = Command::new(env!("CARGO_BIN_EXE_consem"))
+            .args(["run", "--log-format", format, "--limit", "1", "--prefix"])
+            .arg(std::ffi::OsStr::from_bytes(b"jobs/\xff"))
+            .args(["--", "true"])
+            .output()
+            .unwrap();
+        let message = stderr(&output);
+        assert_eq!(output.status.code(), Some(2), "{message}");
+        assert_eq!(message.lines().count(), 1, "{message}");
+        assert!(message.contains("--prefix is not valid UTF-8"), "{message}");
+    }
+}
+
 #[test]
 fn usage_errors_exit_2_with_one_line() {
     let world = World::new("usage");
