@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use signal_hook::consts::signal::{
     SIGALRM, SIGCONT, SIGHUP, SIGINT, SIGKILL, SIGPROF, SIGQUIT, SIGSTOP, SIGTERM, SIGTSTP,
-    SIGUSR1, SIGUSR2, SIGVTALRM, SIGWINCH, SIGXCPU, SIGXFSZ,
+    SIGTTIN, SIGTTOU, SIGUSR1, SIGUSR2, SIGVTALRM, SIGWINCH, SIGXCPU, SIGXFSZ,
 };
 use signal_hook::iterator::Signals;
 
@@ -305,8 +305,15 @@ fn run_child(
     events: Sender<Event>,
     inbox: &Receiver<Event>,
 ) -> (Outcome, Watchdog) {
-    let mut take_terminal = sys::we_own_the_terminal();
-    let group = match sys::spawn_child(&plan.command, &backend.child_env(), take_terminal) {
+    // The command gets the terminal the way a shell would give it: at once
+    // when consem is a job of its own; when consem shares its group (a
+    // pipeline, a script run without job control), only once the command
+    // stops to read from the terminal or set it up (SIGTTIN, SIGTTOU), so
+    // that a pager beside consem keeps it and Ctrl-C reaches the shell too.
+    let in_foreground = sys::we_own_the_terminal();
+    let mut take_terminal = in_foreground && sys::alone_in_group();
+    let terminal = sys::terminal().filter(|_| take_terminal);
+    let group = match sys::spawn_child(&plan.command, &backend.child_env(), terminal) {
         Ok(pid) => pid,
         Err(error) => {
             // The child may have taken the terminal before exec failed.
@@ -357,6 +364,14 @@ fn run_child(
             // (or not at all, the kernel may drop it): only a child that is
             // stopped now is news.
             Ok(Event::ChildStopped(_)) if !sys::is_stopped(group) => {}
+            Ok(Event::ChildStopped(SIGTTIN | SIGTTOU))
+                if !take_terminal && sys::we_own_the_terminal() =>
+            {
+                report::event("terminal-to-command", &[("pid", &group)]);
+                take_terminal = true;
+                sys::give_terminal_to(group);
+                sys::signal_group(group, SIGCONT);
+            }
             Ok(Event::ChildStopped(signal)) => {
                 // The command stopped (Ctrl-Z on its terminal, a read from a
                 // terminal it does not own): stop with it so that the shell

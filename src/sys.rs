@@ -39,29 +39,66 @@ pub fn group_exists(group: u32) -> bool {
     found || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
-/// True if standard input is a terminal whose foreground process group is
-/// ours: only then may the child take the terminal over.
+/// The descriptor of consem's terminal: the first of stdin, stdout and
+/// stderr that is one (`seq | consem -- less` has it on stdout only).
+pub fn terminal() -> Option<i32> {
+    // SAFETY: isatty only queries the descriptor.
+    (0..3).find(|&fd| unsafe { libc::isatty(fd) } == 1)
+}
+
+/// True if consem's process group is its terminal's foreground group.
 pub fn we_own_the_terminal() -> bool {
-    // SAFETY: plain queries on fd 0 and on our own process.
-    unsafe { libc::isatty(0) == 1 && libc::tcgetpgrp(0) == libc::getpgrp() }
+    // SAFETY: plain queries on a descriptor and on our own process.
+    terminal().is_some_and(|fd| unsafe { libc::tcgetpgrp(fd) == libc::getpgrp() })
+}
+
+/// True if consem is a job of its own: it leads its process group and no
+/// other process is in it. A shell with job control makes each job such a
+/// group; a pipeline's members, or a script run without job control,
+/// share one with consem.
+pub fn alone_in_group() -> bool {
+    // SAFETY: getpid and getpgrp cannot fail.
+    let (pid, group) = unsafe { (libc::getpid(), libc::getpgrp()) };
+    if pid != group {
+        return false;
+    }
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return true;
+    };
+    !entries.flatten().any(|entry| {
+        let name = entry.file_name();
+        let Some(other) = name.to_str().and_then(|n| n.parse::<libc::pid_t>().ok()) else {
+            return false;
+        };
+        other != pid
+            && std::fs::read_to_string(format!("/proc/{other}/stat")).is_ok_and(|stat| {
+                // "pid (comm) state ppid pgrp ...": fields after the last ')'.
+                stat.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(2))
+                    .and_then(|pgrp| pgrp.parse::<libc::pid_t>().ok())
+                    == Some(group)
+            })
+    })
 }
 
 /// Makes `group` the terminal's foreground group. (A background process
 /// doing this would get SIGTTOU; consem ignores it, see
 /// `set_signal_dispositions`.)
 pub fn give_terminal_to(group: u32) {
-    let Ok(group) = libc::pid_t::try_from(group) else {
+    let (Ok(group), Some(fd)) = (libc::pid_t::try_from(group), terminal()) else {
         return;
     };
-    // SAFETY: tcsetpgrp on fd 0; failure (no terminal) is harmless.
-    unsafe { libc::tcsetpgrp(0, group) };
+    // SAFETY: tcsetpgrp on our terminal; failure is harmless.
+    unsafe { libc::tcsetpgrp(fd, group) };
 }
 
 /// Takes the terminal back for consem's own group after the child ends or
 /// stops.
 pub fn take_terminal_back() {
-    // SAFETY: getpgrp cannot fail; tcsetpgrp as above.
-    unsafe { libc::tcsetpgrp(0, libc::getpgrp()) };
+    if let Some(fd) = terminal() {
+        // SAFETY: getpgrp cannot fail; tcsetpgrp as above.
+        unsafe { libc::tcsetpgrp(fd, libc::getpgrp()) };
+    }
 }
 
 /// The standard descriptors (bit 0: stdin, 1: stdout, 2: stderr) that were
@@ -94,7 +131,7 @@ extern "C" fn record_closed_standard_fds() {
 pub fn spawn_child(
     argv: &[OsString],
     env: &[(String, String)],
-    take_terminal: bool,
+    terminal: Option<i32>,
 ) -> io::Result<u32> {
     use std::ffi::CString;
     use std::os::unix::ffi::OsStrExt as _;
@@ -106,7 +143,8 @@ pub fn spawn_child(
         argv: Vec<*const libc::c_char>,
         envp: Vec<*const libc::c_char>,
         parent: libc::pid_t,
-        take_terminal: bool,
+        /// The terminal to take as the foreground group, if any.
+        terminal: libc::c_int,
         /// Standard descriptors consem's parent left closed (bit per fd).
         closed: u8,
         last_signal: libc::c_int,
@@ -132,10 +170,10 @@ pub fn spawn_child(
                 if libc::getppid() != setup.parent {
                     libc::kill(libc::getpid(), libc::SIGKILL);
                 }
-                if setup.take_terminal {
+                if setup.terminal >= 0 {
                     // SIGTTOU is still ignored here (inherited from consem),
                     // so this cannot stop us.
-                    libc::tcsetpgrp(0, libc::getpid());
+                    libc::tcsetpgrp(setup.terminal, libc::getpid());
                 }
                 // A handler would run here, in consem's memory: back to the
                 // defaults before signals are let in. consem ignores SIGPIPE
@@ -199,7 +237,7 @@ pub fn spawn_child(
         envp: null_terminated(&vars),
         // SAFETY: getpid cannot fail.
         parent: unsafe { libc::getpid() },
-        take_terminal,
+        terminal: terminal.unwrap_or(-1),
         closed: CLOSED_AT_START.load(std::sync::atomic::Ordering::Relaxed),
         last_signal: libc::SIGRTMAX(),
         // SAFETY: a sigset_t is plain data; pthread_sigmask fills it below.
@@ -251,7 +289,7 @@ pub fn spawn_child(
 pub fn spawn_child(
     argv: &[OsString],
     env: &[(String, String)],
-    take_terminal: bool,
+    terminal: Option<i32>,
 ) -> io::Result<u32> {
     use std::os::unix::process::CommandExt as _;
     let mut command = std::process::Command::new(&argv[0]);
@@ -260,10 +298,10 @@ pub fn spawn_child(
         .envs(env.iter().cloned())
         .process_group(0);
     let setup = move || -> io::Result<()> {
-        if take_terminal {
+        if let Some(fd) = terminal {
             // SAFETY: tcsetpgrp and getpid take no pointers; SIGTTOU is still
             // ignored here (inherited from consem), so this cannot stop us.
-            unsafe { libc::tcsetpgrp(0, libc::getpid()) };
+            unsafe { libc::tcsetpgrp(fd, libc::getpid()) };
         }
         // SAFETY: signal is async-signal-safe. consem ignores SIGTTOU; the
         // command gets the usual job control.

@@ -403,6 +403,122 @@ fn a_command_that_cannot_start_leaves_the_terminal_to_the_shell() {
     world.assert_clean();
 }
 
+/// `sh -c SCRIPT` as the session leader of a new terminal, where "$@" in
+/// the script runs consem with `command` (on the local store): a shell
+/// script without job control, as a user's script runs, so that consem
+/// shares its process group with the shell and the script's pipelines.
+fn script_on_terminal(
+    world: &World,
+    script: &str,
+    command: &[&str],
+) -> (Child, common::pty::Terminal) {
+    let consem = world.consem(1, &[], command);
+    let mut shell = Command::new("sh");
+    shell
+        .args(["-c", script, "sh"])
+        .arg(consem.get_program())
+        .args(consem.get_args());
+    spawn_on_terminal(shell).expect("a pseudo-terminal")
+}
+
+/// `consem run -- producer | pager`: the pager, beside consem in the shell's
+/// job, keeps the terminal and reads from it; the producer never needed it.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_pager_after_consem_in_a_pipeline_keeps_the_terminal() {
+    let world = World::local("pty-pager-after");
+    let producer = format!(
+        "echo one; while [ ! -e '{}' ]; do sleep 0.02; done",
+        world.path("go")
+    );
+    let pager = format!(
+        "(head -n 1; read x < /dev/tty; echo \"pager got $x\"; touch '{}'; cat > /dev/null)",
+        world.path("go")
+    );
+    let script = format!("\"$@\" | {pager}; echo \"status=$?\"");
+    let (mut shell, mut terminal) = script_on_terminal(&world, &script, &["sh", "-c", &producer]);
+    let screen = terminal.screen.clone();
+    let status = or_kill(
+        &mut shell,
+        || screen.text(),
+        |shell| {
+            screen.wait_for("one");
+            terminal.type_in(b"hi\n");
+            screen.wait_for("pager got hi");
+            screen.wait_for("status=0");
+            wait_with_deadline(shell, PROMPT, "the script to end")
+        },
+    );
+    assert_eq!(status.code(), Some(0), "terminal:\n{}", screen.text());
+    world.assert_clean();
+}
+
+/// `producer | consem run -- less`: the command reads the terminal (as a
+/// pager reads keys); it gets the terminal when it first tries, and the
+/// shell's job has it back afterwards.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_command_in_a_pipeline_that_reads_the_terminal_gets_it() {
+    let world = World::local("pty-reader-in-pipeline");
+    let reader = format!(
+        "cat > /dev/null; touch '{}'; read y < /dev/tty; echo \"command got $y\"",
+        world.path("ready")
+    );
+    let script = "printf 'input\\n' | \"$@\"; echo \"status=$?\"; read z; echo \"shell got $z\"";
+    let (mut shell, mut terminal) = script_on_terminal(&world, script, &["sh", "-c", &reader]);
+    let screen = terminal.screen.clone();
+    let status = or_kill(
+        &mut shell,
+        || screen.text(),
+        |shell| {
+            wait_until(PROMPT, "the command to read the terminal", || {
+                world.exists("ready")
+            });
+            terminal.type_in(b"hi\n");
+            screen.wait_for("command got hi");
+            screen.wait_for("status=0");
+            terminal.type_in(b"back\n");
+            screen.wait_for("shell got back");
+            wait_with_deadline(shell, PROMPT, "the script to end")
+        },
+    );
+    assert_eq!(status.code(), Some(0), "terminal:\n{}", screen.text());
+    world.assert_clean();
+}
+
+/// Ctrl-C in a script that loops over consem stops the script, as it does
+/// a loop over `sleep`: the shell gets the SIGINT too, and consem dies of
+/// it once its command has.
+#[cfg(target_os = "linux")]
+#[test]
+fn ctrl_c_stops_a_script_that_loops_over_consem() {
+    let world = World::local("pty-ctrl-c-loop");
+    let command = format!("touch '{}'; exec sleep 30", world.path("ready"));
+    let script = "for i in 1 2 3; do \"$@\"; echo \"next $i\"; done; echo end";
+    let (mut shell, mut terminal) = script_on_terminal(&world, script, &["sh", "-c", &command]);
+    let screen = terminal.screen.clone();
+    let status = or_kill(
+        &mut shell,
+        || screen.text(),
+        |shell| {
+            wait_until(PROMPT, "the first command to start", || {
+                world.exists("ready")
+            });
+            terminal.type_in(b"\x03");
+            wait_with_deadline(shell, PROMPT, "the script to stop")
+        },
+    );
+    use std::os::unix::process::ExitStatusExt as _;
+    assert_eq!(
+        status.signal(),
+        Some(libc::SIGINT),
+        "terminal:\n{}",
+        screen.text()
+    );
+    assert!(!screen.text().contains("next"), "{}", screen.text());
+    world.assert_clean();
+}
+
 /// A parent that ignores SIGCHLD passes that on through exec; consem puts it
 /// back to the default, so that it can still wait for its command: the
 /// command's exit status comes back, promptly.
