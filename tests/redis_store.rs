@@ -131,6 +131,80 @@ fn redis_gone_stops_the_command_before_its_permit_could_expire() {
     assert_eq!(output.status.code(), Some(76), "{}", stderr(&output));
 }
 
+/// A TCP relay to `target` that passes the first connection on and leaves
+/// every later one hanging, unanswered: a link that fails right after the
+/// slot was won, before the first renewal.
+fn first_connection_only(target: u16) -> u16 {
+    use std::io::copy;
+    use std::net::{TcpListener, TcpStream};
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut hanging = Vec::new();
+        for (n, client) in listener.incoming().enumerate() {
+            let Ok(client) = client else { return };
+            if n > 0 {
+                hanging.push(client);
+                continue;
+            }
+            let server = TcpStream::connect(("127.0.0.1", target)).unwrap();
+            let (mut client_in, mut server_out) =
+                (client.try_clone().unwrap(), server.try_clone().unwrap());
+            std::thread::spawn(move || copy(&mut client_in, &mut server_out));
+            let (mut server_in, mut client_out) = (server, client);
+            std::thread::spawn(move || copy(&mut server_in, &mut client_out));
+        }
+    });
+    port
+}
+
+/// The permit's expiry is set by the script that grants it, so the lease
+/// counts from there: a holder whose renewals never get through stops its
+/// command before the permit can expire, even the first renewal.
+#[test]
+fn a_holder_whose_first_renewal_never_arrives_stops_within_the_permit() {
+    let world = World::redis("first-renewal-lost");
+    let relay = first_connection_only(world.redis.as_ref().unwrap().port);
+    let script = format!("echo $$ > '{}'; exec sleep 60", world.path("pid"));
+    let started = Instant::now();
+    let holder = std::process::Command::new(env!("CARGO_BIN_EXE_consem"))
+        .args([
+            "run",
+            "--prefix",
+            &world.prefix,
+            "--limit",
+            "1",
+            "--ttl",
+            "4s",
+            "--kill-grace",
+            "1s",
+        ])
+        .arg(format!("--store=redis://127.0.0.1:{relay}"))
+        .args(["--", "sh", "-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = read_pid(&world, "pid");
+    wait_until(Duration::from_secs(10), "the command to be stopped", || {
+        process_gone(pid)
+    });
+    // The permit expires on the server 4 s after the script that granted it.
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "the command ran {:?} after the start",
+        started.elapsed()
+    );
+    let stopped = finish(holder);
+    assert_eq!(stopped.status.code(), Some(76), "{}", stderr(&stopped));
+    // Its release could not get through either: the permit expires, and
+    // the slot is free for the next contender.
+    let next = output(&world, 1, &["--timeout", "10s"], &["true"]);
+    assert_eq!(next.status.code(), Some(0), "{}", stderr(&next));
+    world.assert_clean();
+}
+
 #[test]
 fn wrong_credentials_and_missing_permissions_exit_77() {
     let world = World::redis("auth");

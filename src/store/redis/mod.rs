@@ -331,9 +331,15 @@ impl RedisSemaphore {
 
     fn contend_thread(self: Arc<Self>, mode: Contend, notify: Notify) {
         match self.acquire(mode) {
-            Ok(Some(fence)) => {
+            Ok(Some((fence, sent))) => {
                 report::event("acquired", &[("prefix", &self.prefix), ("fence", &fence)]);
                 notify(SlotEvent::Acquired { fence });
+                // The permit's expiry was set by the script that gave us
+                // the slot: the lease counts from then, so that a first
+                // renewal that never gets through is still bounded.
+                notify(SlotEvent::Leased {
+                    until: lease::lease_end(sent, self.settings.ttl),
+                });
                 if let Some(reason) = self.hold(&notify) {
                     if !self.shared().closing {
                         notify(SlotEvent::Lost(reason));
@@ -345,9 +351,10 @@ impl RedisSemaphore {
         }
     }
 
-    /// The fence once the slot is ours; `None` if release began or `--try`
-    /// found no slot (reported here).
-    fn acquire(&self, mode: Contend) -> Result<Option<u64>, StoreError> {
+    /// The fence once the slot is ours, and when the call that won it was
+    /// sent; `None` if release began or `--try` found no slot (reported
+    /// here).
+    fn acquire(&self, mode: Contend) -> Result<Option<(u64, Instant)>, StoreError> {
         let shown = &self.settings.shown;
         let ttl = self.settings.ttl;
         let period = lease::renew_period(ttl);
@@ -365,6 +372,7 @@ impl RedisSemaphore {
         let mut backoff = FIRST_BACKOFF;
         let mut last_picture: Option<Progress> = None;
         loop {
+            let sent = Instant::now();
             let Some(answer) = self.acquire_once(&mut connection, mode) else {
                 return Ok(None);
             };
@@ -406,7 +414,7 @@ impl RedisSemaphore {
                     let mut shared = self.shared();
                     shared.fence = Some(fence);
                     shared.holding = true;
-                    return Ok(Some(fence));
+                    return Ok(Some((fence, sent)));
                 }
                 Answer::Conflict(why) => {
                     return Err(StoreError::Conflict(format!(
@@ -455,7 +463,9 @@ impl RedisSemaphore {
         let period = lease::renew_period(ttl);
         let mut failures = 0;
         let mut connection: Option<Connection> = None;
-        let mut first = true;
+        // At once on the first round, and after a failure: a renewal that
+        // failed is retried now, not a period later.
+        let mut renew_now = true;
         loop {
             if self.shared().closing {
                 return None;
@@ -471,7 +481,7 @@ impl RedisSemaphore {
                 thread::sleep(FIRST_BACKOFF);
                 continue;
             };
-            if !first {
+            if !renew_now {
                 // A period, or a push from `consem release`.
                 let _: Result<Value, RedisError> = redis::cmd("BLPOP")
                     .arg(self.keys.wake(&self.id))
@@ -481,7 +491,7 @@ impl RedisSemaphore {
                     return None;
                 }
             }
-            first = false;
+            renew_now = false;
             let sent = Instant::now();
             let renewed: Result<i64, RedisError> = renew_script()
                 .key(&self.keys.holders)
@@ -507,6 +517,7 @@ impl RedisSemaphore {
                     Failure::Transient(why) => {
                         failures += 1;
                         connection = None;
+                        renew_now = true;
                         if failures > self.settings.monitor_retry {
                             return Some(format!(
                                 "{why} ({failures} failures in a row, --monitor-retry is {})",
