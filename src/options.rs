@@ -79,7 +79,8 @@ impl StoreChoice {
                     ));
                 }
                 Err(format!(
-                    "{source} '{text}' is not a store: use consul, local, local:DIR or redis://host:port"
+                    "{source} '{}' is not a store: use consul, local, local:DIR or redis://host:port",
+                    crate::store::without_credentials(text)
                 ))
             }
         }

@@ -296,10 +296,103 @@ fn a_key_that_is_not_a_sorted_set_is_a_conflict_and_stays_untouched() {
         .query(&mut connection)
         .unwrap();
     let output = output(&world, 1, &[], &["touch", &world.path("ran")]);
-    assert_eq!(output.status.code(), Some(65), "{}", stderr(&output));
+    let message = stderr(&output);
+    assert_eq!(output.status.code(), Some(65), "{message}");
+    // One line that says what the key is, without a cleanup warning or a
+    // word of limits.
+    assert_eq!(message.lines().count(), 1, "{message}");
+    assert!(
+        message.contains("not a sorted set") && !message.contains("--limit"),
+        "{message}"
+    );
     assert!(!world.exists("ran"));
     let value: String = redis::cmd("GET").arg(&key).query(&mut connection).unwrap();
     assert_eq!(value, "someone else's");
+}
+
+/// A limit record that holds no limit is reported by every command, and
+/// neither overwritten by `run` nor deleted by `reset`.
+#[test]
+fn a_limit_record_that_is_not_a_limit_is_a_conflict_and_stays_untouched() {
+    let world = World::redis("foreign-limit");
+    let redis = world.redis.as_ref().unwrap();
+    let mut connection = redis.connection().unwrap();
+    let key = format!("semaphore:{}:limit", world.prefix);
+    let _: () = redis::cmd("SET")
+        .arg(&key)
+        .arg("notanumber")
+        .query(&mut connection)
+        .unwrap();
+    let ran = output(&world, 1, &[], &["touch", &world.path("ran")]);
+    assert_eq!(ran.status.code(), Some(65), "{}", stderr(&ran));
+    assert_eq!(stderr(&ran).lines().count(), 1, "{}", stderr(&ran));
+    assert!(!world.exists("ran"));
+    for command in ["status", "reset"] {
+        let answer = world
+            .admin(command, &["--force"][..usize::from(command == "reset")])
+            .output()
+            .unwrap();
+        assert_eq!(
+            answer.status.code(),
+            Some(65),
+            "{command}: {}",
+            stderr(&answer)
+        );
+    }
+    let value: String = redis::cmd("GET").arg(&key).query(&mut connection).unwrap();
+    assert_eq!(value, "notanumber");
+}
+
+/// The fence counter goes with a server restarted without persistence; it
+/// starts again above every fence handed out before.
+#[test]
+fn the_fence_grows_on_across_a_server_restart() {
+    let mut world = World::redis("fence-restart");
+    let fence = |world: &World| -> u64 {
+        let run = output(world, 1, &[], &["sh", "-c", "printf %s \"$CONSEM_FENCE\""]);
+        assert_eq!(run.status.code(), Some(0), "{}", stderr(&run));
+        String::from_utf8(run.stdout).unwrap().parse().unwrap()
+    };
+    let before = [fence(&world), fence(&world)];
+    assert!(before[0] < before[1], "{before:?}");
+    world.redis.as_mut().unwrap().restart();
+    let after = fence(&world);
+    assert!(after > before[1], "{after} after {before:?}");
+    world.assert_clean();
+}
+
+/// A waiter killed in the queue leaves its entries until the next
+/// contender drops them; `reset` drops them too.
+#[test]
+fn reset_drops_waiters_that_died_in_the_queue() {
+    let world = World::redis("reset-dead-waiter");
+    let holder = hold_slot(&world, 1, "ready", "go");
+    let mut waiter = world.spawn(1, &["--ttl", "2s"], &["true"]);
+    wait_until(PROMPT, "the waiter to queue", || {
+        world.contender_keys() == 2
+    });
+    waiter.kill().unwrap();
+    waiter.wait().unwrap();
+    world.touch("go");
+    assert_eq!(finish(holder).status.code(), Some(0));
+    let redis = world.redis.as_ref().unwrap();
+    wait_until(
+        PROMPT,
+        "the dead waiter's liveness (its --ttl) to run out",
+        || {
+            let mut connection = redis.connection().unwrap();
+            let live: u64 = redis::cmd("ZCOUNT")
+                .arg(format!("semaphore:{}:alive", world.prefix))
+                .arg(format!("({}", server_time(redis)))
+                .arg("+inf")
+                .query(&mut connection)
+                .unwrap();
+            live == 0
+        },
+    );
+    let reset = world.admin("reset", &[]).output().unwrap();
+    assert_eq!(reset.status.code(), Some(0), "{}", stderr(&reset));
+    world.assert_clean();
 }
 
 #[test]

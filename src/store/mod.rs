@@ -184,6 +184,32 @@ pub fn network_cause(error: &str) -> String {
     }
 }
 
+/// A store's address as it may be shown: a password in it (`user:pass@`,
+/// or a `password=` in its query) is replaced by `…`, whatever the scheme,
+/// also in one mistyped beyond recognition.
+pub fn without_credentials(address: &str) -> String {
+    let mut shown = match address.rfind('@') {
+        Some(at) => {
+            let start = address[..at]
+                .find("://")
+                .map(|i| i + 3)
+                .or_else(|| address[..at].find(':').map(|i| i + 1))
+                .unwrap_or(0);
+            format!("{}…{}", &address[..start], &address[at..])
+        }
+        None => address.to_string(),
+    };
+    for key in ["password=", "pass=", "auth="] {
+        let mut from = 0;
+        while let Some(i) = shown[from..].find(key).map(|i| i + from + key.len()) {
+            let end = shown[i..].find('&').map_or(shown.len(), |e| e + i);
+            shown.replace_range(i..end, "…");
+            from = i;
+        }
+    }
+    shown
+}
+
 /// Where a backend sends its events.
 pub type Notify = Arc<dyn Fn(SlotEvent) + Send + Sync>;
 
@@ -303,6 +329,23 @@ pub trait Admin {
 #[cfg(test)]
 mod tests {
     use super::network_cause;
+
+    #[test]
+    fn addresses_are_shown_without_their_credentials() {
+        use super::without_credentials as shown;
+        assert_eq!(
+            shown("redis://:S3cret@host:6379/0"),
+            "redis://…@host:6379/0"
+        );
+        assert_eq!(shown("Redis://user:S3cret@host"), "Redis://…@host");
+        assert_eq!(shown("redis:/:S3cret@host"), "redis:…@host");
+        assert_eq!(shown("rediss//:S3cret@host"), "…@host");
+        assert_eq!(
+            shown("redis://host:1/0?password=S3cret&db=1"),
+            "redis://host:1/0?password=…&db=1"
+        );
+        assert_eq!(shown("consul"), "consul");
+    }
 
     #[test]
     fn network_causes_lose_the_layers_noise() {

@@ -15,7 +15,7 @@ local now = tonumber(time[1]) + tonumber(time[2]) / 1000000
 
 local kind = redis.call('TYPE', holders).ok
 if kind ~= 'zset' and kind ~= 'none' then
-  return {'conflict', 'is a ' .. kind .. ', not a sorted set of permits'}
+  return {'foreign', holders, 'is a ' .. kind .. ', not a sorted set of permits'}
 end
 -- Permits whose expiry passed are gone, as every client of this layout has it.
 redis.call('ZREMRANGEBYSCORE', holders, '-inf', now)
@@ -26,7 +26,14 @@ for _, waiter in ipairs(redis.call('ZRANGEBYSCORE', alive, '-inf', now)) do
   redis.call('DEL', base .. 'info:' .. waiter, base .. 'wake:' .. waiter)
 end
 redis.call('ZREMRANGEBYSCORE', alive, '-inf', now)
+local limit_kind = redis.call('TYPE', limit_key).ok
+if limit_kind ~= 'string' and limit_kind ~= 'none' then
+  return {'foreign', limit_key, 'is a ' .. limit_kind .. ', not a limit record'}
+end
 local recorded = redis.call('GET', limit_key)
+if recorded and not tonumber(recorded) then
+  return {'foreign', limit_key, 'holds ' .. string.sub(recorded, 1, 40) .. ', not a limit'}
+end
 if recorded and tonumber(recorded) ~= limit then
   local others = redis.call('ZCARD', holders) + redis.call('ZCARD', queue)
   if redis.call('ZSCORE', queue, id) then others = others - 1 end
@@ -55,6 +62,12 @@ if held + ahead < limit then
   redis.call('ZADD', holders, now + ttl / 1000, id)
   redis.call('ZREM', queue, id)
   redis.call('ZREM', alive, id)
+  -- A counter that is gone (a server restarted without persistence)
+  -- starts again at the server's time in microseconds, above every fence
+  -- it handed out before, as long as its clock does not go back.
+  if redis.call('EXISTS', fence) == 0 then
+    redis.call('SET', fence, time[1] .. string.format('%06d', tonumber(time[2])))
+  end
   local taken = redis.call('INCR', fence)
   redis.call('SET', base .. 'fence:' .. id, taken, 'PX', ttl)
   -- The waiter now first in line may be served by the next departure.

@@ -59,7 +59,7 @@ impl Settings {
         monitor_retry: Option<u32>,
     ) -> Result<Settings, String> {
         let mut connection: redis::ConnectionInfo = redis::IntoConnectionInfo::into_connection_info(url)
-            .map_err(|e| format!("--store: {} is not a Redis URL ({}); write redis://[user[:password]@]host[:port][/db]", hide_password(url), e.detail().unwrap_or("unreadable")))?;
+            .map_err(|e| format!("--store: {} is not a Redis URL ({}); write redis://[user[:password]@]host[:port][/db]", crate::store::without_credentials(url), e.detail().unwrap_or("unreadable")))?;
         if connection.redis_settings().password().is_none() {
             if let Some(password) = env("REDISCLI_AUTH").filter(|p| !p.is_empty()) {
                 let settings = connection.redis_settings().clone().set_password(password);
@@ -85,16 +85,6 @@ impl Settings {
             ttl,
             monitor_retry: monitor_retry.unwrap_or(3),
         })
-    }
-}
-
-/// The URL without its password, for messages.
-fn hide_password(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            format!("{}://…@{}", &url[..scheme], &url[at + 1..])
-        }
-        _ => url.to_string(),
     }
 }
 
@@ -211,10 +201,17 @@ fn connect(settings: &Settings, read_timeout: Duration) -> Result<Connection, Re
 
 /// What the acquire script answered.
 enum Answer {
-    Acquired { fence: u64 },
-    Wait { held: usize, ahead: usize },
+    Acquired {
+        fence: u64,
+    },
+    Wait {
+        held: usize,
+        ahead: usize,
+    },
     Full,
     Conflict(String),
+    /// A key of the semaphore's holds what is not consem's: (key, what).
+    Foreign(String, String),
 }
 
 fn read_answer(value: Value) -> Result<Answer, String> {
@@ -240,6 +237,10 @@ fn read_answer(value: Value) -> Result<Answer, String> {
         }),
         Some("full") => Ok(Answer::Full),
         Some("conflict") => Ok(Answer::Conflict(items.get(1).map(text).unwrap_or_default())),
+        Some("foreign") => Ok(Answer::Foreign(
+            items.get(1).map(text).unwrap_or_default(),
+            items.get(2).map(text).unwrap_or_default(),
+        )),
         other => Err(format!("an unexpected answer: {other:?}")),
     }
 }
@@ -415,6 +416,13 @@ impl RedisSemaphore {
                     shared.fence = Some(fence);
                     shared.holding = true;
                     return Ok(Some((fence, sent)));
+                }
+                Answer::Foreign(key, what) => {
+                    // Refused before anything was written.
+                    self.shared().written = false;
+                    return Err(StoreError::Conflict(format!(
+                        "{key} {what}: it is not consem's, and consem leaves it untouched; use another --prefix, or delete the key if it is stale"
+                    )));
                 }
                 Answer::Conflict(why) => {
                     return Err(StoreError::Conflict(format!(
@@ -658,6 +666,33 @@ impl RedisAdmin {
         Ok(seconds as f64 + micros as f64 / 1e6)
     }
 
+    /// The limit record; one that is not a limit is reported, not read.
+    fn limit(&self, connection: &mut Connection) -> Result<Option<u32>, StoreError> {
+        let kind: String = redis::cmd("TYPE")
+            .arg(&self.keys.limit)
+            .query(connection)
+            .map_err(|e| self.failure(e))?;
+        if kind == "none" {
+            return Ok(None);
+        }
+        let recorded: Option<String> = if kind == "string" {
+            redis::cmd("GET")
+                .arg(&self.keys.limit)
+                .query(connection)
+                .map_err(|e| self.failure(e))?
+        } else {
+            None
+        };
+        match recorded.as_deref().map(str::parse::<u32>) {
+            Some(Ok(limit)) => Ok(Some(limit)),
+            _ => Err(StoreError::Conflict(format!(
+                "{} is not a limit record consem can read (a {kind}{}); consem leaves it untouched: delete it if it is stale",
+                self.keys.limit,
+                recorded.map(|r| format!(" holding '{}'", report::abbreviated(&r))).unwrap_or_default()
+            ))),
+        }
+    }
+
     /// Live holders (expiry still ahead) and dead ones, in expiry order.
     fn holders(
         &self,
@@ -730,10 +765,7 @@ impl Admin for RedisAdmin {
     fn status(&self) -> Result<Status, StoreError> {
         let mut connection = self.connection()?;
         let (live, dead) = self.holders(&mut connection)?;
-        let limit: Option<u32> = redis::cmd("GET")
-            .arg(&self.keys.limit)
-            .query(&mut connection)
-            .map_err(|e| self.failure(e))?;
+        let limit = self.limit(&mut connection)?;
         let queue: Vec<(String, f64)> = redis::cmd("ZRANGE")
             .arg(&self.keys.queue)
             .arg(0)
@@ -791,10 +823,7 @@ impl Admin for RedisAdmin {
 
     fn reset(&self, force: bool) -> Result<ResetOutcome, StoreError> {
         let mut connection = self.connection()?;
-        let limit: Option<u32> = redis::cmd("GET")
-            .arg(&self.keys.limit)
-            .query(&mut connection)
-            .map_err(|e| self.failure(e))?;
+        let limit = self.limit(&mut connection)?;
         let (live, _) = self.holders(&mut connection)?;
         if limit.is_none() && live.is_empty() {
             return Ok(ResetOutcome::Nothing);
@@ -807,6 +836,39 @@ impl Admin for RedisAdmin {
             .arg(&self.keys.limit)
             .query(&mut connection)
             .map_err(|e| self.failure(e))?;
+        // Waiters that died in the queue go too (the next contender would
+        // drop them): a reset prefix keeps only the two counters.
+        let now = self.now(&mut connection)?;
+        let queue: Vec<String> = redis::cmd("ZRANGE")
+            .arg(&self.keys.queue)
+            .arg(0)
+            .arg(-1)
+            .query(&mut connection)
+            .map_err(|e| self.failure(e))?;
+        for id in queue {
+            let until: Option<f64> = redis::cmd("ZSCORE")
+                .arg(&self.keys.alive)
+                .arg(&id)
+                .query(&mut connection)
+                .map_err(|e| self.failure(e))?;
+            if until.is_none_or(|until| until <= now) {
+                let _: () = redis::pipe()
+                    .cmd("ZREM")
+                    .arg(&self.keys.queue)
+                    .arg(&id)
+                    .ignore()
+                    .cmd("ZREM")
+                    .arg(&self.keys.alive)
+                    .arg(&id)
+                    .ignore()
+                    .cmd("DEL")
+                    .arg(self.keys.info(&id))
+                    .arg(self.keys.wake(&id))
+                    .ignore()
+                    .query(&mut connection)
+                    .map_err(|e| self.failure(e))?;
+            }
+        }
         for id in &live {
             self.wake(&mut connection, id)?;
         }
