@@ -197,3 +197,80 @@ fn a_waiter_that_waits_does_not_poll() {
     assert_eq!(finish(second).status.code(), Some(0));
     world.assert_clean();
 }
+
+/// A directory every user may write to, as the default /run/lock/consem
+/// is, with a prefix's directory made by consem in it.
+fn shared_store(world: &World) -> (std::path::PathBuf, std::path::PathBuf) {
+    use std::os::unix::fs::PermissionsExt as _;
+    let base = world.dir.join("shared");
+    std::fs::create_dir(&base).unwrap();
+    std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let run = shared_run(world, &base, "true").output().unwrap();
+    assert_eq!(run.status.code(), Some(0), "{}", stderr(&run));
+    let entries: Vec<_> = std::fs::read_dir(&base)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    let mode = std::fs::metadata(&entries[0]).unwrap().permissions().mode();
+    assert_eq!(mode & 0o1777, 0o1777, "a sticky prefix directory: {mode:o}");
+    (base, entries[0].clone())
+}
+
+/// `sh -c 'PLANT; exec consem run ...'`: the shell's pid is consem's, so
+/// the script can plant files named after it before consem starts.
+fn shared_run(world: &World, base: &std::path::Path, plant: &str) -> std::process::Command {
+    let mut command = std::process::Command::new("sh");
+    command
+        .args([
+            "-c",
+            &format!(
+                "{plant}; exec \"$0\" run --store \"local:$1\" --prefix \"$2\" --limit 1 -- true"
+            ),
+            env!("CARGO_BIN_EXE_consem"),
+        ])
+        .arg(base)
+        .arg(&world.prefix)
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped());
+    command
+}
+
+/// In a shared directory another user can plant links where consem's files
+/// go (its record's temporary, named after its pid; `meta`): consem never
+/// writes through them, so the files they point to are never touched.
+#[test]
+fn links_planted_in_a_shared_directory_are_never_followed() {
+    let world = World::local("planted-links");
+    let (base, prefix) = shared_store(&world);
+    let victim = world.dir.join("victim");
+    std::fs::write(&victim, b"precious").unwrap();
+    let plant = format!(
+        "ln -s '{}' '{}'/state.$$.tmp",
+        victim.display(),
+        prefix.display()
+    );
+    let run = shared_run(&world, &base, &plant).output().unwrap();
+    assert_eq!(run.status.code(), Some(0), "{}", stderr(&run));
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+    // A link in place of `meta` is refused, not written through.
+    std::fs::remove_file(prefix.join("meta")).unwrap();
+    std::os::unix::fs::symlink(&victim, prefix.join("meta")).unwrap();
+    let run = shared_run(&world, &base, "true").output().unwrap();
+    assert_ne!(run.status.code(), Some(0), "{}", stderr(&run));
+    assert_eq!(stderr(&run).lines().count(), 1, "{}", stderr(&run));
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+}
+
+/// A prefix's directory that every user may write to without the sticky
+/// bit lets anyone replace the semaphore's files: refused, with the fix.
+#[test]
+fn a_shared_prefix_directory_without_the_sticky_bit_is_refused() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let world = World::local("not-sticky");
+    let (base, prefix) = shared_store(&world);
+    std::fs::set_permissions(&prefix, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let run = shared_run(&world, &base, "true").output().unwrap();
+    assert_eq!(run.status.code(), Some(77), "{}", stderr(&run));
+    assert!(stderr(&run).contains("chmod +t"), "{}", stderr(&run));
+}

@@ -158,17 +158,34 @@ impl PrefixDir {
         let shared = metadata.permissions().mode() & 0o002 != 0;
         let path = base.join(dir_name(prefix)?);
         if create && !path.exists() {
+            // Sticky, as /tmp: every user may add files, none may remove or
+            // replace another's.
             match fs::DirBuilder::new()
-                .mode(if shared { 0o777 } else { 0o755 })
+                .mode(if shared { 0o1777 } else { 0o755 })
                 .create(&path)
             {
                 Ok(()) if shared => {
-                    let _ = fs::set_permissions(&path, fs::Permissions::from_mode(0o777));
+                    let _ = fs::set_permissions(&path, fs::Permissions::from_mode(0o1777));
                 }
                 Ok(()) => {}
                 // Another contender made it first.
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
                 Err(e) => return Err(io_error("cannot create", &path, e)),
+            }
+        }
+        if let Ok(metadata) = fs::symlink_metadata(&path) {
+            let mode = metadata.permissions().mode();
+            if metadata.file_type().is_symlink() || !metadata.is_dir() {
+                return Err(StoreError::Denied(format!(
+                    "{} is not a directory (a link, or a file): consem will not follow it; remove it",
+                    path.display()
+                )));
+            }
+            if mode & 0o002 != 0 && mode & 0o1000 == 0 {
+                return Err(StoreError::Denied(format!(
+                    "{} is writable by every user without the sticky bit, so anyone could replace the semaphore's files: chmod +t it, or remove it",
+                    path.display()
+                )));
             }
         }
         Ok(PrefixDir { path, shared })
@@ -187,6 +204,16 @@ impl PrefixDir {
         &self.path
     }
 
+    /// Opens a file of the directory for reading, never through a link:
+    /// in a shared directory another user may have put one where our file
+    /// belongs.
+    fn open_read(path: &Path) -> io::Result<File> {
+        OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(path)
+    }
+
     fn file_mode(&self) -> u32 {
         if self.shared {
             0o644
@@ -198,12 +225,13 @@ impl PrefixDir {
     /// Opens `meta`, creating it (writable by all who share the directory).
     fn meta(&self) -> Result<File, StoreError> {
         let path = self.path.join("meta");
-        match File::open(&path) {
+        match PrefixDir::open_read(&path) {
             Ok(file) => Ok(file),
             Err(e) if e.kind() == io::ErrorKind::NotFound => OpenOptions::new()
                 .write(true)
                 .create(true)
                 .truncate(false)
+                .custom_flags(libc::O_NOFOLLOW)
                 .mode(self.file_mode())
                 .open(&path)
                 .map_err(|e| io_error("cannot create", &path, e)),
@@ -242,7 +270,10 @@ impl PrefixDir {
 
     pub fn read_state(&self) -> Result<State, StoreError> {
         let path = self.path.join("state");
-        match fs::read(&path) {
+        match PrefixDir::open_read(&path).and_then(|mut file| {
+            let mut bytes = Vec::new();
+            io::Read::read_to_end(&mut file, &mut bytes).map(|_| bytes)
+        }) {
             Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
                 StoreError::Conflict(format!(
                     "{} is not a consem local semaphore record ({e}); consem leaves it untouched (delete it if it is stale)",
@@ -260,12 +291,22 @@ impl PrefixDir {
         let path = self.path.join("state");
         let temporary = self.path.join(format!("state.{}.tmp", std::process::id()));
         let write = || -> io::Result<()> {
-            let mut file = OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(self.file_mode())
-                .open(&temporary)?;
+            // A new file (O_EXCL never follows a link); one left by a consem
+            // of the same pid that died is ours to remove.
+            let create = || {
+                OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(self.file_mode())
+                    .open(&temporary)
+            };
+            let mut file = match create() {
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    fs::remove_file(&temporary)?;
+                    create()?
+                }
+                other => other?,
+            };
             file.write_all(&serde_json::to_vec(state).expect("a state always encodes"))?;
             fs::rename(&temporary, &path)
         };
@@ -305,7 +346,7 @@ impl PrefixDir {
         // Non-blocking: a FIFO's read end would otherwise wait for a writer.
         let file = OpenOptions::new()
             .read(true)
-            .custom_flags(libc::O_NONBLOCK)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
             .open(&path)
             .map_err(|e| io_error("cannot open", &path, e))?;
         // A write end of our own keeps the FIFO from reporting a hang-up
@@ -313,7 +354,7 @@ impl PrefixDir {
         // operator who wrote closes it.
         let writer = OpenOptions::new()
             .write(true)
-            .custom_flags(libc::O_NONBLOCK)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
             .open(&path)
             .map_err(|e| io_error("cannot open", &path, e))?;
         Ok(WakeFifo {
@@ -327,7 +368,7 @@ impl PrefixDir {
     pub fn wake_holder(&self, ticket: u64) {
         if let Ok(mut fifo) = OpenOptions::new()
             .write(true)
-            .custom_flags(libc::O_NONBLOCK)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
             .open(self.wake_path(ticket))
         {
             let _ = fifo.write_all(b"!");
@@ -378,7 +419,7 @@ impl PrefixDir {
 
     /// Whether the contender `ticket` is alive: its file's lock is held.
     fn is_live(&self, ticket: u64) -> bool {
-        match File::open(self.contender_path(ticket)) {
+        match PrefixDir::open_read(&self.contender_path(ticket)) {
             Ok(file) => {
                 matches!(flock(&file, libc::LOCK_SH | libc::LOCK_NB), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
             }
@@ -439,7 +480,11 @@ impl PrefixDir {
 
     /// A contender's description, as it wrote it.
     pub fn describe(&self, ticket: u64) -> ContenderInfo {
-        fs::read(self.contender_path(ticket))
+        PrefixDir::open_read(&self.contender_path(ticket))
+            .and_then(|mut file| {
+                let mut bytes = Vec::new();
+                io::Read::read_to_end(&mut file, &mut bytes).map(|_| bytes)
+            })
             .map(|bytes| ContenderInfo::parse(&bytes))
             .unwrap_or_default()
     }
@@ -457,7 +502,7 @@ impl PrefixDir {
     /// Blocks until the waiter `ticket` unlocks its queue file: it took its
     /// slot, left, or died.
     pub fn wait_for_queue_file(&self, ticket: u64) {
-        if let Ok(file) = File::open(self.queue_path(ticket)) {
+        if let Ok(file) = PrefixDir::open_read(&self.queue_path(ticket)) {
             let _ = flock(&file, libc::LOCK_SH);
         }
     }
