@@ -274,3 +274,22 @@ fn a_shared_prefix_directory_without_the_sticky_bit_is_refused() {
     assert_eq!(run.status.code(), Some(77), "{}", stderr(&run));
     assert!(stderr(&run).contains("chmod +t"), "{}", stderr(&run));
 }
+
+/// `rm -rf` of a prefix's directory wakes nobody, and the next contender
+/// takes the slot at once: the holder must notice soon, stop its command
+/// and exit 76.
+#[test]
+fn a_holder_whose_directory_is_deleted_stops_its_command() {
+    let world = World::local("directory-deleted");
+    let mut holder = world.spawn(
+        1,
+        &["--kill-grace", "1s"],
+        &strs(&world.held_until("ready", "go", 0)),
+    );
+    wait_until(PROMPT, "the holder's command to start", || {
+        world.exists("ready")
+    });
+    std::fs::remove_dir_all(prefix_dir(&world)).unwrap();
+    let status = wait_with_deadline(&mut holder, PROMPT, "the holder to notice");
+    assert_eq!(status.code(), Some(76));
+}

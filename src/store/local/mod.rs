@@ -38,6 +38,12 @@ pub const MAX_LIMIT: u32 = 1024;
 /// it, in case a wake-up was lost (an overflowing inotify queue).
 const RECHECK: Duration = Duration::from_secs(60);
 
+/// A holder looks at its files this often even if nothing woke it: one
+/// whose files were deleted by hand (`rm -rf` of the prefix's directory,
+/// which wakes nobody) must stop its command before long, since the next
+/// contender takes the slot at once. A look is a few system calls.
+const HOLDER_RECHECK: Duration = Duration::from_secs(1);
+
 /// What the local store needs beyond the store-neutral options.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settings {
@@ -279,7 +285,7 @@ impl LocalSemaphore {
     /// Watches the slot while the command runs; returns why it was lost, or
     /// `None` once release begins.
     /// An operator's `release` or `reset` writes to our wake FIFO after it
-    /// changes the record; we also look every `RECHECK`.
+    /// changes the record; we also look every `HOLDER_RECHECK`.
     fn watch(&self) -> Option<String> {
         let (ticket, fifo) = {
             let shared = self.shared();
@@ -309,7 +315,7 @@ impl LocalSemaphore {
                     self.place.contender_path(ticket).display()
                 ));
             }
-            fifo.wait(RECHECK);
+            fifo.wait(HOLDER_RECHECK);
         }
     }
 }
