@@ -339,7 +339,7 @@ mod tests {
         );
         assert_eq!(shown("Redis://user:S3cret@host"), "Redis://…@host");
         assert_eq!(shown("redis:/:S3cret@host"), "redis:…@host");
-        assert_eq!(shown("rediss//:S3cret@host"), "…@host");
+        assert_eq!(shown("rediss//:S3cret@host"), "rediss//:…@host");
         assert_eq!(
             shown("redis://host:1/0?password=S3cret&db=1"),
             "redis://host:1/0?password=…&db=1"
