@@ -127,12 +127,7 @@ pub fn run(backend: Arc<dyn SlotBackend>, plan: &Plan) -> Outcome {
     forward_signals(signals, events.clone());
     // Started now, while the store works, so that a handoff does not wait
     // for it.
-    let orphan_grace = if backend.frees_slot_at_death() {
-        Duration::ZERO
-    } else {
-        plan.kill_grace
-    };
-    let watchdog = match Watchdog::start(plan.kill_grace, orphan_grace) {
+    let watchdog = match start_watchdog(&*backend, plan) {
         Ok(watchdog) => watchdog,
         Err(error) => {
             leave(&*backend, RELEASE_BUDGET_WAITING);
@@ -162,6 +157,18 @@ pub fn run(backend: Arc<dyn SlotBackend>, plan: &Plan) -> Outcome {
     leave(&*backend, RELEASE_BUDGET_DONE);
     watchdog.finish();
     outcome
+}
+
+/// Forks the watchdog: it stops the command's group at the lease's end, or
+/// when consem dies (at once where the slot is free the moment consem
+/// dies, else within the kill grace).
+fn start_watchdog(backend: &dyn SlotBackend, plan: &Plan) -> std::io::Result<Watchdog> {
+    let orphan_grace = if backend.frees_slot_at_death() {
+        Duration::ZERO
+    } else {
+        plan.kill_grace
+    };
+    Watchdog::start(plan.kill_grace, orphan_grace)
 }
 
 fn forward_signals(mut signals: Signals, events: Sender<Event>) {
@@ -341,6 +348,24 @@ fn run_child(
             Some(at) => STOP_POLL.min(at.saturating_duration_since(Instant::now())),
             None => STOP_POLL,
         };
+        if !watchdog.alive() {
+            // Killed (by hand, the OOM killer): without it, a frozen or
+            // killed consem would leave the command running past the lease.
+            match start_watchdog(backend, plan) {
+                Ok(fresh) => {
+                    report::warning("the watchdog that guards the lease was gone; started another");
+                    watchdog = fresh;
+                    watchdog.guard(group);
+                    watchdog.set_deadline(lease.until);
+                }
+                Err(error) => {
+                    lost = Some(format!(
+                        "the watchdog that guards the lease is gone and cannot be started again ({error})"
+                    ));
+                    break None;
+                }
+            }
+        }
         let event = match inbox.recv_timeout(tick) {
             Err(RecvTimeoutError::Timeout) if lease.running_out() => {
                 Ok(Event::Slot(SlotEvent::Lost(lease.why())))
@@ -433,8 +458,9 @@ fn run_child(
     let outcome = match (status, lost) {
         (_, Some(reason)) => {
             report::error(&format!("slot lost: {reason}; stopping the command"));
-            if lease.ended() && sys::is_stopped(group) {
-                // Stopped past its lease: killed as it is, never continued.
+            if lease.ended() {
+                // Past its lease the command may not run a moment more (a
+                // stopped one is killed as it is, never continued).
                 sys::signal_group(group, SIGKILL);
             }
             stop_child(group, plan.kill_grace, inbox);

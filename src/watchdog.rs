@@ -125,6 +125,13 @@ impl Watchdog {
         self.send(SET_DEADLINE, value);
     }
 
+    /// Whether the watchdog still runs (reaping it if it ended).
+    pub fn alive(&self) -> bool {
+        let mut status = 0;
+        // SAFETY: asks about our own child without blocking.
+        unsafe { libc::waitpid(self.pid, &mut status, libc::WNOHANG) == 0 }
+    }
+
     /// The command's group is gone: the watchdog exits, and is reaped.
     pub fn finish(mut self) {
         self.send(DONE, 0);

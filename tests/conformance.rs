@@ -61,6 +61,7 @@ on_every_store!(
     release_says_when_nothing_or_several_match,
     reset_refuses_while_held_and_force_evicts_first,
     a_killed_consem_takes_its_whole_group_along,
+    a_killed_watchdog_is_replaced_and_still_takes_the_group_along,
     what_the_command_leaves_running_is_stopped_before_the_slot_goes,
     wait_group_keeps_the_slot_until_the_group_is_done,
 );
@@ -736,6 +737,51 @@ fn a_killed_consem_takes_its_whole_group_along(make: MakeWorld) {
         || pids.iter().all(|&pid| process_gone(pid)),
     );
     finish(holder);
+}
+
+/// consem's children other than `except`, from /proc (the watchdog, once
+/// the command runs).
+fn children_besides(consem: &Child, except: i32) -> Vec<i32> {
+    let children = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", consem.id()))
+        .unwrap_or_default();
+    children
+        .split_whitespace()
+        .filter_map(|pid| pid.parse().ok())
+        .filter(|&pid| pid != except && !process_gone(pid))
+        .collect()
+}
+
+/// The watchdog killed (by hand, the OOM killer) is replaced, so that a
+/// consem killed afterwards still takes its command's whole group along.
+fn a_killed_watchdog_is_replaced_and_still_takes_the_group_along(make: MakeWorld) {
+    let world = make("killed-watchdog");
+    let script = format!(
+        "sleep 300 & echo $! > '{}'; echo $$ > '{}'; wait",
+        world.path("background"),
+        world.path("shell")
+    );
+    let holder = world.spawn(1, &["--kill-grace", "1s"], &["sh", "-c", &script]);
+    let pids = [read_pid(&world, "background"), read_pid(&world, "shell")];
+    let watchdog = children_besides(&holder, pids[1]);
+    assert_eq!(watchdog.len(), 1, "one watchdog: {watchdog:?}");
+    // SAFETY: kill(2) on the watchdog, a process of this test's consem.
+    unsafe { libc::kill(watchdog[0], libc::SIGKILL) };
+    wait_until(PROMPT, "another watchdog", || {
+        let now = children_besides(&holder, pids[1]);
+        now.len() == 1 && now[0] != watchdog[0]
+    });
+    signal(&holder, libc::SIGKILL);
+    wait_until(
+        Duration::from_secs(2),
+        "the command's whole group to be gone",
+        || pids.iter().all(|&pid| process_gone(pid)),
+    );
+    let output = finish(holder);
+    assert!(
+        stderr(&output).contains("watchdog"),
+        "says so: {}",
+        stderr(&output)
+    );
 }
 
 /// The command exits but leaves a job running in its process group: the

@@ -519,6 +519,52 @@ fn ctrl_c_stops_a_script_that_loops_over_consem() {
     world.assert_clean();
 }
 
+/// `nohup consem run ...` in the foreground of a terminal that closes: the
+/// hang-up (SIGHUP to the session's leader, consem here, and to the
+/// terminal's foreground group, the command's) ends neither, as it ends
+/// neither `nohup flock` nor its command.
+#[cfg(target_os = "linux")]
+#[test]
+fn nohup_survives_the_terminal_s_close() {
+    let world = World::local("pty-nohup");
+    let command = format!(
+        "touch '{}'; while [ ! -e '{}' ]; do sleep 0.02; done; touch '{}'",
+        world.path("ready"),
+        world.path("go"),
+        world.path("finished")
+    );
+    let consem = world.consem(1, &[], &["sh", "-c", &command]);
+    let mut nohup = Command::new("nohup");
+    nohup
+        .arg(consem.get_program())
+        .args(consem.get_args())
+        .current_dir(&world.dir);
+    let (mut consem, terminal) = spawn_on_terminal(nohup).expect("a pseudo-terminal");
+    let screen = terminal.screen.clone();
+    let consem_pid = pid_of(&consem);
+    let status = or_kill(
+        &mut consem,
+        || screen.text(),
+        |consem| {
+            wait_until(PROMPT, "the command to start", || world.exists("ready"));
+            let foreground = terminal.foreground_group();
+            // What the kernel sends when the terminal goes away.
+            for target in [consem_pid, -foreground] {
+                // SAFETY: kill(2) with a pid or a group of this test's own.
+                unsafe {
+                    libc::kill(target, libc::SIGHUP);
+                    libc::kill(target, libc::SIGCONT);
+                }
+            }
+            world.touch("go");
+            wait_with_deadline(consem, PROMPT, "consem to exit")
+        },
+    );
+    assert_eq!(status.code(), Some(0), "terminal:\n{}", screen.text());
+    assert!(world.exists("finished"), "the command ran to its end");
+    world.assert_clean();
+}
+
 /// A parent that ignores SIGCHLD passes that on through exec; consem puts it
 /// back to the default, so that it can still wait for its command: the
 /// command's exit status comes back, promptly.

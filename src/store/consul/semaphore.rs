@@ -502,7 +502,12 @@ pub fn plan_release(snapshot: &Snapshot, me: &str, limit: u32) -> ReleaseStep {
     };
     let mut remaining = prune(&record, snapshot);
     remaining.holders.retain(|h| h != me);
-    let others_contend = snapshot.contenders.keys().any(|name| name != me);
+    // Live contenders only: a key nobody holds (a value an operator put
+    // under the prefix) waits for no slot, and must not keep `.lock`.
+    let others_contend = snapshot
+        .contenders
+        .keys()
+        .any(|name| name != me && snapshot.is_live(name));
     let cas = snapshot.lock_cas();
     if remaining.holders.is_empty() && !others_contend {
         ReleaseStep::Delete { cas }
@@ -816,6 +821,16 @@ mod tests {
             plan_release(&queued, A, 2),
             ReleaseStep::Rewrite { .. }
         ));
+        // A key that no session holds is nobody waiting: the last one out
+        // deletes .lock, as consul lock does.
+        let mut foreign = contender(C, 7);
+        foreign.name = "foo".into();
+        foreign.session = None;
+        let beside_a_value = snapshot(vec![lock(&only_me, 9), contender(A, 5), foreign]);
+        assert_eq!(
+            plan_release(&beside_a_value, A, 2),
+            ReleaseStep::Delete { cas: 9 }
+        );
     }
 
     #[test]
