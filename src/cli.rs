@@ -167,7 +167,7 @@ pub struct RunArgs {
     pub prefix: String,
 
     /// Number of slots; every contender on the prefix must use the same limit
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, value_name = "N", value_parser = parse_limit)]
     pub limit: u32,
 
     /// Give up waiting for a slot after this long (default: wait forever)
@@ -388,6 +388,15 @@ fn not_utf8_argument(args: impl Iterator<Item = OsString>) -> String {
         }
     }
     "an argument".to_string()
+}
+
+/// A limit: a whole number of slots, at least 1 (each store says its most).
+fn parse_limit(text: &str) -> Result<u32, String> {
+    match text.parse::<u32>() {
+        Ok(0) => Err("a limit is at least 1 slot".into()),
+        Ok(limit) => Ok(limit),
+        Err(_) => Err("expected a whole number of slots, such as 2".into()),
+    }
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
