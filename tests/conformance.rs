@@ -741,18 +741,6 @@ fn a_killed_consem_takes_its_whole_group_along(make: MakeWorld) {
     finish(holder);
 }
 
-/// consem's children other than `except`, from /proc (the watchdog, once
-/// the command runs).
-fn children_besides(consem: &Child, except: i32) -> Vec<i32> {
-    let children = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", consem.id()))
-        .unwrap_or_default();
-    children
-        .split_whitespace()
-        .filter_map(|pid| pid.parse().ok())
-        .filter(|&pid| pid != except && !process_gone(pid))
-        .collect()
-}
-
 /// The watchdog killed (by hand, the OOM killer) is replaced, so that a
 /// consem killed afterwards still takes its command's whole group along.
 fn a_killed_watchdog_is_replaced_and_still_takes_the_group_along(make: MakeWorld) {

@@ -449,16 +449,29 @@ fn renewals_failing_while_reads_work_end_in_76_within_the_lease() {
             &strs(&pid_then_sleep(&world, "pid")),
         );
         let pid = read_pid(&world, "pid");
+        // consem itself must act: its watchdog, which would act at the
+        // same moment, is frozen until the command is gone.
+        let watchdog = children_besides(&holder, pid);
+        assert_eq!(watchdog.len(), 1, "one watchdog: {watchdog:?}");
+        // SAFETY: kill(2) on this test's consem's watchdog.
+        unsafe { libc::kill(watchdog[0], libc::SIGSTOP) };
+        wait_until(
+            Duration::from_secs(30),
+            "consem to stop its command",
+            || process_gone(pid),
+        );
+        // SAFETY: as above.
+        unsafe { libc::kill(watchdog[0], libc::SIGCONT) };
+        // Stopped before the session's TTL could run out on the server.
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "renewals answered {status}: the command ran {:?}",
+            started.elapsed()
+        );
         wait_with_deadline(
             &mut holder,
             Duration::from_secs(30),
             "consem to give up on its renewals",
-        );
-        // Stopped before the session's TTL could run out on the server.
-        assert!(
-            process_gone(pid) && started.elapsed() < Duration::from_secs(10),
-            "renewals answered {status}: the command ran {:?}",
-            started.elapsed()
         );
         let output = finish(holder);
         assert_eq!(output.status.code(), Some(76), "{}", stderr(&output));

@@ -485,3 +485,15 @@ pub fn spawn_verbose(
 pub fn log_text(world: &World, log: &str) -> String {
     std::fs::read_to_string(world.path(log)).unwrap_or_default()
 }
+
+/// consem's children other than `except`, from /proc (the watchdog, once
+/// the command runs).
+pub fn children_besides(consem: &Child, except: i32) -> Vec<i32> {
+    let children = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", consem.id()))
+        .unwrap_or_default();
+    children
+        .split_whitespace()
+        .filter_map(|pid| pid.parse().ok())
+        .filter(|&pid| pid != except && !process_gone(pid))
+        .collect()
+}
