@@ -317,8 +317,7 @@ fn run_child(
     // pipeline, a script run without job control), only once the command
     // stops to read from the terminal or set it up (SIGTTIN, SIGTTOU), so
     // that a pager beside consem keeps it and Ctrl-C reaches the shell too.
-    let in_foreground = sys::we_own_the_terminal();
-    let mut take_terminal = in_foreground && sys::alone_in_group();
+    let mut take_terminal = sys::we_own_the_terminal() && sys::alone_in_group();
     let terminal = sys::terminal().filter(|_| take_terminal);
     let group = match sys::spawn_child(&plan.command, &backend.child_env(), terminal) {
         Ok(pid) => pid,

@@ -284,17 +284,22 @@ fn wrong_credentials_and_missing_permissions_exit_77() {
     assert!(world.exists("ran"));
 }
 
+/// Puts what is not consem's where the semaphore's keys go.
+fn set_string(connection: &mut redis::Connection, key: &str, value: &str) {
+    let _: () = redis::cmd("SET")
+        .arg(key)
+        .arg(value)
+        .query(connection)
+        .unwrap();
+}
+
 #[test]
 fn a_key_that_is_not_a_sorted_set_is_a_conflict_and_stays_untouched() {
     let world = World::redis("not-a-zset");
     let redis = world.redis.as_ref().unwrap();
     let mut connection = redis.connection().unwrap();
     let key = format!("semaphore:{}", world.prefix);
-    let _: () = redis::cmd("SET")
-        .arg(&key)
-        .arg("someone else's")
-        .query(&mut connection)
-        .unwrap();
+    set_string(&mut connection, &key, "someone else's");
     let output = output(&world, 1, &[], &["touch", &world.path("ran")]);
     let message = stderr(&output);
     assert_eq!(output.status.code(), Some(65), "{message}");
@@ -318,20 +323,13 @@ fn a_limit_record_that_is_not_a_limit_is_a_conflict_and_stays_untouched() {
     let redis = world.redis.as_ref().unwrap();
     let mut connection = redis.connection().unwrap();
     let key = format!("semaphore:{}:limit", world.prefix);
-    let _: () = redis::cmd("SET")
-        .arg(&key)
-        .arg("notanumber")
-        .query(&mut connection)
-        .unwrap();
+    set_string(&mut connection, &key, "notanumber");
     let ran = output(&world, 1, &[], &["touch", &world.path("ran")]);
     assert_eq!(ran.status.code(), Some(65), "{}", stderr(&ran));
     assert_eq!(stderr(&ran).lines().count(), 1, "{}", stderr(&ran));
     assert!(!world.exists("ran"));
-    for command in ["status", "reset"] {
-        let answer = world
-            .admin(command, &["--force"][..usize::from(command == "reset")])
-            .output()
-            .unwrap();
+    for (command, extra) in [("status", &[][..]), ("reset", &["--force"][..])] {
+        let answer = world.admin(command, extra).output().unwrap();
         assert_eq!(
             answer.status.code(),
             Some(65),

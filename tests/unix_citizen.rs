@@ -359,23 +359,11 @@ fn ctrl_z_on_a_terminal_stops_consem_with_the_command_and_fg_resumes_it() {
 #[test]
 fn a_command_that_cannot_start_leaves_the_terminal_to_the_shell() {
     let world = World::new("pty-spawn-fail");
-    let consem = world.consem(1, &[], &["/nonexistent/consem-test"]);
-    let mut shell = Command::new("sh");
-    shell
-        .args([
-            "-c",
-            "echo ready; read go; \"$@\"; echo \"rc=$?\"; read bye; echo done",
-        ])
-        .arg("sh")
-        .arg(consem.get_program())
-        .args(consem.get_args());
-    for (name, value) in consem.get_envs() {
-        match value {
-            Some(value) => shell.env(name, value),
-            None => shell.env_remove(name),
-        };
-    }
-    let (mut shell, mut terminal) = spawn_on_terminal(shell).expect("a pseudo-terminal");
+    let (mut shell, mut terminal) = script_on_terminal(
+        &world,
+        "echo ready; read go; \"$@\"; echo \"rc=$?\"; read bye; echo done",
+        &["/nonexistent/consem-test"],
+    );
     let screen = terminal.screen.clone();
     let shell_pid = pid_of(&shell);
     let status = or_kill(
@@ -404,7 +392,7 @@ fn a_command_that_cannot_start_leaves_the_terminal_to_the_shell() {
 }
 
 /// `sh -c SCRIPT` as the session leader of a new terminal, where "$@" in
-/// the script runs consem with `command` (on the local store): a shell
+/// the script runs consem with `command` on the world's store: a shell
 /// script without job control, as a user's script runs, so that consem
 /// shares its process group with the shell and the script's pipelines.
 fn script_on_terminal(
@@ -418,6 +406,12 @@ fn script_on_terminal(
         .args(["-c", script, "sh"])
         .arg(consem.get_program())
         .args(consem.get_args());
+    for (name, value) in consem.get_envs() {
+        match value {
+            Some(value) => shell.env(name, value),
+            None => shell.env_remove(name),
+        };
+    }
     spawn_on_terminal(shell).expect("a pseudo-terminal")
 }
 
