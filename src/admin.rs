@@ -71,7 +71,8 @@ pub fn status(args: StatusArgs, env: impl Fn(&str) -> Option<String>) -> i32 {
     let json = args.json;
     finish((|| {
         let (_, admin) = open(&args.prefix, args.store, args.consul, env)?;
-        let status = admin.status()?;
+        let mut status = admin.status()?;
+        status.conflict = status.over_limit();
         if json {
             println!(
                 "{}",
@@ -79,6 +80,9 @@ pub fn status(args: StatusArgs, env: impl Fn(&str) -> Option<String>) -> i32 {
             );
         } else {
             print!("{}", render(&status));
+        }
+        if let Some(conflict) = status.conflict {
+            return Err(StoreError::Conflict(conflict));
         }
         Ok(if status.limit.is_none() && status.waiters.is_empty() {
             Done::Quiet

@@ -152,6 +152,7 @@ proptest! {
                     prop_assert!(entry.create_index < mine);
                     let skipped = snap.contenders.values().any(|e| {
                         snap.is_live(&e.name)
+                            && semaphore::relays(e)
                             && !record.holds(&e.name)
                             && e.create_index > entry.create_index
                             && e.create_index < mine
@@ -163,8 +164,16 @@ proptest! {
                 prop_assert!(snap.lock_record(limit).unwrap().unwrap().holds(&me));
             }
             Ok(Decision::SessionLost) => prop_assert!(!snap.is_live(&me)),
-            // A conflict is exactly a `.lock` that is not ours to write.
-            Err(_) => prop_assert!(snap.lock_record(limit).is_err()),
+            // A conflict is exactly a `.lock` that is not ours to write, or
+            // one that names more live holders than its limit.
+            Err(_) => {
+                let conflict = match snap.lock_record(limit) {
+                    Err(_) => true,
+                    Ok(Some(record)) => live_holders(&record, &snap) > limit as usize,
+                    Ok(None) => false,
+                };
+                prop_assert!(conflict);
+            }
         }
     }
 
@@ -182,11 +191,28 @@ proptest! {
             return Ok(());
         };
         match semaphore::plan_release(&snap, &me, limit) {
-            ReleaseStep::Rewrite { value, cas } => {
+            ReleaseStep::Rewrite { value, cas, heir } => {
                 let after = decode_lock(&value).unwrap();
                 prop_assert!(!after.holds(&me));
-                prop_assert_eq!(live_holders(&after, &snap), live_holders(&before, &snap) - usize::from(snap.is_live(&me) && before.holds(&me)));
+                let handed = usize::from(heir.is_some());
+                prop_assert_eq!(live_holders(&after, &snap), live_holders(&before, &snap) - usize::from(snap.is_live(&me) && before.holds(&me)) + handed);
                 prop_assert_eq!(cas, snap.lock.as_ref().unwrap().modify_index);
+                if let Some(heir) = heir {
+                    // A hand-off never adds a holder beyond the limit, and
+                    // goes to the live consem waiter that arrived first.
+                    prop_assert!(after.holders.len() <= limit as usize);
+                    prop_assert!(after.holds(&heir) && !before.holds(&heir));
+                    let entry = &snap.contenders[&heir];
+                    prop_assert!(semaphore::relays(entry) && snap.is_live(&heir));
+                    let overtaken = snap.contenders.values().any(|e| {
+                        e.name != me
+                            && semaphore::relays(e)
+                            && snap.is_live(&e.name)
+                            && !before.holds(&e.name)
+                            && e.create_index < entry.create_index
+                    });
+                    prop_assert!(!overtaken);
+                }
             }
             ReleaseStep::Delete { .. } => {
                 // Only when no other live contender is left on the prefix

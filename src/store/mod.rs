@@ -261,8 +261,25 @@ pub struct Status {
     pub waiters: Vec<ContenderStatus>,
     /// Holders in the record that are gone: the next contender prunes them.
     pub dead_holders: Vec<String>,
-    /// Which store: `"consul"` or `"local"`.
+    /// Which store: `"consul"`, `"local"` or `"redis"`.
     pub store: &'static str,
+    /// Why the record cannot be used as it stands (more live holders than
+    /// its limit); `run` refuses to join it.
+    pub conflict: Option<String>,
+}
+
+impl Status {
+    /// The conflict of a record naming more live holders than its limit.
+    pub fn over_limit(&self) -> Option<String> {
+        let limit = self.limit?;
+        (self.holders.len() > limit as usize).then(|| {
+            format!(
+                "{} has {} live holders but a limit of {limit}: more than the limit hold at once (a hand edit or another tool); release the extra holders with `consem release`, or wait until they leave",
+                self.prefix,
+                self.holders.len()
+            )
+        })
+    }
 }
 
 /// One holder or waiter in a [`Status`].

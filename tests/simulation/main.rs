@@ -68,8 +68,14 @@ enum Exit {
 
 #[derive(Debug)]
 enum ReleaseStage {
-    Session,
-    Lock { attempts: u32 },
+    /// A holder first hands its slot to the first consem waiter, if any.
+    HandOff,
+    Session {
+        handed_off: bool,
+    },
+    Lock {
+        attempts: u32,
+    },
 }
 
 /// One of a holder's two watches.
@@ -156,6 +162,7 @@ struct Stats {
     refusals: u64,
     keys_released: u64,
     restores: u64,
+    hand_offs: u64,
 }
 
 struct Sim {
@@ -440,6 +447,14 @@ impl Sim {
                 };
                 Answer::Relayed(written)
             }
+            Call::Wake { session, mark, cas } => {
+                if self.clients[i].relays {
+                    let key = format!("{DIR}{session}");
+                    let value = semaphore::woken_value(&value, *mark);
+                    self.consul.put_cas(&key, value, *cas, SEMAPHORE_FLAGS);
+                }
+                Answer::Woken
+            }
             Call::List { .. } => {
                 let (index, entries) = self.visible_list(restricted);
                 Answer::Listing(Listing { index, entries })
@@ -463,7 +478,8 @@ impl Sim {
                     .consul
                     .put_cas(&key, value.clone(), *cas, SEMAPHORE_FLAGS);
                 if written {
-                    if let Err(violation) = self.check_fifo(i) {
+                    let me = self.clients[i].session().unwrap_or_default().to_string();
+                    if let Err(violation) = self.check_fifo(i, &me, None) {
                         self.fifo_violation.get_or_insert(violation);
                     }
                 }
@@ -571,7 +587,7 @@ impl Sim {
                         });
                         Phase::Release {
                             session: contender.session().map(str::to_string),
-                            stage: ReleaseStage::Session,
+                            stage: ReleaseStage::Session { handed_off: false },
                             exit: Exit::Refused,
                         }
                     }
@@ -581,7 +597,7 @@ impl Sim {
                         self.log(|| format!("client {i}: unexpected {step:?}"));
                         Phase::Release {
                             session: contender.session().map(str::to_string),
-                            stage: ReleaseStage::Session,
+                            stage: ReleaseStage::Session { handed_off: false },
                             exit: Exit::SlotLost,
                         }
                     }
@@ -614,7 +630,7 @@ impl Sim {
     ) -> Result<Phase, Violation> {
         let release = |exit| Phase::Release {
             session: Some(session.clone()),
-            stage: ReleaseStage::Session,
+            stage: ReleaseStage::HandOff,
             exit,
         };
         let due: Vec<usize> = (0..2)
@@ -699,24 +715,29 @@ impl Sim {
         key.is_some_and(|k| k.session.as_deref() == Some(session))
     }
 
-    /// Slots go in order of arrival: when client `i` has just written
-    /// `.lock` to take a slot, the other live holders plus the live waiters
-    /// that arrived before it (lower CreateIndex) are fewer than Limit.
-    /// Clients that cannot see every key are exempt: a waiter hidden from
-    /// them can be overtaken (never a holder: they refuse to prune it).
-    fn check_fifo(&self, i: usize) -> Result<(), Violation> {
-        if self.clients[i].restricted {
+    /// Slots go in order of arrival among consem contenders: when `me` has
+    /// just been written into `.lock` (by its own CAS, or by a holder that
+    /// handed it its slot), the other live holders plus the live waiters
+    /// that queue (they relay) and arrived before it (lower CreateIndex) are
+    /// fewer than Limit (a holder that hands its slot on is leaving, not
+    /// waiting). Writes by clients that cannot see every key are exempt: a
+    /// waiter hidden from them can be overtaken (never a holder: they refuse
+    /// to prune it).
+    fn check_fifo(&self, writer: usize, me: &str, leaving: Option<&str>) -> Result<(), Violation> {
+        if self.clients[writer].restricted {
             return Ok(());
         }
-        let Some(me) = self.clients[i].session().map(str::to_string) else {
-            return Ok(());
-        };
+        let i = self
+            .clients
+            .iter()
+            .position(|c| c.session() == Some(me))
+            .unwrap_or(writer);
         let (_, entries) = self.consul.list(DIR);
         let snapshot = Snapshot::from_entries(entries);
         let Ok(Some(record)) = snapshot.lock_record(self.limit) else {
             return Ok(());
         };
-        let Some(mine) = snapshot.contenders.get(&me).map(|e| e.create_index) else {
+        let Some(mine) = snapshot.contenders.get(me).map(|e| e.create_index) else {
             return Ok(());
         };
         let holders = record
@@ -728,7 +749,8 @@ impl Sim {
             .contenders
             .values()
             .filter(|e| e.create_index < mine && !record.holds(&e.name))
-            .filter(|e| self.held_by_own_session(&e.name))
+            .filter(|e| Some(e.name.as_str()) != leaving)
+            .filter(|e| semaphore::relays(e) && self.held_by_own_session(&e.name))
             .map(|e| &e.name)
             .collect();
         if holders + ahead.len() >= self.limit as usize {
@@ -797,7 +819,11 @@ impl Sim {
             if behind_crashed(session) {
                 continue;
             }
-            if let Ok(Decision::Take { .. }) = semaphore::decide(&snapshot, session, self.limit) {
+            // A waiter handed a slot (Holding) must wake to take it, as one
+            // that could take a free slot must.
+            if let Ok(Decision::Take { .. } | Decision::Holding) =
+                semaphore::decide(&snapshot, session, self.limit)
+            {
                 return Err(self.describe(&format!(
                     "client {i} could take a slot but nothing will wake it (it waits with {call:?})"
                 )));
@@ -821,11 +847,42 @@ impl Sim {
         self.clients[i].gone_session = Some(id.clone());
         let fails = self.faults && self.rng.chance(30);
         match stage {
-            ReleaseStage::Session => {
+            ReleaseStage::HandOff => {
+                let mut handed_off = false;
+                if fails {
+                    self.stats.failed_calls += 1;
+                } else {
+                    let (_, entries) = self.visible_list(self.clients[i].restricted);
+                    let mut snapshot = Snapshot::from_entries(entries);
+                    self.reveal_hidden(i, &mut snapshot);
+                    if let ReleaseStep::Rewrite {
+                        value,
+                        cas,
+                        heir: Some(heir),
+                    } = semaphore::plan_release(&snapshot, &id, self.limit)
+                    {
+                        let lock_key = format!("{DIR}{LOCK_KEY_NAME}");
+                        handed_off = self.consul.put_cas(&lock_key, value, cas, SEMAPHORE_FLAGS);
+                        if handed_off {
+                            self.handed_over(i, &heir, &id);
+                        }
+                    }
+                }
+                Phase::Release {
+                    session,
+                    stage: ReleaseStage::Session { handed_off },
+                    exit,
+                }
+            }
+            ReleaseStage::Session { handed_off } => {
                 if fails {
                     self.stats.failed_calls += 1;
                 } else {
                     self.consul.invalidate(&id);
+                }
+                if handed_off {
+                    self.log(|| format!("client {i}: done ({exit:?})"));
+                    return Phase::Done(exit);
                 }
                 Phase::Release {
                     session,
@@ -847,8 +904,12 @@ impl Sim {
                 let lock_key = format!("{DIR}{LOCK_KEY_NAME}");
                 let written = match semaphore::plan_release(&snapshot, &id, self.limit) {
                     ReleaseStep::Nothing => true,
-                    ReleaseStep::Rewrite { value, cas } => {
-                        self.consul.put_cas(&lock_key, value, cas, SEMAPHORE_FLAGS)
+                    ReleaseStep::Rewrite { value, cas, heir } => {
+                        let written = self.consul.put_cas(&lock_key, value, cas, SEMAPHORE_FLAGS);
+                        if let (true, Some(heir)) = (written, heir) {
+                            self.handed_over(i, &heir, &id);
+                        }
+                        written
                     }
                     ReleaseStep::Delete { cas } => self.consul.delete(&lock_key, Some(cas)),
                 };
@@ -864,6 +925,29 @@ impl Sim {
                         },
                         exit,
                     }
+                }
+            }
+        }
+    }
+
+    /// Client `i`, leaving as `leaving`, wrote `heir` into `.lock` in its
+    /// place: the slot must be the heir's turn. A holder that an operator
+    /// took out of `.lock` by hand, its key still live, looks like a waiter,
+    /// and may be handed a slot before its watch saw the loss: it then holds
+    /// again, counted in `.lock`, and has no loss left to notice.
+    fn handed_over(&mut self, i: usize, heir: &str, leaving: &str) {
+        self.stats.hand_offs += 1;
+        self.log(|| format!("client {i}: hands its slot to {heir}"));
+        if let Err(violation) = self.check_fifo(i, heir, Some(leaving)) {
+            self.fifo_violation.get_or_insert(violation);
+        }
+        for client in &mut self.clients {
+            if let Phase::Hold {
+                session, watches, ..
+            } = &mut client.phase
+            {
+                if session == heir {
+                    watches[0].must_notice = false;
                 }
             }
         }
@@ -906,7 +990,7 @@ impl Sim {
             self.log(|| format!("client {i}: renewal answers 404, stops its command"));
             self.clients[i].phase = Phase::Release {
                 session: Some(session),
-                stage: ReleaseStage::Session,
+                stage: ReleaseStage::HandOff,
                 exit: Exit::SlotLost,
             };
         }
@@ -1079,8 +1163,14 @@ fn the_recipe_keeps_its_invariants_under_faults() {
         total.refusals += stats.refusals;
         total.keys_released += stats.keys_released;
         total.restores += stats.restores;
+        total.hand_offs += stats.hand_offs;
     }
     println!("simulation: {seeds} seeds, 0 violations; totals: {total:?}");
+    // The paths worth checking were taken.
+    assert!(
+        total.hand_offs > 0 && total.acquisitions > total.hand_offs,
+        "{total:?}"
+    );
 }
 
 #[test]

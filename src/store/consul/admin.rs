@@ -174,6 +174,7 @@ impl Admin for ConsulAdmin {
             waiters,
             dead_holders,
             store: "consul",
+            conflict: None,
         })
     }
 

@@ -50,6 +50,16 @@ pub enum Call {
         fence: u64,
         cas: u64,
     },
+    /// Rewrite our contender key while we wait (CAS, as for a relay), so
+    /// that a waiter blocked on it wakes: a consem contender that arrived
+    /// after us was handed a slot by a holder that could not see us (an ACL
+    /// hides our key from its token), and may sleep on our key.
+    /// `mark` (the listing's index) makes the value change.
+    Wake {
+        session: String,
+        mark: u64,
+        cas: u64,
+    },
 }
 
 /// The answer to a [`Call`] that went through.
@@ -63,6 +73,8 @@ pub enum Answer {
     LockWritten(bool),
     /// The answer to [`Call::Relay`]: whether the CAS wrote the key.
     Relayed(bool),
+    /// The answer to [`Call::Wake`], written or not: either way we read again.
+    Woken,
     /// The answer to [`Call::CheckHolder`]: at most one entry, or `None`
     /// when the token may not read the key (403).
     HolderKey(Option<Listing>),
@@ -134,6 +146,11 @@ pub struct Contender {
     /// `gone_at`: a new listing is checked again.
     gone: BTreeSet<String>,
     gone_at: u64,
+    /// Holders that arrived after us and that we woke for ([`Call::Wake`]),
+    /// so that each is woken for once; `waking`, those of the wake in
+    /// flight, which a failed call leaves to wake for again.
+    woken_for: BTreeSet<String>,
+    waking: Vec<String>,
     /// A holder a check found held, though the listing it was checked for
     /// left it out; `came_back_before`, the same for the listing before.
     came_back: Option<String>,
@@ -155,6 +172,8 @@ impl Contender {
             checking: None,
             gone: BTreeSet::new(),
             gone_at: 0,
+            woken_for: BTreeSet::new(),
+            waking: Vec::new(),
             came_back: None,
             came_back_before: None,
             pending: Call::CreateSession,
@@ -190,7 +209,8 @@ impl Contender {
                     block_on: 0,
                 }
             }
-            Call::Get { .. } | Call::PutLock { .. } => {
+            Call::Get { .. } | Call::PutLock { .. } | Call::Wake { .. } => {
+                self.waking.clear();
                 self.index = 0;
                 self.read()
             }
@@ -231,6 +251,11 @@ impl Contender {
                 .expect("a relay is only written for a confirmed slot"),
             // Our key changed since the confirming read: look again.
             Answer::Relayed(false) => self.confirm_again(),
+            // Our own write moved the index: this read answers at once.
+            Answer::Woken => {
+                self.woken_for.extend(self.waking.drain(..));
+                Step::Call(self.read())
+            }
             Answer::HolderKey(read) => self.on_holder_key(read),
             Answer::LockWritten(true) => {
                 // Confirm the win with a fresh, consistent read.
@@ -349,6 +374,20 @@ impl Contender {
                 self.confirm = false;
                 if self.mode == Contend::Try {
                     return Step::NoSlot;
+                }
+                let overtaken: Vec<String> =
+                    semaphore::relaying_holders_behind(&snapshot, &holders, &session)
+                        .filter(|h| !self.woken_for.contains(h))
+                        .collect();
+                if let (false, Some(key)) =
+                    (overtaken.is_empty(), snapshot.contenders.get(&session))
+                {
+                    self.waking = overtaken;
+                    return Step::Call(Call::Wake {
+                        session,
+                        mark: self.index,
+                        cas: key.modify_index,
+                    });
                 }
                 let picture = wait_picture(&snapshot, &holders, &session);
                 if self.last_picture.as_ref() != Some(&picture) {
@@ -973,6 +1012,6 @@ mod tests {
             index: 30,
             entries: vec![],
         };
-        assert_eq!(k.on_read(gone), Err(Loss::ContenderGone));
+        assert_eq!(k.on_read(gone), Err(Loss::KeyDeleted));
     }
 }

@@ -19,7 +19,7 @@ use crate::store::consul::client::{
 use crate::store::consul::contender::{
     Answer, Call, Contender, Note, Step, WaitPicture, Watched, Watcher,
 };
-use crate::store::consul::semaphore::{self, ReleaseStep, Snapshot, SEMAPHORE_FLAGS};
+use crate::store::consul::semaphore::{self, Loss, ReleaseStep, Snapshot, SEMAPHORE_FLAGS};
 use crate::store::lease::{self, lease_end};
 use crate::store::{
     Contend, ContenderInfo, Holder, Notify, Progress, SlotBackend, SlotEvent, StoreError,
@@ -255,15 +255,19 @@ impl ConsulSemaphore {
                 Step::NoSlot => return Err(Stop::NoSlot),
                 Step::Conflict(conflict) => {
                     return Err(Stop::Failed(StoreError::Conflict(format!(
-                        "{}/.lock {conflict}; consem leaves it untouched (use another --prefix, or delete that key if it is stale)",
-                        self.settings.prefix
+                        "{}/.lock {conflict}; consem leaves it untouched ({})",
+                        self.settings.prefix,
+                        conflict.remedy()
                     ))))
                 }
                 Step::Hidden { session } => {
                     self.shared().denied = true;
                     return Err(Stop::Failed(StoreError::Denied(format!(
                         "permission denied: {}",
-                        crate::store::consul::client::hidden_holder(&self.settings.prefix, &session)
+                        crate::store::consul::client::hidden_holder(
+                            &self.settings.prefix,
+                            &session
+                        )
                     ))));
                 }
                 Step::KeyTaken { session } => {
@@ -339,6 +343,19 @@ impl ConsulSemaphore {
                     |_, _| {},
                 )
                 .map(|r| r.map(Answer::Relayed)),
+            Call::Wake { session, mark, cas } => self
+                .guarded(
+                    || {
+                        self.client.put_cas(
+                            &self.key(session),
+                            semaphore::woken_value(&self.settings.contender_value, *mark),
+                            *cas,
+                            SEMAPHORE_FLAGS,
+                        )
+                    },
+                    |_, _| {},
+                )
+                .map(|r| r.map(|_| Answer::Woken)),
             Call::PutLock { value, cas } => {
                 let key = self.key(semaphore::LOCK_KEY_NAME);
                 self.guarded(
@@ -427,7 +444,21 @@ impl ConsulSemaphore {
                 Ok(read) => {
                     backoff = FIRST_BACKOFF;
                     if let Err(loss) = watcher.on_read(read) {
-                        return (!self.closing()).then(|| loss.to_string());
+                        if self.closing() {
+                            return None;
+                        }
+                        // A deleted key says nothing of who deleted it:
+                        // Consul with our session, or someone by hand.
+                        let session = self.shared().session.clone().unwrap_or_default();
+                        let alive = match loss {
+                            Loss::KeyDeleted => self
+                                .client
+                                .session_info(&session)
+                                .ok()
+                                .map(|info| info.is_some()),
+                            _ => None,
+                        };
+                        return Some(loss.explain_deleted_key(alive).to_string());
                     }
                 }
                 Err(ConsulError::Denied(why)) => {
@@ -656,34 +687,74 @@ impl SlotBackend for ConsulSemaphore {
                 .wait_timeout_while(shared, budget / 2, |s| s.writes_in_flight > 0)
                 .unwrap_or_else(|e| e.into_inner());
             shared.holding = false;
-            (shared.session.take(), waited.timed_out(), shared.denied)
+            (
+                shared.session.take(),
+                waited.timed_out(),
+                shared.denied,
+                shared.fence.is_some(),
+            )
         };
-        let (session, write_in_flight, denied) = session;
+        let (session, write_in_flight, denied, held) = session;
         // A denial here repeats the one that ended the run: not news.
         let worth_telling =
             |error: &ConsulError| !(denied && matches!(error, ConsulError::Denied(_)));
+        let mut problems = Vec::new();
+        if write_in_flight {
+            // Even before its answer names a session: what it creates stays
+            // until its TTL runs out, unrenewed.
+            problems.push(format!(
+                "a request that may create a session or write a key was still in flight; what it leaves behind, Consul removes within {} (the session expires and takes its key), and the next contender prunes it from .lock",
+                crate::duration::human(self.settings.ttl * 2)
+            ));
+        }
         let Some(session) = session else {
-            return Ok(());
+            return if problems.is_empty() {
+                Ok(())
+            } else {
+                Err(problems.join("; "))
+            };
         };
         let remaining = || {
             deadline
                 .saturating_duration_since(Instant::now())
                 .max(Duration::from_millis(100))
         };
-        let mut problems = Vec::new();
-        if write_in_flight {
-            problems.push(format!(
-                "a write to Consul was still in flight; if it lands, the next contender prunes it (the session goes within {})",
-                crate::duration::human(self.settings.ttl * 2)
-            ));
+        let lock_key = self.key(semaphore::LOCK_KEY_NAME);
+
+        // 1. A holder hands its slot to the first consem waiter while its
+        // session still holds it: once our key goes, `consul lock` waiters
+        // prune us and race for the slot (see `semaphore::heir`). Only a
+        // hand-off is written before the session goes; a rewrite without an
+        // heir waits for step 3, so that of several holders leaving at once
+        // the last deletes `.lock`. A third of the budget at most: destroying
+        // the session matters more.
+        let mut left_lock = false;
+        if held {
+            let client = self.client.with_call_timeout(remaining() / 3);
+            if let Ok(snapshot) = self.leaving_snapshot(&client, &session) {
+                if let ReleaseStep::Rewrite {
+                    value,
+                    cas,
+                    heir: Some(heir),
+                } = semaphore::plan_release(&snapshot, &session, self.settings.limit)
+                {
+                    if let Ok(true) = client.put_cas(&lock_key, value, cas, SEMAPHORE_FLAGS) {
+                        left_lock = true;
+                        report::event(
+                            "handed-over",
+                            &[("prefix", &self.settings.prefix), ("to", &heir)],
+                        );
+                    }
+                }
+            }
         }
 
-        // 1. Destroy the session: its `delete` behaviour removes our
+        // 2. Destroy the session: its `delete` behaviour removes our
         // contender key in the same write. The key goes before `.lock` is
-        // read, so that whoever of several leaving holders reads `.lock` last
-        // sees no other contender key and deletes `.lock`: an idle prefix
-        // ends empty. (We are releasing: that others may prune us from this
-        // moment is what we want.)
+        // read again, so that whoever of several leaving holders reads
+        // `.lock` last sees no other contender key and deletes `.lock`: an
+        // idle prefix ends empty. (We are releasing: that others may prune us
+        // from this moment is what we want.)
         let client = self.client.with_call_timeout(remaining());
         match client.destroy_session(&session) {
             Err(error) if worth_telling(&error) => problems.push(format!(
@@ -694,9 +765,9 @@ impl SlotBackend for ConsulSemaphore {
             _ => {}
         }
 
-        // 2. Leave `.lock`: take ourselves out, or delete it if we are the last.
-        let lock_key = self.key(semaphore::LOCK_KEY_NAME);
-        for attempt in 1..=RELEASE_CAS_ATTEMPTS {
+        // 3. Leave `.lock`: take ourselves out (handing the slot on), or
+        // delete it if we are the last.
+        for attempt in (1..=RELEASE_CAS_ATTEMPTS).filter(|_| !left_lock) {
             let client = self.client.with_call_timeout(remaining());
             let snapshot = match self.leaving_snapshot(&client, &session) {
                 Ok(snapshot) => snapshot,
@@ -709,7 +780,7 @@ impl SlotBackend for ConsulSemaphore {
             };
             let written = match semaphore::plan_release(&snapshot, &session, self.settings.limit) {
                 ReleaseStep::Nothing => break,
-                ReleaseStep::Rewrite { value, cas } => {
+                ReleaseStep::Rewrite { value, cas, .. } => {
                     client.put_cas(&lock_key, value, cas, SEMAPHORE_FLAGS)
                 }
                 ReleaseStep::Delete { cas } => client.delete(&lock_key, Some(cas)),

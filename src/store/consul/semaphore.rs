@@ -67,8 +67,17 @@ pub struct LockRecord {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Conflict {
     ForeignFlags(u64),
-    LimitMismatch { found: u32, ours: u32 },
+    LimitMismatch {
+        found: u32,
+        ours: u32,
+    },
     Undecodable(String),
+    /// More live holders than the Limit: a hand edit or another tool wrote
+    /// them; joining would make one more.
+    OverLimit {
+        live: usize,
+        limit: u32,
+    },
 }
 
 impl std::fmt::Display for Conflict {
@@ -87,6 +96,22 @@ impl std::fmt::Display for Conflict {
                 "has Limit {found} but --limit is {ours}: every contender on a prefix must use the same limit"
             ),
             Conflict::Undecodable(why) => write!(f, "is not a semaphore record ({why})"),
+            Conflict::OverLimit { live, limit } => write!(
+                f,
+                "names {live} live holders but its Limit is {limit}: more than the limit hold at once (a hand edit or another tool wrote it)"
+            ),
+        }
+    }
+}
+
+impl Conflict {
+    /// What an operator can do about it.
+    pub fn remedy(&self) -> &'static str {
+        match self {
+            Conflict::OverLimit { .. } => {
+                "release the extra holders with `consem release`, or wait until they leave"
+            }
+            _ => "use another --prefix, or delete that key if it is stale",
         }
     }
 }
@@ -286,6 +311,37 @@ pub fn holding_value(value: &[u8], fence: u64) -> Vec<u8> {
     serde_json::to_vec(&object).expect("a JSON value always encodes")
 }
 
+/// The field a waiter sets in its own contender key's value to wake
+/// whoever blocks on that key; its value only makes the write a change.
+pub const WOKEN_FIELD: &str = "Woken";
+
+/// Our contender key's value rewritten to wake the waiter that blocks on it.
+pub fn woken_value(value: &[u8], mark: u64) -> Vec<u8> {
+    let mut object = match serde_json::from_slice::<Value>(value) {
+        Ok(Value::Object(object)) => object,
+        _ => Map::new(),
+    };
+    object.insert(WOKEN_FIELD.to_string(), Value::from(mark));
+    serde_json::to_vec(&object).expect("a JSON value always encodes")
+}
+
+/// Holders in `holders` that relay and arrived after `me`, a waiter: under
+/// the queue's order they could only have got their slot from a holder
+/// (or a listing) that did not see `me`, and one of them may sleep on our
+/// key, which it took for the key of the waiter just ahead.
+pub fn relaying_holders_behind<'a>(
+    snapshot: &'a Snapshot,
+    holders: &'a [String],
+    me: &str,
+) -> impl Iterator<Item = String> + 'a {
+    let mine = create_index_of(snapshot, me);
+    holders
+        .iter()
+        .filter_map(move |h| snapshot.contenders.get(h))
+        .filter(move |e| e.create_index > mine && relays(e))
+        .map(|e| e.name.clone())
+}
+
 /// Whether a contender key's value promises to relay ([`RELAYS_FIELD`]).
 pub fn relays(entry: &Entry) -> bool {
     serde_json::from_slice::<Value>(&entry.value)
@@ -361,17 +417,18 @@ pub enum WaitOn {
 /// the same decision.
 ///
 /// Slots go in order of arrival (the contender key's CreateIndex): `me` takes
-/// one only while the live holders plus the live waiters that arrived before
-/// it are fewer than Limit, so a late contender never overtakes an earlier
-/// one. A waiter ahead that does not take its turn holds the others up only
-/// until its session goes (2×TTL once it stops renewing) or its blocking read
-/// returns. `consul lock` contenders do not queue; they count as waiters
-/// ahead of later consem contenders, and may take a slot out of turn, never
-/// more than Limit.
+/// one only while the live holders plus the live queueing waiters that
+/// arrived before it are fewer than Limit, so a late consem contender never
+/// overtakes an earlier one. A waiter ahead that does not take its turn
+/// holds the others up only until its session goes (2×TTL once it stops
+/// renewing) or its blocking read returns. Contenders that do not queue
+/// (`consul lock`) are not waited for: they take a free slot whoever came
+/// first, and how consem keeps its share beside them is [`plan_release`]'s
+/// hand-off. A record with more live holders than its limit is a conflict.
 ///
 /// A waiter that one departure could serve blocks on the prefix; one further
-/// back blocks on the key of the waiter just ahead if that waiter relays
-/// (see [`WaitOn`]), so that a change wakes only the waiters it can serve.
+/// back blocks on the key of the waiter just ahead (see [`WaitOn`]), so that
+/// a change wakes only the waiters it can serve.
 pub fn decide(snapshot: &Snapshot, me: &str, limit: u32) -> Result<Decision, Conflict> {
     let record = snapshot
         .lock_record(limit)?
@@ -379,17 +436,17 @@ pub fn decide(snapshot: &Snapshot, me: &str, limit: u32) -> Result<Decision, Con
     if !snapshot.is_live(me) {
         return Ok(Decision::SessionLost);
     }
+    let mut pruned = prune(&record, snapshot);
+    check_within_limit(&pruned)?;
     if record.holds(me) {
         return Ok(Decision::Holding);
     }
-    let mut pruned = prune(&record, snapshot);
     let queued = pruned.holders.len() + waiters_ahead(snapshot, &pruned, me);
     if queued >= limit as usize {
-        let just_ahead = waiters_before(snapshot, &pruned, me).max_by_key(|e| e.create_index);
-        let wait_on = match just_ahead {
-            Some(entry) if queued > limit as usize && relays(entry) => {
-                WaitOn::Key(entry.name.clone())
-            }
+        // Every waiter ahead relays (see `waiters_ahead`), so the one just
+        // ahead has one departure fewer to wait for than we do.
+        let wait_on = match waiters_before(snapshot, &pruned, me).max_by_key(|e| e.create_index) {
+            Some(entry) if queued > limit as usize => WaitOn::Key(entry.name.clone()),
             _ => WaitOn::Prefix,
         };
         return Ok(Decision::Full {
@@ -404,7 +461,22 @@ pub fn decide(snapshot: &Snapshot, me: &str, limit: u32) -> Result<Decision, Con
     })
 }
 
-/// Live contenders without a slot that arrived before `me`.
+/// A record whose live holders (`pruned`) exceed its limit is a conflict.
+pub fn check_within_limit(pruned: &LockRecord) -> Result<(), Conflict> {
+    if pruned.holders.len() > pruned.limit as usize {
+        return Err(Conflict::OverLimit {
+            live: pruned.holders.len(),
+            limit: pruned.limit,
+        });
+    }
+    Ok(())
+}
+
+/// Live contenders that queue (they relay) without a slot, that arrived
+/// before `me`. Contenders that do not queue (`consul lock`) have no place
+/// in the queue: they take a slot whenever they see one free, whoever
+/// arrived first, so a consem waiter that let them go first would lose
+/// every race to them.
 pub fn waiters_ahead(snapshot: &Snapshot, holders: &LockRecord, me: &str) -> usize {
     waiters_before(snapshot, holders, me).count()
 }
@@ -423,7 +495,7 @@ fn waiters_before<'a>(
 ) -> impl Iterator<Item = &'a Entry> + 'a {
     let mine = create_index_of(snapshot, me);
     let me = me.to_string();
-    waiters(snapshot, holders).filter(move |e| e.name != me && e.create_index < mine)
+    waiters(snapshot, holders).filter(move |e| e.name != me && e.create_index < mine && relays(e))
 }
 
 fn waiters<'a>(
@@ -443,22 +515,66 @@ fn create_index_of(snapshot: &Snapshot, session: &str) -> u64 {
         .map_or(u64::MAX, |e| e.create_index)
 }
 
-/// Why a held slot counts as lost.
+/// Why a held slot counts as lost: what was observed, as it was observed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Loss {
-    ContenderGone,
+    /// Our contender key is gone; whether our session went with it is
+    /// settled by reading the session ([`Loss::explain_deleted_key`]).
+    KeyDeleted,
+    /// Our contender key is gone and so is our session: Consul deleted the
+    /// key when it invalidated the session.
+    SessionInvalidated,
+    /// Our contender key is gone while our session lives: deleted by hand
+    /// or by another tool.
+    KeyDeletedSessionAlive,
+    /// Our contender key is there but no session holds it (`?release=`).
+    KeyReleased,
+    /// Our contender key is held by another session.
+    KeyHeldBy(String),
     NotInHolders,
     LockGone,
     LockChanged(Conflict),
 }
 
+impl Loss {
+    /// Refines [`Loss::KeyDeleted`] once our session was read: `Some(true)`
+    /// when Consul still knows it, `None` when the read failed.
+    pub fn explain_deleted_key(self, session_alive: Option<bool>) -> Loss {
+        match (self, session_alive) {
+            (Loss::KeyDeleted, Some(true)) => Loss::KeyDeletedSessionAlive,
+            (Loss::KeyDeleted, Some(false)) => Loss::SessionInvalidated,
+            (other, _) => other,
+        }
+    }
+}
+
 impl std::fmt::Display for Loss {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Loss::ContenderGone => write!(f, "our contender key is gone (session invalidated)"),
-            Loss::NotInHolders => write!(f, "our session was removed from the holders"),
+            Loss::KeyDeleted => write!(f, "our contender key was deleted"),
+            Loss::SessionInvalidated => write!(
+                f,
+                "our session was invalidated, and Consul deleted our contender key with it"
+            ),
+            Loss::KeyDeletedSessionAlive => write!(
+                f,
+                "our contender key was deleted while our session is alive (by hand or by another tool)"
+            ),
+            Loss::KeyReleased => write!(
+                f,
+                "our contender key was released from our session (by hand or by another tool)"
+            ),
+            Loss::KeyHeldBy(session) => write!(
+                f,
+                "our contender key is now held by another session ({})",
+                crate::report::printable(session)
+            ),
+            Loss::NotInHolders => write!(
+                f,
+                "our session was removed from the holders in .lock (consem release, or a hand edit)"
+            ),
             Loss::LockGone => write!(f, "the .lock key was deleted"),
-            Loss::LockChanged(conflict) => write!(f, "the .lock key changed: it {conflict}"),
+            Loss::LockChanged(conflict) => write!(f, "the .lock key was rewritten: it {conflict}"),
         }
     }
 }
@@ -476,17 +592,24 @@ pub fn check_lock(lock: Option<&Entry>, me: &str, limit: u32) -> Result<(), Loss
 /// Checks, while holding, that our contender key (`None`: missing) is still
 /// held by our session.
 pub fn check_key(key: Option<&Entry>, me: &str) -> Result<(), Loss> {
-    match key {
-        Some(entry) if entry.session.as_deref() == Some(me) => Ok(()),
-        _ => Err(Loss::ContenderGone),
+    match key.map(|entry| entry.session.as_deref()) {
+        Some(Some(session)) if session == me => Ok(()),
+        Some(Some(other)) => Err(Loss::KeyHeldBy(other.to_string())),
+        Some(None) => Err(Loss::KeyReleased),
+        None => Err(Loss::KeyDeleted),
     }
 }
 
 /// The `.lock` write that takes `me` out of the semaphore.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReleaseStep {
-    /// Write the holders without us (dead ones pruned too) with `?cas=`.
-    Rewrite { value: Vec<u8>, cas: u64 },
+    /// Write the holders without us (dead ones pruned too) with `?cas=`;
+    /// with an `heir`, our slot goes straight to that waiter.
+    Rewrite {
+        value: Vec<u8>,
+        cas: u64,
+        heir: Option<String>,
+    },
     /// Nobody else is left: delete `.lock` with `?cas=`, so an idle prefix is
     /// empty, as `consul lock` leaves it.
     Delete { cas: u64 },
@@ -512,12 +635,45 @@ pub fn plan_release(snapshot: &Snapshot, me: &str, limit: u32) -> ReleaseStep {
     if remaining.holders.is_empty() && !others_contend {
         ReleaseStep::Delete { cas }
     } else if record.holds(me) {
+        let heir = heir(snapshot, &remaining, me);
+        remaining.holders.extend(heir.clone());
         ReleaseStep::Rewrite {
             value: encode_lock(&remaining),
             cas,
+            heir,
         }
     } else {
         ReleaseStep::Nothing
+    }
+}
+
+/// The waiter a leaving holder hands its slot to, in the same write that
+/// takes the holder out: the consem waiter that arrived first.
+///
+/// Among consem contenders alone this is the waiter that would take the slot
+/// next anyway; handing it over saves that waiter a CAS. Beside contenders
+/// that do not queue (`consul lock`) it is what keeps consem's share: a slot
+/// set free goes to whichever of them writes first, and the one consem
+/// waiter that reads the prefix is one of many racers, so without the
+/// hand-off consem's slots would drain to them. The slot is left to the race
+/// only when every waiting non-queueing contender arrived before that
+/// consem waiter: then it is their turn. So slots go to consem and to the
+/// others about in proportion to how many of each contend.
+pub fn heir(snapshot: &Snapshot, remaining: &LockRecord, me: &str) -> Option<String> {
+    if remaining.holders.len() >= remaining.limit as usize {
+        return None;
+    }
+    let waiting = || waiters(snapshot, remaining).filter(|e| e.name != me);
+    let first = waiting()
+        .filter(|e| relays(e))
+        .min_by_key(|e| e.create_index)?;
+    let latest_racer = waiting()
+        .filter(|e| !relays(e))
+        .map(|e| e.create_index)
+        .max();
+    match latest_racer {
+        Some(latest) if latest < first.create_index => None,
+        _ => Some(first.name.clone()),
     }
 }
 
@@ -661,8 +817,18 @@ mod tests {
         assert_eq!(wait_on(B), WaitOn::Prefix);
         assert_eq!(wait_on(C), WaitOn::Key(B.to_string()));
         assert_eq!(wait_on(D), WaitOn::Key(C.to_string()));
-        // A waiter ahead that does not relay (`consul lock`) is no signal.
+        // A waiter that does not queue (`consul lock`) has no place in the
+        // queue: D waits on B, the consem waiter just ahead, and would be
+        // served by B's departure.
         let snap = queue(relaying(B, 6), contender(C, 7));
+        assert!(matches!(
+            decide(&snap, D, 1).unwrap(),
+            Decision::Full {
+                wait_on: WaitOn::Key(ref key),
+                ..
+            } if key == B
+        ));
+        let snap = queue(contender(B, 6), contender(C, 7));
         assert!(matches!(
             decide(&snap, D, 1).unwrap(),
             Decision::Full {
@@ -730,9 +896,9 @@ mod tests {
         let value = format!(r#"{{"Limit":2,"Holders":{{"{A}":true}}}}"#);
         let snap = snapshot(vec![
             lock(&value, 9),
-            contender(A, 5),
-            contender(B, 6),
-            contender(C, 7),
+            relaying(A, 5),
+            relaying(B, 6),
+            relaying(C, 7),
         ]);
         assert!(matches!(
             decide(&snap, C, 2).unwrap(),
@@ -742,8 +908,20 @@ mod tests {
             decide(&snap, B, 2).unwrap(),
             Decision::Take { .. }
         ));
+        // A `consul lock` waiter ahead does not queue, and is not waited for:
+        // it would take the slot whenever it sees it free.
+        let snap = snapshot(vec![
+            lock(&value, 9),
+            relaying(A, 5),
+            contender(B, 6),
+            relaying(C, 7),
+        ]);
+        assert!(matches!(
+            decide(&snap, C, 2).unwrap(),
+            Decision::Take { .. }
+        ));
         // A waiter ahead whose key is gone (dead) does not hold C up.
-        let snap = snapshot(vec![lock(&value, 9), contender(A, 5), contender(C, 7)]);
+        let snap = snapshot(vec![lock(&value, 9), relaying(A, 5), relaying(C, 7)]);
         assert!(matches!(
             decide(&snap, C, 2).unwrap(),
             Decision::Take { .. }
@@ -790,10 +968,31 @@ mod tests {
             Err(Loss::LockChanged(_))
         ));
         assert_eq!(check_key(Some(&contender(A, 5)), A), Ok(()));
-        assert_eq!(check_key(None, A), Err(Loss::ContenderGone));
+        assert_eq!(check_key(None, A), Err(Loss::KeyDeleted));
         let mut released = contender(A, 5);
         released.session = None;
-        assert_eq!(check_key(Some(&released), A), Err(Loss::ContenderGone));
+        assert_eq!(check_key(Some(&released), A), Err(Loss::KeyReleased));
+        let mut taken = contender(A, 5);
+        taken.session = Some(B.to_string());
+        assert_eq!(
+            check_key(Some(&taken), A),
+            Err(Loss::KeyHeldBy(B.to_string()))
+        );
+        // What is reported says what was seen: a deleted key, and whether our
+        // session went with it.
+        assert_eq!(
+            Loss::KeyDeleted.explain_deleted_key(Some(false)),
+            Loss::SessionInvalidated
+        );
+        assert_eq!(
+            Loss::KeyDeleted.explain_deleted_key(Some(true)),
+            Loss::KeyDeletedSessionAlive
+        );
+        assert_eq!(Loss::KeyDeleted.explain_deleted_key(None), Loss::KeyDeleted);
+        assert!(Loss::KeyDeletedSessionAlive
+            .to_string()
+            .contains("session is alive"));
+        assert!(!Loss::KeyDeleted.to_string().contains("invalidated"));
     }
 
     #[test]
@@ -804,7 +1003,8 @@ mod tests {
             plan_release(&both, A, 2),
             ReleaseStep::Rewrite {
                 value: format!(r#"{{"Limit":2,"Holders":{{"{B}":true}}}}"#).into_bytes(),
-                cas: 9
+                cas: 9,
+                heir: None,
             }
         );
         // B is dead (its key is gone): A is the last one out.
@@ -831,6 +1031,94 @@ mod tests {
             plan_release(&beside_a_value, A, 2),
             ReleaseStep::Delete { cas: 9 }
         );
+    }
+
+    #[test]
+    fn a_leaving_holder_hands_its_slot_to_the_first_consem_waiter() {
+        const D: &str = "dddddddd-0000-0000-0000-000000000004";
+        let value = format!(r#"{{"Limit":1,"Holders":{{"{A}":true}}}}"#);
+        let heir_of = |entries: Vec<Entry>| match plan_release(&snapshot(entries), A, 1) {
+            ReleaseStep::Rewrite { value, heir, .. } => {
+                let record = decode_lock(&value).unwrap();
+                assert_eq!(record.holders, heir.iter().cloned().collect::<Vec<_>>());
+                heir
+            }
+            other => panic!("{other:?}"),
+        };
+        // Among consem waiters: the first to arrive, in the same write.
+        let heir = heir_of(vec![
+            lock(&value, 9),
+            relaying(A, 5),
+            relaying(C, 7),
+            relaying(B, 6),
+        ]);
+        assert_eq!(heir.as_deref(), Some(B));
+        // Beside a `consul lock` waiter that arrived later than it.
+        let heir = heir_of(vec![
+            lock(&value, 9),
+            relaying(A, 5),
+            relaying(B, 6),
+            contender(C, 7),
+        ]);
+        assert_eq!(heir.as_deref(), Some(B));
+        // One `consul lock` waiter later than it is enough, though another
+        // arrived first: that one does not queue either.
+        let heir = heir_of(vec![
+            lock(&value, 9),
+            relaying(A, 5),
+            contender(B, 6),
+            relaying(C, 7),
+            contender(D, 8),
+        ]);
+        assert_eq!(heir.as_deref(), Some(C));
+        // Every `consul lock` waiter arrived first: the slot is theirs to race for.
+        let heir = heir_of(vec![
+            lock(&value, 9),
+            relaying(A, 5),
+            contender(B, 6),
+            contender(C, 7),
+            relaying(D, 8),
+        ]);
+        assert_eq!(heir, None);
+        // Nobody consem waits: nothing to hand over.
+        let heir = heir_of(vec![lock(&value, 9), relaying(A, 5), contender(B, 6)]);
+        assert_eq!(heir, None);
+        // A consem contender that already holds is no heir; the slots are full.
+        let two = format!(r#"{{"Limit":2,"Holders":{{"{A}":true,"{B}":true}}}}"#);
+        let snap = snapshot(vec![lock(&two, 9), relaying(A, 5), relaying(B, 6)]);
+        assert!(matches!(
+            plan_release(&snap, A, 2),
+            ReleaseStep::Rewrite { heir: None, .. }
+        ));
+        // A holder whose session is gone still hands on the slot it leaves.
+        let snap = snapshot(vec![lock(&two, 9), relaying(B, 6), relaying(C, 7)]);
+        assert!(matches!(
+            plan_release(&snap, A, 2),
+            ReleaseStep::Rewrite { heir: Some(ref heir), .. } if heir == C
+        ));
+        // One taken out of .lock already has nothing to hand on.
+        let b_only = format!(r#"{{"Limit":2,"Holders":{{"{B}":true}}}}"#);
+        let snap = snapshot(vec![lock(&b_only, 9), relaying(B, 6), relaying(C, 7)]);
+        assert_eq!(plan_release(&snap, A, 2), ReleaseStep::Nothing);
+    }
+
+    #[test]
+    fn more_live_holders_than_the_limit_is_a_conflict() {
+        let value = format!(r#"{{"Limit":1,"Holders":{{"{A}":true,"{B}":true}}}}"#);
+        let snap = snapshot(vec![
+            lock(&value, 9),
+            relaying(A, 5),
+            relaying(B, 6),
+            relaying(C, 7),
+        ]);
+        let over = Err(Conflict::OverLimit { live: 2, limit: 1 });
+        assert_eq!(decide(&snap, C, 1), over);
+        // Even for one of those holders: the command must not start.
+        assert_eq!(decide(&snap, A, 1), over);
+        assert!(over.unwrap_err().to_string().contains("2 live holders"));
+        // Dead holders do not count.
+        let snap = snapshot(vec![lock(&value, 9), relaying(A, 5), relaying(C, 7)]);
+        assert!(matches!(decide(&snap, C, 1), Ok(Decision::Full { .. })));
     }
 
     #[test]

@@ -403,6 +403,7 @@ impl LocalAdmin {
             waiters: Vec::new(),
             dead_holders: Vec::new(),
             store: "local",
+            conflict: None,
         }
     }
 }

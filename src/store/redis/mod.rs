@@ -797,6 +797,7 @@ impl Admin for RedisAdmin {
             waiters,
             dead_holders: dead,
             store: "redis",
+            conflict: None,
         })
     }
 
