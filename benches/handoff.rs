@@ -9,11 +9,18 @@
 //!   CPU time per handoff;
 //! - fairness: contenders started one by one with limit 1; grants out of
 //!   arrival order, longest wait against the ideal;
+//! - mixed clients: loops of consem and loops of `consul lock -n 2` on one
+//!   prefix (the real CLI when a real agent is measured and `consul` is on
+//!   PATH or at `CONSEM_BENCH_CONSUL_BIN`, else an in-process client that
+//!   behaves like it, tests/common/consul_lock.rs); runs of each against
+//!   their share of the contenders;
 //! - the goals next to the figures.
 //!
 //! ```text
 //! cargo bench --bench handoff                                      # full run
 //! CONSEM_BENCH_QUICK=1 cargo bench --profile dev --bench handoff   # tiny sizes (CI)
+//! CONSEM_BENCH_ONLY=mixed cargo bench --bench handoff              # one section
+//! CONSEM_BENCH_BIN=/path/to/older/consem cargo bench --bench handoff # another build
 //! ```
 //!
 //! Nothing is asserted: the report is for reading. Progress goes to stderr.
@@ -23,6 +30,9 @@
 #[allow(dead_code)] // the benchmark uses a small part of the double
 #[path = "../tests/common/double.rs"]
 mod double;
+
+#[path = "../tests/common/consul_lock.rs"]
+mod consul_lock;
 
 use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};
@@ -39,11 +49,23 @@ use double::ConsulDouble;
 
 /// The consem binary cargo built for this target (with this target's profile).
 const CONSEM: &str = env!("CARGO_BIN_EXE_consem");
+/// Set to another consem binary to measure it instead (an older version).
+const CONSEM_BIN_ENV: &str = "CONSEM_BENCH_BIN";
+
+/// The consem binary measured.
+fn consem_bin() -> String {
+    std::env::var(CONSEM_BIN_ENV).unwrap_or_else(|_| CONSEM.to_string())
+}
 
 /// Set to `host:port` of a real Consul agent to measure against it.
 const REAL_CONSUL_ENV: &str = "CONSEM_BENCH_CONSUL_ADDR";
 /// Set to 1 for tiny sizes (CI).
 const QUICK_ENV: &str = "CONSEM_BENCH_QUICK";
+/// Set to a section's name (`mixed`) to run that section alone.
+const ONLY_ENV: &str = "CONSEM_BENCH_ONLY";
+/// The `consul` binary whose `consul lock` the mixed section runs against a
+/// real agent; by default `consul` on PATH.
+const CONSUL_BIN_ENV: &str = "CONSEM_BENCH_CONSUL_BIN";
 
 /// When set, this binary is a fairness child: it appends "<id> <unix ns>"
 /// to the file named here, then sleeps.
@@ -84,6 +106,11 @@ struct Sizes {
     fair_contenders: usize,
     fair_gap: Duration,
     fair_child: Duration,
+    /// Loops of each kind, the limit, each run's command time, how long.
+    mixed_loops: usize,
+    mixed_limit: usize,
+    mixed_child: Duration,
+    mixed_for: Duration,
 }
 
 impl Sizes {
@@ -98,6 +125,10 @@ impl Sizes {
                 fair_contenders: 5,
                 fair_gap: Duration::from_millis(50),
                 fair_child: Duration::from_millis(50),
+                mixed_loops: 2,
+                mixed_limit: 2,
+                mixed_child: Duration::from_millis(50),
+                mixed_for: Duration::from_secs(3),
             }
         } else {
             Sizes {
@@ -119,6 +150,12 @@ impl Sizes {
                 fair_contenders: 20,
                 fair_gap: Duration::from_millis(50),
                 fair_child: Duration::from_millis(100),
+                // What fault injection measured starvation with: ten loops
+                // of each on limit 2 for 40 s.
+                mixed_loops: 10,
+                mixed_limit: 2,
+                mixed_child: Duration::from_millis(100),
+                mixed_for: Duration::from_secs(40),
             }
         }
     }
@@ -136,8 +173,9 @@ fn main() {
     let mut out = String::new();
     out.push_str("consem handoff benchmark\n");
     out.push_str(&format!(
-        "binary:  {CONSEM} ({} bytes)\n",
-        file_size(CONSEM)
+        "binary:  {} ({} bytes)\n",
+        consem_bin(),
+        file_size(&consem_bin())
     ));
     out.push_str(&format!(
         "profile: {}\n",
@@ -157,6 +195,12 @@ fn main() {
         }
     ));
 
+    if std::env::var(ONLY_ENV).is_ok_and(|only| only == "mixed") {
+        out.push_str(&mixed(&bench, &sizes).table());
+        print!("{out}");
+        return;
+    }
+
     let uncontended = uncontended(&bench, &sizes);
     out.push_str(&uncontended.table(&sizes));
 
@@ -170,9 +214,12 @@ fn main() {
     let fair = fairness(&bench, &sizes);
     out.push_str(&fair.table(&sizes));
 
+    let mixed = mixed(&bench, &sizes);
+    out.push_str(&mixed.table());
+
     // Verdicts only mean something at full size with an optimized build.
     let judged = !quick && !cfg!(debug_assertions);
-    out.push_str(&goals(&uncontended, &handoffs, &fair, judged));
+    out.push_str(&goals(&uncontended, &handoffs, &fair, &mixed, judged));
     print!("{out}");
 }
 
@@ -278,7 +325,7 @@ impl Drop for Bench {
 /// `consem run --prefix <prefix> --limit <limit> -- <command>` against
 /// `addr`, stdin and stdout to /dev/null, stderr appended to `log`.
 fn consem(addr: &str, prefix: &str, limit: usize, command: &[&str], log: &Path) -> Command {
-    let mut cmd = Command::new(CONSEM);
+    let mut cmd = Command::new(consem_bin());
     cmd.env("CONSUL_HTTP_ADDR", addr);
     for name in CONSUL_ENV {
         cmd.env_remove(name);
@@ -1083,7 +1130,7 @@ impl Fairness {
 // Goals
 // ---------------------------------------------------------------------------
 
-fn goals(u: &Uncontended, handoffs: &[Handoff], f: &Fairness, judged: bool) -> String {
+fn goals(u: &Uncontended, handoffs: &[Handoff], f: &Fairness, m: &Mixed, judged: bool) -> String {
     let verdict = |met: bool| match (judged, met) {
         (false, _) => "not judged (quick mode or debug build)",
         (true, true) => "met",
@@ -1167,7 +1214,206 @@ fn goals(u: &Uncontended, handoffs: &[Handoff], f: &Fairness, judged: bool) -> S
         f.contenders,
         verdict(f.overtakers == 0 && f.grant_order.len() == f.contenders)
     ));
+    t.push_str(&format!(
+        "| beside consul lock: consem's share of runs | >= its share of contenders ({:.0} %) | {:.1} % | takes {:.1} % | {} |\n",
+        m.consem_share_of_contenders() * 100.0,
+        m.consem_share_of_runs() * 100.0,
+        (1.0 - m.consem_share_of_runs()) * 100.0,
+        verdict(m.consem_share_of_runs() >= m.consem_share_of_contenders())
+    ));
     t
+}
+
+// ---------------------------------------------------------------------------
+// Mixed clients: consem beside consul lock on one prefix
+// ---------------------------------------------------------------------------
+
+struct Mixed {
+    loops: usize,
+    limit: usize,
+    child: Duration,
+    ran_for: Duration,
+    peer: String,
+    consem_runs: u64,
+    consem_failures: u64,
+    peer_runs: u64,
+}
+
+impl Mixed {
+    fn consem_share_of_contenders(&self) -> f64 {
+        0.5
+    }
+
+    fn consem_share_of_runs(&self) -> f64 {
+        let all = self.consem_runs + self.peer_runs;
+        if all == 0 {
+            0.0
+        } else {
+            self.consem_runs as f64 / all as f64
+        }
+    }
+
+    fn table(&self) -> String {
+        let mut t = String::new();
+        t.push_str(&format!(
+            "## Mixed clients ({} loops of consem and {} of {}, limit {}, commands of {} ms, {:.0} s)\n\n",
+            self.loops,
+            self.loops,
+            self.peer,
+            self.limit,
+            self.child.as_millis(),
+            self.ran_for.as_secs_f64()
+        ));
+        t.push_str(
+            "| client | runs | runs per loop per minute | share of runs | share of contenders |\n",
+        );
+        t.push_str("|---|---|---|---|---|\n");
+        let per_minute =
+            |runs: u64| runs as f64 / self.loops as f64 / self.ran_for.as_secs_f64() * 60.0;
+        let share = self.consem_share_of_runs();
+        t.push_str(&format!(
+            "| consem | {} | {:.1} | {:.1} % | 50 % |\n",
+            self.consem_runs,
+            per_minute(self.consem_runs),
+            share * 100.0
+        ));
+        t.push_str(&format!(
+            "| {} | {} | {:.1} | {:.1} % | 50 % |\n",
+            self.peer,
+            self.peer_runs,
+            per_minute(self.peer_runs),
+            (1.0 - share) * 100.0
+        ));
+        if self.consem_failures > 0 {
+            t.push_str(&format!(
+                "\n{} consem runs failed (see the log)\n",
+                self.consem_failures
+            ));
+        }
+        t.push('\n');
+        t
+    }
+}
+
+/// The `consul` binary for `consul lock`, when a real agent is measured.
+fn consul_cli() -> Option<PathBuf> {
+    if let Ok(path) = std::env::var(CONSUL_BIN_ENV) {
+        return Some(PathBuf::from(path));
+    }
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join("consul"))
+            .find(|path| path.is_file())
+    })
+}
+
+/// Loops of consem and loops of `consul lock -n <limit>` on one prefix for
+/// a while; counts the runs each got.
+fn mixed(bench: &Bench, sizes: &Sizes) -> Mixed {
+    let consul = bench.consul();
+    let prefix = bench.prefix("mixed");
+    let log = bench.path("mixed.log");
+    let child_secs = format!("{:.3}", sizes.mixed_child.as_secs_f64());
+    let cli = match bench.target {
+        Target::Real(_) => consul_cli(),
+        Target::Double => None,
+    };
+    let peer = match &cli {
+        Some(path) => format!("consul lock ({})", path.display()),
+        None => "a consul lock stand-in (in-process)".to_string(),
+    };
+    eprintln!(
+        "mixed: {} loops of consem and {} of {peer}, limit {}, {:?}",
+        sizes.mixed_loops, sizes.mixed_loops, sizes.mixed_limit, sizes.mixed_for
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let consem_runs = Arc::new(AtomicU64::new(0));
+    let consem_failures = Arc::new(AtomicU64::new(0));
+    let peer_runs = Arc::new(AtomicU64::new(0));
+    let mut threads = Vec::new();
+    let mut stand_ins = Vec::new();
+    let started = Instant::now();
+    for _ in 0..sizes.mixed_loops {
+        let (stopped, runs, failures) = (
+            Arc::clone(&stop),
+            Arc::clone(&consem_runs),
+            Arc::clone(&consem_failures),
+        );
+        let mut command = consem(
+            &consul.addr,
+            &prefix,
+            sizes.mixed_limit,
+            &["sleep", &child_secs],
+            &log,
+        );
+        threads.push(thread::spawn(move || {
+            while !stopped.load(Ordering::SeqCst) {
+                match command.status() {
+                    Ok(status) if status.success() => runs.fetch_add(1, Ordering::SeqCst),
+                    _ => failures.fetch_add(1, Ordering::SeqCst),
+                };
+            }
+        }));
+        match &cli {
+            Some(path) => {
+                let (stopped, runs) = (Arc::clone(&stop), Arc::clone(&peer_runs));
+                let mut command = Command::new(path);
+                command
+                    .env("CONSUL_HTTP_ADDR", &consul.addr)
+                    .args(["lock", "-n", &sizes.mixed_limit.to_string(), &prefix])
+                    .args(["sleep", &child_secs])
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null());
+                for name in CONSUL_ENV {
+                    command.env_remove(name);
+                }
+                threads.push(thread::spawn(move || {
+                    while !stopped.load(Ordering::SeqCst) {
+                        if command.status().is_ok_and(|s| s.success()) {
+                            runs.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                }));
+            }
+            None => stand_ins.push(consul_lock::ConsulLockLoop::start(
+                &format!("http://{}", consul.addr),
+                &prefix,
+                sizes.mixed_limit as u32,
+                sizes.mixed_child,
+            )),
+        }
+    }
+    thread::sleep(sizes.mixed_for);
+    // Runs that end after this moment do not count: the loops stop at
+    // different times.
+    let (consem_at_end, peer_at_end) = (
+        consem_runs.load(Ordering::SeqCst),
+        peer_runs.load(Ordering::SeqCst) + stand_ins.iter().map(|s| s.runs()).sum::<u64>(),
+    );
+    let ran_for = started.elapsed();
+    stop.store(true, Ordering::SeqCst);
+    for stand_in in stand_ins {
+        stand_in.stop();
+    }
+    for thread in threads {
+        let _ = thread.join();
+    }
+    report_failures(
+        "mixed",
+        consem_failures.load(Ordering::SeqCst) as usize,
+        &log,
+    );
+    Mixed {
+        loops: sizes.mixed_loops,
+        limit: sizes.mixed_limit,
+        child: sizes.mixed_child,
+        ran_for,
+        peer,
+        consem_runs: consem_at_end,
+        consem_failures: consem_failures.load(Ordering::SeqCst),
+        peer_runs: peer_at_end,
+    }
 }
 
 // ---------------------------------------------------------------------------

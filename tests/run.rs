@@ -8,7 +8,7 @@ mod common;
 
 use std::path::Path;
 use std::process::Command;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use common::double::{Fault, Match};
 use common::world::*;
@@ -123,6 +123,11 @@ fn an_operator_destroying_the_session_stops_the_child_with_76() {
     let output = finish(child);
     assert_eq!(output.status.code(), Some(76), "{}", stderr(&output));
     assert!(stderr(&output).contains("slot lost"), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("invalidated"),
+        "{}",
+        stderr(&output)
+    );
     assert!(started.elapsed() < PROMPT);
     let pid: i32 = std::fs::read_to_string(world.path("pid"))
         .unwrap()
@@ -131,6 +136,154 @@ fn an_operator_destroying_the_session_stops_the_child_with_76() {
         .unwrap();
     // SAFETY: signal 0 only asks whether the process exists.
     assert_ne!(unsafe { libc::kill(pid, 0) }, 0, "the child was stopped");
+    world.assert_clean();
+}
+
+/// A lost slot is reported as what was seen: the contender key deleted by
+/// hand (the session lives on), the key released from the session, the
+/// holder taken out of `.lock`, `.lock` deleted, or the session invalidated.
+#[test]
+fn a_lost_slot_says_what_was_observed() {
+    type Take = fn(&World, &str);
+    let cases: [(&str, Take, &str); 5] = [
+        (
+            "key deleted",
+            |world, session| {
+                let key = encode_key(&world.key(session));
+                world
+                    .consul
+                    .request("DELETE", &format!("/v1/kv/{key}"), b"");
+            },
+            "our contender key was deleted while our session is alive",
+        ),
+        (
+            "key released",
+            |world, session| {
+                let key = encode_key(&world.key(session));
+                let path = format!("/v1/kv/{key}?release={session}");
+                world.consul.request("PUT", &path, b"");
+            },
+            "released from our session",
+        ),
+        (
+            "taken out of .lock",
+            |world, _| {
+                world.consul.put(
+                    &world.key(".lock"),
+                    br#"{"Limit":1,"Holders":{}}"#,
+                    SEMAPHORE_FLAGS,
+                )
+            },
+            "removed from the holders",
+        ),
+        (
+            ".lock deleted",
+            |world, _| {
+                let key = encode_key(&world.key(".lock"));
+                world
+                    .consul
+                    .request("DELETE", &format!("/v1/kv/{key}"), b"");
+            },
+            "the .lock key was deleted",
+        ),
+        (
+            "session destroyed",
+            |world, session| world.consul.destroy_session(session),
+            "invalidated",
+        ),
+    ];
+    for (name, take, said) in cases {
+        let world = World::new("loss-report");
+        let holder = world.spawn(1, &[], &strs(&world.held_until("ready", "go", 0)));
+        wait_until(PROMPT, "the child to start", || world.exists("ready"));
+        let session = world.sessions().pop().unwrap().0;
+        take(&world, &session);
+        let output = finish(holder);
+        let message = stderr(&output);
+        assert_eq!(output.status.code(), Some(76), "{name}: {message}");
+        assert!(message.contains(said), "{name}: {message}");
+        if name != "session destroyed" {
+            assert!(!message.contains("invalidated"), "{name}: {message}");
+        }
+        world.consul.delete_tree(&format!("{}/", world.prefix));
+        world.assert_clean();
+    }
+}
+
+/// A session create still unanswered when the run ends is reported, though
+/// no session ID is known yet: what it creates lives until its TTL runs out
+/// twice over.
+#[test]
+fn a_session_create_in_flight_at_exit_is_reported() {
+    let world = World::on_the_double("create-in-flight");
+    let double = world.the_double();
+    double.inject(
+        Fault::delay(Duration::from_secs(3), 1).on(Match::method_path("PUT", "/v1/session/create")),
+    );
+    let output = world
+        .consem(1, &["--timeout", "500ms", "--ttl", "10s"], &["true"])
+        .output()
+        .unwrap();
+    let message = stderr(&output);
+    assert_eq!(output.status.code(), Some(75), "{message}");
+    assert!(message.contains("still in flight"), "{message}");
+    assert!(message.contains("within 20s"), "{message}");
+    // The request lands after consem is gone and leaves its session, as said.
+    wait_until(PROMPT, "the delayed session create to land", || {
+        !world.sessions().is_empty()
+    });
+    for (id, _) in world.sessions() {
+        world.consul.destroy_session(&id);
+    }
+    world.assert_clean();
+}
+
+/// A `.lock` naming more live holders than its Limit (a hand edit) is a
+/// conflict: `run` refuses to join it (65) and leaves it as it is, and
+/// `status` shows the holders and says so.
+#[test]
+fn a_lock_with_more_live_holders_than_its_limit_is_a_conflict() {
+    let world = World::new("over-limit");
+    let first = consul_lock_holder(&world, 1);
+    let second = peer_session(&world, "another holder");
+    let key = encode_key(&world.key(&second));
+    let path = format!("/v1/kv/{key}?acquire={second}&flags={SEMAPHORE_FLAGS}");
+    assert_eq!(world.consul.request("PUT", &path, b"").1.trim(), "true");
+    let both = format!(r#"{{"Limit":1,"Holders":{{"{first}":true,"{second}":true}}}}"#);
+    world
+        .consul
+        .put(&world.key(".lock"), both.as_bytes(), SEMAPHORE_FLAGS);
+    let before = world.entries();
+    let output = world.consem(1, &[], &["true"]).output().unwrap();
+    let message = stderr(&output);
+    assert_eq!(output.status.code(), Some(65), "{message}");
+    assert!(
+        message.contains("2 live holders but its Limit is 1"),
+        "{message}"
+    );
+    assert!(message.contains("consem release"), "{message}");
+    assert_eq!(message.lines().count(), 1, "{message}");
+    assert_eq!(world.entries(), before, ".lock changed");
+    let status = world.admin("status", &[]).output().unwrap();
+    assert_eq!(status.status.code(), Some(65));
+    let table = String::from_utf8_lossy(&status.stdout);
+    assert!(table.contains(&first) && table.contains(&second), "{table}");
+    assert!(
+        stderr(&status).contains("2 live holders"),
+        "{}",
+        stderr(&status)
+    );
+    let json = world.admin("status", &["--json"]).output().unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert!(
+        json["conflict"]
+            .as_str()
+            .is_some_and(|c| c.contains("limit of 1")),
+        "{json}"
+    );
+    world.consul.destroy_session(&first);
+    world.consul.destroy_session(&second);
+    world.consul.delete_tree(&format!("{}/", world.prefix));
     world.assert_clean();
 }
 
@@ -480,10 +633,10 @@ fn waiters_further_back_block_on_the_key_ahead_and_handoffs_stay_cheap() {
 }
 
 /// A `consul lock` waiter does not relay (its contender key's value is
-/// empty), so a consem behind it cannot block on its key: it blocks on the
-/// prefix, and still gets the slot once the peers are gone.
+/// empty) and does not queue: a consem that arrived after it neither blocks
+/// on its key nor waits for it, and takes the slot when the holder leaves.
 #[test]
-fn a_waiter_behind_a_consul_lock_waiter_blocks_on_the_prefix() {
+fn a_consul_lock_waiter_does_not_hold_up_a_consem_waiter() {
     let world = World::on_the_double("behind-peer");
     let double = world.the_double();
     let holder = consul_lock_holder(&world, 1);
@@ -512,16 +665,83 @@ fn a_waiter_behind_a_consul_lock_waiter_blocks_on_the_prefix() {
             .any(|r| r.method == "GET" && r.path == peer_path),
         "consem read the key of a waiter that does not relay"
     );
-    // The holder leaves, the peer takes the slot as consul lock would (no
-    // relay), then leaves too: the consem runs.
+    // The holder leaves; the peer, which would have raced for the slot,
+    // does nothing here: the consem takes it though the peer came first.
     world.consul.destroy_session(&holder);
-    let lock = format!(r#"{{"Limit":1,"Holders":{{"{peer}":true}}}}"#);
-    world
-        .consul
-        .put(&world.key(".lock"), lock.as_bytes(), SEMAPHORE_FLAGS);
-    world.consul.destroy_session(&peer);
     let output = finish(waiter);
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    // The consem left while the peer still waited: `.lock` stays, empty,
+    // for the peer, whose own exit (played here) removes what is left.
+    let lock = world.lock_value().expect(".lock kept for the waiting peer");
+    assert_eq!(lock["Holders"], serde_json::json!({}));
+    world.consul.destroy_session(&peer);
+    world.consul.delete_tree(&world.prefix);
+    world.assert_clean();
+}
+
+/// Beside clients that do not queue (`consul lock`), a consem holder that
+/// leaves hands its slot straight to the first consem waiter, in the same
+/// write that takes it out of `.lock`: the `consul lock` loops that arrived
+/// after that waiter, racing for every slot they see free, never see this
+/// one free.
+#[test]
+fn a_leaving_holder_hands_its_slot_to_the_consem_waiter_beside_consul_lock() {
+    use common::consul_lock::ConsulLockLoop;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let world = World::new("hand-off");
+    let peer = consul_lock_holder(&world, 2);
+    let holder = hold_slot(&world, 2, "held", "leave");
+    let waiter = world.spawn(2, &[], &strs(&world.held_until("runs", "done", 0)));
+    wait_until(PROMPT, "the consem waiter to join", || {
+        world.contender_keys() == 3
+    });
+    let base = format!("http://{}", world.http_addr());
+    let racing: Vec<Arc<AtomicBool>> = (0..3).map(|_| Arc::new(AtomicBool::new(false))).collect();
+    let racers: Vec<ConsulLockLoop> = racing
+        .iter()
+        .map(|flag| {
+            ConsulLockLoop::start_watched(
+                &base,
+                &world.prefix,
+                2,
+                Duration::from_millis(20),
+                Some(Arc::clone(flag)),
+            )
+        })
+        .collect();
+    wait_until(PROMPT, "the consul lock loops to join", || {
+        world.contender_keys() == 6
+    });
+    world.touch("leave");
+    assert_eq!(finish(holder).status.code(), Some(0));
+    wait_until(PROMPT, "the consem waiter's command to start", || {
+        world.exists("runs")
+    });
+    assert!(
+        racers.iter().all(|r| r.runs() == 0) && racing.iter().all(|f| !f.load(Ordering::SeqCst)),
+        "a consul lock loop took the slot the leaving consem handed on"
+    );
+    let lock = world.lock_value().expect(".lock");
+    assert_eq!(
+        lock["Holders"].as_object().map(|h| h.len()),
+        Some(2),
+        "{lock}"
+    );
+    world.touch("done");
+    let output = finish(waiter);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    // The slot the consem leaves without a consem waiter goes to the race.
+    wait_until(PROMPT, "a consul lock loop to run", || {
+        racers.iter().any(|r| r.runs() > 0)
+    });
+    for racer in racers {
+        racer.stop();
+    }
+    // The peers played here leave `.lock` naming the one that never ran a
+    // loop; nothing of consem's is left.
+    world.consul.destroy_session(&peer);
+    world.consul.delete_tree(&world.prefix);
     world.assert_clean();
 }
 

@@ -3,6 +3,7 @@
 //! `CONSEM_TEST_CONSUL_ADDR` is set.
 #![allow(dead_code)] // each test crate uses a different part of this module
 
+pub mod consul_lock;
 pub mod double;
 pub mod pki;
 pub mod pty;

@@ -655,10 +655,11 @@ pub fn plan_release(snapshot: &Snapshot, me: &str, limit: u32) -> ReleaseStep {
 /// that do not queue (`consul lock`) it is what keeps consem's share: a slot
 /// set free goes to whichever of them writes first, and the one consem
 /// waiter that reads the prefix is one of many racers, so without the
-/// hand-off consem's slots would drain to them. The slot is left to the race
-/// only when every waiting non-queueing contender arrived before that
-/// consem waiter: then it is their turn. So slots go to consem and to the
-/// others about in proportion to how many of each contend.
+/// hand-off consem's slots would drain to them. The slot is handed on while
+/// consem's contenders, with it, hold no more than their share of the slots
+/// (in proportion to how many of the live contenders they are), and
+/// beyond that unless every waiting non-queueing contender arrived before
+/// that consem waiter: then it is their turn, and the slot is left to them.
 pub fn heir(snapshot: &Snapshot, remaining: &LockRecord, me: &str) -> Option<String> {
     if remaining.holders.len() >= remaining.limit as usize {
         return None;
@@ -671,10 +672,25 @@ pub fn heir(snapshot: &Snapshot, remaining: &LockRecord, me: &str) -> Option<Str
         .filter(|e| !relays(e))
         .map(|e| e.create_index)
         .max();
-    match latest_racer {
-        Some(latest) if latest < first.create_index => None,
-        _ => Some(first.name.clone()),
-    }
+    let Some(latest_racer) = latest_racer else {
+        return Some(first.name.clone());
+    };
+    let live: Vec<&Entry> = snapshot
+        .contenders
+        .values()
+        .filter(|e| snapshot.is_live(&e.name))
+        .collect();
+    let queueing = live.iter().filter(|e| relays(e)).count();
+    let held_by_queueing = remaining
+        .holders
+        .iter()
+        .filter(|h| snapshot.contenders.get(*h).is_some_and(relays))
+        .count();
+    // With the heir, consem holds `held_by_queueing + 1` slots: within its
+    // share of `limit` while that times all live contenders is at most the
+    // consem contenders times `limit`.
+    let within_share = (held_by_queueing + 1) * live.len() <= queueing * remaining.limit as usize;
+    (within_share || latest_racer > first.create_index).then(|| first.name.clone())
 }
 
 #[cfg(test)]
@@ -1071,7 +1087,9 @@ mod tests {
             contender(D, 8),
         ]);
         assert_eq!(heir.as_deref(), Some(C));
-        // Every `consul lock` waiter arrived first: the slot is theirs to race for.
+        // Every `consul lock` waiter arrived first, and consem holds its
+        // share (one slot of one for two of four contenders): the slot is
+        // theirs to race for.
         let heir = heir_of(vec![
             lock(&value, 9),
             relaying(A, 5),
@@ -1080,6 +1098,35 @@ mod tests {
             relaying(D, 8),
         ]);
         assert_eq!(heir, None);
+        // Within its share consem keeps the slot, whoever arrived first: two
+        // slots, a `consul lock` holder E, and consem three of five.
+        const E: &str = "eeeeeeee-0000-0000-0000-000000000005";
+        let two = format!(r#"{{"Limit":2,"Holders":{{"{A}":true,"{E}":true}}}}"#);
+        let entries = vec![
+            lock(&two, 9),
+            relaying(A, 5),
+            contender(E, 4),
+            contender(B, 6),
+            relaying(C, 7),
+            relaying(D, 8),
+        ];
+        assert!(matches!(
+            plan_release(&snapshot(entries), A, 2),
+            ReleaseStep::Rewrite { heir: Some(ref heir), .. } if heir == C
+        ));
+        // ... and not beyond it: consem two of five, holding one slot of two.
+        let entries = vec![
+            lock(&two, 9),
+            relaying(A, 5),
+            contender(E, 4),
+            contender(B, 6),
+            contender(D, 7),
+            relaying(C, 8),
+        ];
+        assert!(matches!(
+            plan_release(&snapshot(entries), A, 2),
+            ReleaseStep::Rewrite { heir: None, .. }
+        ));
         // Nobody consem waits: nothing to hand over.
         let heir = heir_of(vec![lock(&value, 9), relaying(A, 5), contender(B, 6)]);
         assert_eq!(heir, None);
