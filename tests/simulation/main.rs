@@ -92,7 +92,7 @@ struct Watch {
 #[derive(Debug)]
 enum Phase {
     Contend {
-        contender: Contender,
+        contender: Box<Contender>,
         call: Call,
         /// When the pending blocking read started, for its wait to run out.
         blocked_since: Millis,
@@ -202,7 +202,7 @@ impl Sim {
         let clients = (0..count)
             .map(|i| Client {
                 phase: Phase::Contend {
-                    contender: Contender::new(limit, Contend::Wait),
+                    contender: Box::new(Contender::new(limit, Contend::Wait)),
                     call: Call::CreateSession,
                     blocked_since: 0,
                 },
@@ -1078,7 +1078,7 @@ impl Sim {
         }
         self.clients = vec![Client {
             phase: Phase::Contend {
-                contender: Contender::new(self.limit, Contend::Wait),
+                contender: Box::new(Contender::new(self.limit, Contend::Wait)),
                 call: Call::CreateSession,
                 blocked_since: 0,
             },
