@@ -324,38 +324,20 @@ impl ConsulSemaphore {
                 },
             ),
             Call::Get { .. } => Some(self.read(call).map(Answer::Key)),
-            // A CAS on our key as the confirming read showed it: it keeps
-            // the key's session, and fails if the key changed since.
             Call::Relay {
                 session,
                 fence,
                 cas,
-            } => self
-                .guarded(
-                    || {
-                        self.client.put_cas(
-                            &self.key(session),
-                            semaphore::holding_value(&self.settings.contender_value, *fence),
-                            *cas,
-                            SEMAPHORE_FLAGS,
-                        )
-                    },
-                    |_, _| {},
-                )
-                .map(|r| r.map(Answer::Relayed)),
-            Call::Wake { session, mark, cas } => self
-                .guarded(
-                    || {
-                        self.client.put_cas(
-                            &self.key(session),
-                            semaphore::woken_value(&self.settings.contender_value, *mark),
-                            *cas,
-                            SEMAPHORE_FLAGS,
-                        )
-                    },
-                    |_, _| {},
-                )
-                .map(|r| r.map(|_| Answer::Woken)),
+            } => {
+                let value = semaphore::holding_value(&self.settings.contender_value, *fence);
+                self.rewrite_own_key(session, value, *cas)
+                    .map(|r| r.map(Answer::Relayed))
+            }
+            Call::Wake { session, mark, cas } => {
+                let value = semaphore::woken_value(&self.settings.contender_value, *mark);
+                self.rewrite_own_key(session, value, *cas)
+                    .map(|r| r.map(|_| Answer::Woken))
+            }
             Call::PutLock { value, cas } => {
                 let key = self.key(semaphore::LOCK_KEY_NAME);
                 self.guarded(
@@ -368,6 +350,23 @@ impl ConsulSemaphore {
                 .map(|r| r.map(Answer::LockWritten))
             }
         }
+    }
+
+    /// A CAS on our contender key as a read showed it: it keeps the key's
+    /// session, and fails if the key changed since.
+    fn rewrite_own_key(
+        &self,
+        session: &str,
+        value: Vec<u8>,
+        cas: u64,
+    ) -> Option<Result<bool, ConsulError>> {
+        self.guarded(
+            || {
+                self.client
+                    .put_cas(&self.key(session), value, cas, SEMAPHORE_FLAGS)
+            },
+            |_, _| {},
+        )
     }
 
     /// Makes a [`Call::List`] or a [`Call::Get`].

@@ -303,11 +303,17 @@ pub const HOLDING_FIELD: &str = "Holding";
 /// The contender key's value once it holds the slot `fence`: `value` (a JSON
 /// object) with [`HOLDING_FIELD`] set.
 pub fn holding_value(value: &[u8], fence: u64) -> Vec<u8> {
+    with_field(value, HOLDING_FIELD, fence)
+}
+
+/// `value` (a JSON object; anything else counts as an empty one) with
+/// `field` set to `number`.
+fn with_field(value: &[u8], field: &str, number: u64) -> Vec<u8> {
     let mut object = match serde_json::from_slice::<Value>(value) {
         Ok(Value::Object(object)) => object,
         _ => Map::new(),
     };
-    object.insert(HOLDING_FIELD.to_string(), Value::from(fence));
+    object.insert(field.to_string(), Value::from(number));
     serde_json::to_vec(&object).expect("a JSON value always encodes")
 }
 
@@ -317,12 +323,7 @@ pub const WOKEN_FIELD: &str = "Woken";
 
 /// Our contender key's value rewritten to wake the waiter that blocks on it.
 pub fn woken_value(value: &[u8], mark: u64) -> Vec<u8> {
-    let mut object = match serde_json::from_slice::<Value>(value) {
-        Ok(Value::Object(object)) => object,
-        _ => Map::new(),
-    };
-    object.insert(WOKEN_FIELD.to_string(), Value::from(mark));
-    serde_json::to_vec(&object).expect("a JSON value always encodes")
+    with_field(value, WOKEN_FIELD, mark)
 }
 
 /// Holders in `holders` that relay and arrived after `me`, a waiter: under
