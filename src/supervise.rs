@@ -287,6 +287,19 @@ impl Lease {
         self.until.is_some_and(|until| Instant::now() >= until)
     }
 
+    /// Takes a newer lease, unless the current one already reached its stop
+    /// point: the watchdog, which had that deadline, may have stopped the
+    /// command, so a renewal confirmed after that does not give the slot
+    /// back; `Err` says why the slot counts as lost.
+    fn renewed(&mut self, until: Instant, watchdog: &mut Watchdog) -> Result<(), String> {
+        if self.running_out() {
+            return Err(self.why());
+        }
+        self.until = Some(until);
+        watchdog.set_deadline(self.until);
+        Ok(())
+    }
+
     /// Why the slot can no longer be counted on.
     fn why(&self) -> String {
         let left = self
@@ -381,8 +394,10 @@ fn run_child(
                 break Some(status);
             }
             Ok(Event::Slot(SlotEvent::Leased { until })) => {
-                lease.until = Some(until);
-                watchdog.set_deadline(lease.until);
+                if let Err(why) = lease.renewed(until, &mut watchdog) {
+                    lost = Some(why);
+                    break None;
+                }
             }
             // A stop report can come late, after consem continued the child
             // (or not at all, the kernel may drop it): only a child that is
@@ -499,7 +514,11 @@ fn end_group(
         match event {
             Event::Slot(SlotEvent::Lost(reason)) => lost = lost.or(Some(reason)),
             Event::Slot(SlotEvent::Failed(error)) => lost = lost.or(Some(error.to_string())),
-            Event::Slot(SlotEvent::Leased { until }) => lease.until = Some(until),
+            Event::Slot(SlotEvent::Leased { until }) => {
+                if let Err(why) = lease.renewed(until, watchdog) {
+                    lost = lost.or(Some(why));
+                }
+            }
             _ => {}
         }
     }
@@ -535,8 +554,9 @@ fn wait_for_group(
             Ok(Event::Slot(SlotEvent::Lost(reason))) => return Some(reason),
             Ok(Event::Slot(SlotEvent::Failed(error))) => return Some(error.to_string()),
             Ok(Event::Slot(SlotEvent::Leased { until })) => {
-                lease.until = Some(until);
-                watchdog.set_deadline(lease.until);
+                if let Err(why) = lease.renewed(until, watchdog) {
+                    return Some(why);
+                }
             }
             Ok(Event::Signal(signal)) if signal != SIGTSTP => {
                 sys::signal_group(group, signal);

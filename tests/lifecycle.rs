@@ -618,3 +618,35 @@ fn a_stop_past_the_lease_is_never_resumed_into_a_lost_slot() {
     );
     world.assert_clean();
 }
+
+/// A waiter frozen (SIGSTOP) past its renewals, and handed a slot meanwhile,
+/// wins it with a single read when continued: it renews before the command
+/// starts, so the command runs to its end instead of being stopped by a
+/// lease that ran out while it waited.
+#[test]
+fn a_waiter_continued_after_its_renewals_lapsed_starts_on_a_fresh_lease() {
+    let world = World::on_the_double("stopped-heir");
+    let double = world.the_double();
+    let holder = hold_slot(&world, 1, "held", "leave");
+    let script = format!("echo ran > '{}'; sleep 1", world.path("ran"));
+    let waiter = world.spawn(1, &["--ttl", "10s", "-v"], &["sh", "-c", &script]);
+    wait_until(PROMPT, "the waiter to join", || world.contender_keys() == 2);
+    signal(&waiter, libc::SIGSTOP);
+    let stopped = Instant::now();
+    // The renewer's next renewal is slow to answer, so that the slot is
+    // won before it: what starts the command must not be the stale lease.
+    double.inject(
+        Fault::delay(Duration::from_secs(2), 1).on(Match::method_path("PUT", "/v1/session/renew")),
+    );
+    world.touch("leave");
+    assert_eq!(finish(holder).status.code(), Some(0));
+    // The scenario itself, not a guess at timing: the waiter stays frozen
+    // past its lease (5/6 of the TTL after its last renewal), well within
+    // the 2×TTL that Consul keeps its session.
+    std::thread::sleep(Duration::from_secs(10).saturating_sub(stopped.elapsed()));
+    signal(&waiter, libc::SIGCONT);
+    let output = finish(waiter);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(world.exists("ran"), "{}", stderr(&output));
+    world.assert_clean();
+}

@@ -238,6 +238,35 @@ fn a_session_create_in_flight_at_exit_is_reported() {
     world.assert_clean();
 }
 
+/// A session create that went out and got no answer within its budget (a
+/// stalled agent) may still land: the run that gives up on it says so, as
+/// for one still in flight.
+#[test]
+fn a_session_create_that_got_no_answer_is_reported() {
+    let world = World::on_the_double("create-unanswered");
+    let double = world.the_double();
+    double.inject(
+        Fault::delay(Duration::from_secs(12), 1)
+            .on(Match::method_path("PUT", "/v1/session/create")),
+    );
+    let output = world
+        .consem(1, &["--try", "--ttl", "10s"], &["true"])
+        .output()
+        .unwrap();
+    let message = stderr(&output);
+    assert_eq!(output.status.code(), Some(69), "{message}");
+    assert!(message.contains("no answer in time"), "{message}");
+    assert!(message.contains("got no answer"), "{message}");
+    assert!(message.contains("within 20s"), "{message}");
+    wait_until(PROMPT, "the delayed session create to land", || {
+        !world.sessions().is_empty()
+    });
+    for (id, _) in world.sessions() {
+        world.consul.destroy_session(&id);
+    }
+    world.assert_clean();
+}
+
 /// A `.lock` naming more live holders than its Limit (a hand edit) is a
 /// conflict: `run` refuses to join it (65) and leaves it as it is, and
 /// `status` shows the holders and says so.

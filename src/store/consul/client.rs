@@ -133,6 +133,9 @@ pub enum ConsulError {
     /// No answer, or a 5xx: worth retrying (the agent may be restarting, or
     /// the cluster may have no leader for a moment).
     Transient(String),
+    /// The request went out, but no answer came in time: worth retrying
+    /// too, and it may have taken effect.
+    Unanswered(String),
     /// 403: the token lacks a permission. Retrying will not help.
     Denied(String),
     /// Any other answer the call did not expect.
@@ -142,7 +145,7 @@ pub enum ConsulError {
 impl std::fmt::Display for ConsulError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            ConsulError::Transient(why) => write!(f, "{why}"),
+            ConsulError::Transient(why) | ConsulError::Unanswered(why) => write!(f, "{why}"),
             ConsulError::Denied(why) => write!(f, "permission denied: {why}"),
             ConsulError::Rejected { status, body } => {
                 write!(f, "the server answered {status}: {body}")
@@ -651,10 +654,20 @@ impl Client {
             .unwrap_or(address.host());
         let mut response = result.map_err(|e| match tls::explain(&e, checked, no_client_cert) {
             Some(why) => ConsulError::Transient(format!("cannot talk to Consul at {address}: {why}")),
-            None => ConsulError::Transient(format!(
-                "cannot reach Consul at {address}: {} (is the agent running? check --http-addr or CONSUL_HTTP_ADDR; for slots on this host alone, with no server, use --store local)",
-                crate::store::network_cause(&e.to_string())
-            )),
+            None => {
+                let why = format!(
+                    "cannot reach Consul at {address}: {} (is the agent running? check --http-addr or CONSUL_HTTP_ADDR; for slots on this host alone, with no server, use --store local)",
+                    crate::store::network_cause(&e.to_string())
+                );
+                // Connected and sent, then no answer: Consul may have acted.
+                match e {
+                    ureq::Error::Timeout(ureq::Timeout::Resolve | ureq::Timeout::Connect) => {
+                        ConsulError::Transient(why)
+                    }
+                    ureq::Error::Timeout(_) => ConsulError::Unanswered(why),
+                    _ => ConsulError::Transient(why),
+                }
+            }
         })?;
         let status = response.status().as_u16();
         if status == 403 {

@@ -68,6 +68,9 @@ struct Shared {
     /// Consul denied us and the run ends on it: release's own denials are
     /// that same news, not worth a second message.
     denied: bool,
+    /// A session create went out and got no answer: it may have created a
+    /// session that nobody renews or destroys.
+    create_unanswered: bool,
 }
 
 /// A semaphore on one Consul prefix, for one run.
@@ -150,7 +153,22 @@ impl ConsulSemaphore {
     /// The contender thread: acquire, report, then watch until the slot goes.
     fn contend_thread(self: Arc<Self>, mode: Contend, notify: Notify) {
         let _guard = PanicReport(Arc::clone(&notify));
-        match self.acquire(mode) {
+        let acquired = loop {
+            match self.acquire(mode) {
+                Ok(_) if !self.lease_has_room() => report::event(
+                    "rejoining",
+                    &[
+                        ("prefix", &self.settings.prefix),
+                        (
+                            "reason",
+                            &"our session expired before the command could start",
+                        ),
+                    ],
+                ),
+                other => break other,
+            }
+        };
+        match acquired {
             Ok((fence, key_index)) => {
                 self.shared().fence = Some(fence);
                 report::event(
@@ -193,6 +211,41 @@ impl ConsulSemaphore {
             Err(Stop::NoSlot) => notify(SlotEvent::NoSlot),
             Err(Stop::Closing) => {}
             Err(Stop::Failed(error)) => notify(SlotEvent::Failed(error)),
+        }
+    }
+
+    /// Whether the lease leaves the command room to start. A waiter that
+    /// was stopped or starved past its renewals can win a slot (one handed
+    /// to it needs a single read) on a lease that is about to end: then it
+    /// renews first, so that the command does not start only to be stopped.
+    /// `false` when Consul no longer knows the session, whose key (and so
+    /// the slot) went with it.
+    fn lease_has_room(&self) -> bool {
+        let ttl = self.settings.ttl;
+        let period = lease::renew_period(ttl);
+        let (session, from) = {
+            let shared = self.shared();
+            (shared.session.clone(), shared.lease_from)
+        };
+        let Some(session) = session else {
+            return true;
+        };
+        if from.is_some_and(|sent| lease_end(sent, ttl) > Instant::now() + period) {
+            return true;
+        }
+        let sent = Instant::now();
+        match self
+            .client
+            .with_call_timeout(period)
+            .renew_session(&session)
+        {
+            Ok(Renewal::Renewed) => {
+                self.shared().lease_from = Some(sent);
+                true
+            }
+            Ok(Renewal::Gone) => false,
+            // The lease as it stands decides; the supervisor enforces it.
+            Err(_) => true,
         }
     }
 
@@ -255,7 +308,7 @@ impl ConsulSemaphore {
                 Step::NoSlot => return Err(Stop::NoSlot),
                 Step::Conflict(conflict) => {
                     return Err(Stop::Failed(StoreError::Conflict(format!(
-                        "{}/.lock {conflict}; consem leaves it untouched ({})",
+                        "{}/.lock {conflict}; {}",
                         self.settings.prefix,
                         conflict.remedy()
                     ))))
@@ -397,11 +450,13 @@ impl ConsulSemaphore {
         let sent = Instant::now();
         let created = self.guarded(
             || self.client.create_session(&spec),
-            |shared, created| {
-                if let Ok(id) = created {
+            |shared, created| match created {
+                Ok(id) => {
                     shared.session = Some(id.clone());
                     shared.lease_from = Some(sent);
                 }
+                Err(ConsulError::Unanswered(_)) => shared.create_unanswered = true,
+                Err(_) => {}
             },
         )?;
         if let Ok(id) = &created {
@@ -648,7 +703,11 @@ impl Outage {
         if let ConsulError::Denied(_) = error {
             semaphore.shared().denied = true;
         }
-        if !matches!(error, ConsulError::Transient(_)) || !self.ever_reached {
+        let retryable = matches!(
+            error,
+            ConsulError::Transient(_) | ConsulError::Unanswered(_)
+        );
+        if !retryable || !self.ever_reached {
             return Err(give_up(error));
         }
         let since = *self.since.get_or_insert_with(Instant::now);
@@ -688,21 +747,21 @@ impl SlotBackend for ConsulSemaphore {
             shared.holding = false;
             (
                 shared.session.take(),
-                waited.timed_out(),
+                waited.timed_out() || shared.create_unanswered,
                 shared.denied,
                 shared.fence.is_some(),
             )
         };
-        let (session, write_in_flight, denied, held) = session;
+        let (session, write_unsettled, denied, held) = session;
         // A denial here repeats the one that ended the run: not news.
         let worth_telling =
             |error: &ConsulError| !(denied && matches!(error, ConsulError::Denied(_)));
         let mut problems = Vec::new();
-        if write_in_flight {
-            // Even before its answer names a session: what it creates stays
+        if write_unsettled {
+            // Even before an answer names a session: what it creates stays
             // until its TTL runs out, unrenewed.
             problems.push(format!(
-                "a request that may create a session or write a key was still in flight; what it leaves behind, Consul removes within {} (the session expires and takes its key), and the next contender prunes it from .lock",
+                "a request that may create a session or write a key was still in flight, or got no answer; what it leaves behind, Consul removes within {} (the session expires and takes its key), and the next contender prunes it from .lock",
                 crate::duration::human(self.settings.ttl * 2)
             ));
         }
@@ -727,7 +786,7 @@ impl SlotBackend for ConsulSemaphore {
         // heir waits for step 3, so that of several holders leaving at once
         // the last deletes `.lock`. A third of the budget at most: destroying
         // the session matters more.
-        let mut left_lock = false;
+        let mut handed_to = None;
         if held {
             let client = self.client.with_call_timeout(remaining() / 3);
             if let Ok(snapshot) = self.leaving_snapshot(&client, &session) {
@@ -738,11 +797,7 @@ impl SlotBackend for ConsulSemaphore {
                 } = semaphore::plan_release(&snapshot, &session, self.settings.limit)
                 {
                     if let Ok(true) = client.put_cas(&lock_key, value, cas, SEMAPHORE_FLAGS) {
-                        left_lock = true;
-                        report::event(
-                            "handed-over",
-                            &[("prefix", &self.settings.prefix), ("to", &heir)],
-                        );
+                        handed_to = Some(heir);
                     }
                 }
             }
@@ -762,6 +817,15 @@ impl SlotBackend for ConsulSemaphore {
                 crate::duration::human(self.settings.ttl * 2)
             )),
             _ => {}
+        }
+        // Told only now: until the session is gone, our key looks like the
+        // first waiter's to whoever leaves next.
+        let left_lock = handed_to.is_some();
+        if let Some(heir) = &handed_to {
+            report::event(
+                "handed-over",
+                &[("prefix", &self.settings.prefix), ("to", heir)],
+            );
         }
 
         // 3. Leave `.lock`: take ourselves out (handing the slot on), or

@@ -105,13 +105,11 @@ impl std::fmt::Display for Conflict {
 }
 
 impl Conflict {
-    /// What an operator can do about it.
+    /// What consem does about it, and what an operator can do.
     pub fn remedy(&self) -> &'static str {
         match self {
-            Conflict::OverLimit { .. } => {
-                "release the extra holders with `consem release`, or wait until they leave"
-            }
-            _ => "use another --prefix, or delete that key if it is stale",
+            Conflict::OverLimit { .. } => "consem does not join it (release the extra holders with `consem release`, or wait until they leave)",
+            _ => "consem leaves it untouched (use another --prefix, or delete that key if it is stale)",
         }
     }
 }
@@ -555,7 +553,7 @@ impl std::fmt::Display for Loss {
             Loss::KeyDeleted => write!(f, "our contender key was deleted"),
             Loss::SessionInvalidated => write!(
                 f,
-                "our session was invalidated, and Consul deleted our contender key with it"
+                "our session was invalidated (consem release, an operator, or Consul), and Consul deleted our contender key with it"
             ),
             Loss::KeyDeletedSessionAlive => write!(
                 f,
@@ -572,7 +570,7 @@ impl std::fmt::Display for Loss {
             ),
             Loss::NotInHolders => write!(
                 f,
-                "our session was removed from the holders in .lock (consem release, or a hand edit)"
+                "our session was removed from the holders in .lock (a hand edit, or another tool)"
             ),
             Loss::LockGone => write!(f, "the .lock key was deleted"),
             Loss::LockChanged(conflict) => write!(f, "the .lock key was rewritten: it {conflict}"),
