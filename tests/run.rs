@@ -215,18 +215,35 @@ fn a_lost_slot_says_what_was_observed() {
 /// twice over.
 #[test]
 fn a_session_create_in_flight_at_exit_is_reported() {
-    let world = World::on_the_double("create-in-flight");
+    let message = a_slow_session_create_ends_the_run(3, &["--timeout", "500ms"], 75);
+    assert!(message.contains("still in flight"), "{message}");
+}
+
+/// A session create that went out and got no answer within its budget (a
+/// stalled agent) may still land: the run that gives up on it says so, as
+/// for one still in flight.
+#[test]
+fn a_session_create_that_got_no_answer_is_reported() {
+    let message = a_slow_session_create_ends_the_run(12, &["--try"], 69);
+    assert!(message.contains("no answer in time"), "{message}");
+    assert!(message.contains("got no answer"), "{message}");
+}
+
+/// Runs consem (`--ttl 10s` and `extra`) with its session create answered
+/// only after `delay_secs`, checks that the run ends with `code` and warns
+/// of the session left for 2×TTL, waits for that session to land, removes
+/// it, and returns consem's stderr.
+fn a_slow_session_create_ends_the_run(delay_secs: u64, extra: &[&str], code: i32) -> String {
+    let world = World::on_the_double("create-unsettled");
     let double = world.the_double();
     double.inject(
-        Fault::delay(Duration::from_secs(3), 1).on(Match::method_path("PUT", "/v1/session/create")),
+        Fault::delay(Duration::from_secs(delay_secs), 1)
+            .on(Match::method_path("PUT", "/v1/session/create")),
     );
-    let output = world
-        .consem(1, &["--timeout", "500ms", "--ttl", "10s"], &["true"])
-        .output()
-        .unwrap();
+    let args: Vec<&str> = ["--ttl", "10s"].iter().chain(extra).copied().collect();
+    let output = world.consem(1, &args, &["true"]).output().unwrap();
     let message = stderr(&output);
-    assert_eq!(output.status.code(), Some(75), "{message}");
-    assert!(message.contains("still in flight"), "{message}");
+    assert_eq!(output.status.code(), Some(code), "{message}");
     assert!(message.contains("within 20s"), "{message}");
     // The request lands after consem is gone and leaves its session, as said.
     wait_until(PROMPT, "the delayed session create to land", || {
@@ -236,35 +253,7 @@ fn a_session_create_in_flight_at_exit_is_reported() {
         world.consul.destroy_session(&id);
     }
     world.assert_clean();
-}
-
-/// A session create that went out and got no answer within its budget (a
-/// stalled agent) may still land: the run that gives up on it says so, as
-/// for one still in flight.
-#[test]
-fn a_session_create_that_got_no_answer_is_reported() {
-    let world = World::on_the_double("create-unanswered");
-    let double = world.the_double();
-    double.inject(
-        Fault::delay(Duration::from_secs(12), 1)
-            .on(Match::method_path("PUT", "/v1/session/create")),
-    );
-    let output = world
-        .consem(1, &["--try", "--ttl", "10s"], &["true"])
-        .output()
-        .unwrap();
-    let message = stderr(&output);
-    assert_eq!(output.status.code(), Some(69), "{message}");
-    assert!(message.contains("no answer in time"), "{message}");
-    assert!(message.contains("got no answer"), "{message}");
-    assert!(message.contains("within 20s"), "{message}");
-    wait_until(PROMPT, "the delayed session create to land", || {
-        !world.sessions().is_empty()
-    });
-    for (id, _) in world.sessions() {
-        world.consul.destroy_session(&id);
-    }
-    world.assert_clean();
+    message
 }
 
 /// A `.lock` naming more live holders than its Limit (a hand edit) is a

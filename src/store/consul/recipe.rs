@@ -233,19 +233,28 @@ impl ConsulSemaphore {
         if from.is_some_and(|sent| lease_end(sent, ttl) > Instant::now() + period) {
             return true;
         }
+        // A failed renewal leaves the lease as it stands to decide; the
+        // supervisor enforces it.
+        !matches!(self.renew(&session), Ok(None))
+    }
+
+    /// Renews `session` once, within one renewal period (the lease counts
+    /// from when a renewal was sent, so a later answer is of no use), and
+    /// moves the lease's start on. `Ok(None)` when Consul no longer knows
+    /// the session.
+    fn renew(&self, session: &str) -> Result<Option<Instant>, ConsulError> {
         let sent = Instant::now();
+        let period = lease::renew_period(self.settings.ttl);
         match self
             .client
             .with_call_timeout(period)
-            .renew_session(&session)
+            .renew_session(session)?
         {
-            Ok(Renewal::Renewed) => {
+            Renewal::Renewed => {
                 self.shared().lease_from = Some(sent);
-                true
+                Ok(Some(sent))
             }
-            Ok(Renewal::Gone) => false,
-            // The lease as it stands decides; the supervisor enforces it.
-            Err(_) => true,
+            Renewal::Gone => Ok(None),
         }
     }
 
@@ -566,19 +575,11 @@ impl ConsulSemaphore {
             let Some(session) = self.shared().session.clone() else {
                 continue;
             };
-            // The lease counts from when a renewal was sent, so one that
-            // takes longer than a period is of no use.
-            let sent = Instant::now();
-            match self
-                .client
-                .with_call_timeout(period)
-                .renew_session(&session)
-            {
-                Ok(Renewal::Renewed) => {
+            match self.renew(&session) {
+                Ok(Some(sent)) => {
                     next_pause = period;
                     let holding = {
-                        let mut shared = self.shared();
-                        shared.lease_from = Some(sent);
+                        let shared = self.shared();
                         shared.holding && !shared.closing
                     };
                     if holding {
@@ -589,7 +590,7 @@ impl ConsulSemaphore {
                         }
                     }
                 }
-                Ok(Renewal::Gone) => {
+                Ok(None) => {
                     self.report_loss_if_holding(
                         "Consul invalidated our session (renewal answered 404)",
                     );
