@@ -1014,4 +1014,40 @@ mod tests {
         };
         assert_eq!(k.on_read(gone), Err(Loss::KeyDeleted));
     }
+
+    #[test]
+    fn a_waiter_overtaken_by_a_later_consem_holder_wakes_whoever_sleeps_on_its_key() {
+        let relaying = |session: &str, index: u64| Entry {
+            value: br#"{"Relays":true}"#.to_vec(),
+            create_index: index,
+            modify_index: index,
+            ..contender_entry(session)
+        };
+        let mut c = joined(Contend::Wait);
+        c.on_answer(Answer::KeyAcquired(Acquire::Held));
+        let seen = || vec![relaying(ME, 5), relaying(OTHER, 7), lock_entry(&[OTHER], 9)];
+        assert_eq!(
+            c.on_answer(listing(10, seen())),
+            Step::Call(Call::Wake {
+                session: ME.into(),
+                mark: 10,
+                cas: 5
+            })
+        );
+        assert_eq!(
+            c.on_answer(Answer::Woken),
+            Step::Call(Call::List {
+                consistency: Consistency::Default,
+                block_on: 10
+            })
+        );
+        // Once per holder: the same picture again is an ordinary wait.
+        assert_eq!(
+            c.on_answer(listing(11, seen())),
+            Step::Call(Call::List {
+                consistency: Consistency::Default,
+                block_on: 11
+            })
+        );
+    }
 }
