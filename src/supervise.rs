@@ -360,7 +360,10 @@ fn run_child(
             Some(at) => STOP_POLL.min(at.saturating_duration_since(Instant::now())),
             None => STOP_POLL,
         };
-        if !watchdog.alive() {
+        // A watchdog ends by itself once the group is gone (the command
+        // exited and its exit is on its way here): only one gone while the
+        // group lives was killed.
+        if !watchdog.alive() && sys::group_exists(group) {
             // Killed (by hand, the OOM killer): without it, a frozen or
             // killed consem would leave the command running past the lease.
             match start_watchdog(backend, plan) {
