@@ -8,6 +8,7 @@ pub mod consul;
 pub mod lease;
 pub mod local;
 pub mod redis;
+pub mod tls;
 
 use std::sync::Arc;
 

@@ -13,7 +13,7 @@ use ureq::RequestExt as _;
 
 use crate::duration;
 use crate::store::consul::semaphore::{self, Entry, LockRecord, Snapshot};
-use crate::store::consul::tls::{self, TlsSettings};
+use crate::store::tls::{self, TlsSettings};
 
 /// Connect timeout: Consul agents run next to their clients, so a connection
 /// that takes longer than this is not coming.
@@ -279,7 +279,7 @@ impl Client {
             .output_buffer_size(IO_BUFFER)
             .user_agent(concat!("consem/", env!("CARGO_PKG_VERSION")));
         if address.https {
-            builder = builder.tls_config(config.tls.load()?);
+            builder = builder.tls_config(config.tls.load(&TLS_NAMES)?);
         }
         let server_name = config.tls.server_name.as_deref().filter(|_| address.https);
         let (pinned, base_url) = match server_name {
@@ -652,7 +652,7 @@ impl Client {
             .server_name
             .as_deref()
             .unwrap_or(address.host());
-        let mut response = result.map_err(|e| match tls::explain(&e, checked, no_client_cert) {
+        let mut response = result.map_err(|e| match tls::explain(&e, checked, no_client_cert, &TLS_NAMES) {
             Some(why) => ConsulError::Transient(format!("cannot talk to Consul at {address}: {why}")),
             None => {
                 let why = format!(
@@ -752,6 +752,17 @@ impl Resolver for AgentResolver {
         }
     }
 }
+
+/// The consul CLI's names for the agent and its TLS settings.
+const TLS_NAMES: tls::Names = tls::Names {
+    server: "the agent",
+    ca_file: "--ca-file/CONSUL_CACERT",
+    ca_path: "--ca-path/CONSUL_CAPATH",
+    client_cert: "--client-cert/CONSUL_CLIENT_CERT",
+    client_key: "--client-key/CONSUL_CLIENT_KEY",
+    address: "--http-addr",
+    server_name: Some("--tls-server-name/CONSUL_TLS_SERVER_NAME"),
+};
 
 /// Size of each connection's read and write buffers.
 const IO_BUFFER: usize = 16 * 1024;

@@ -6,7 +6,6 @@ pub mod client;
 pub mod contender;
 pub mod recipe;
 pub mod semaphore;
-pub mod tls;
 
 pub use client::Client;
 
@@ -14,8 +13,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::cli::ConsulArgs;
+use crate::store::tls::TlsSettings;
 use client::{Address, ConsulConfig};
-use tls::TlsSettings;
 
 /// The highest `--limit`: 1024 holders in map form take about 45 KiB of
 /// `.lock`, a tenth of Consul's 512 KiB value limit.

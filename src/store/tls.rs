@@ -1,11 +1,27 @@
-//! TLS for the Consul client: the CA, client certificate and server name
-//! settings the consul CLI takes, loaded into ureq's rustls configuration,
-//! and handshake failures explained in terms of those settings.
+//! TLS for the stores spoken to over HTTPS (Consul, etcd): the CA, client
+//! certificate and server name settings their CLIs take, loaded into
+//! ureq's rustls configuration, and handshake failures explained in terms
+//! of those settings, as each store's users spell them ([`Names`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ureq::tls::{Certificate, ClientCert, PemItem, PrivateKey, RootCerts, TlsConfig, TlsProvider};
+
+/// How a store's users name the server and the TLS settings, for messages.
+#[derive(Debug)]
+pub struct Names {
+    /// "the agent", "the etcd server".
+    pub server: &'static str,
+    pub ca_file: &'static str,
+    pub ca_path: &'static str,
+    pub client_cert: &'static str,
+    pub client_key: &'static str,
+    /// Where the address is given, for a certificate issued for another name.
+    pub address: &'static str,
+    /// The server name setting, where the store has one.
+    pub server_name: Option<&'static str>,
+}
 
 /// TLS settings, as given (`--ca-file`, `CONSUL_CACERT`, ...).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -23,14 +39,14 @@ pub struct TlsSettings {
 impl TlsSettings {
     /// Builds ureq's TLS configuration, reading every file now so that a bad
     /// one is reported at start, by name.
-    pub fn load(&self) -> Result<TlsConfig, String> {
+    pub fn load(&self, names: &Names) -> Result<TlsConfig, String> {
         let mut builder = TlsConfig::builder().provider(TlsProvider::Rustls);
         let mut roots = Vec::new();
         if let Some(file) = &self.ca_file {
-            roots.extend(read_certificates(file, "--ca-file/CONSUL_CACERT")?);
+            roots.extend(read_certificates(file, names.ca_file)?);
         }
         if let Some(dir) = &self.ca_path {
-            roots.extend(read_certificate_dir(dir)?);
+            roots.extend(read_certificate_dir(dir, names.ca_path)?);
         }
         if roots.is_empty() {
             // As the consul CLI does: the operating system's store (where a
@@ -59,7 +75,7 @@ impl TlsSettings {
                 "tls-roots",
                 &[(
                     "source",
-                    &format!("--ca-file/--ca-path ({} certificates)", roots.len()),
+                    &format!("{} ({} certificates)", names.ca_file, roots.len()),
                 )],
             );
         }
@@ -68,17 +84,15 @@ impl TlsSettings {
         }
         match (&self.client_cert, &self.client_key) {
             (Some(cert), Some(key)) => {
-                let chain = read_certificates(cert, "--client-cert/CONSUL_CLIENT_CERT")?;
-                let key = read_private_key(key)?;
+                let chain = read_certificates(cert, names.client_cert)?;
+                let key = read_private_key(key, names.client_key)?;
                 builder = builder.client_cert(Some(ClientCert::new_with_certs(&chain, key)));
             }
             (None, None) => {}
-            _ => {
-                return Err(
-                    "a client certificate needs its key and the other way round: set both --client-cert and --client-key"
-                        .into(),
-                )
-            }
+            _ => return Err(format!(
+                "a client certificate needs its key and the other way round: set both {} and {}",
+                names.client_cert, names.client_key
+            )),
         }
         Ok(builder.disable_verification(!self.verify).build())
     }
@@ -105,8 +119,7 @@ fn read_certificates(path: &Path, what: &str) -> Result<Vec<Certificate<'static>
     Ok(certificates)
 }
 
-fn read_certificate_dir(dir: &Path) -> Result<Vec<Certificate<'static>>, String> {
-    let what = "--ca-path/CONSUL_CAPATH";
+fn read_certificate_dir(dir: &Path, what: &str) -> Result<Vec<Certificate<'static>>, String> {
     let entries = std::fs::read_dir(dir)
         .map_err(|e| format!("cannot read {} ({what}): {e}", dir.display()))?;
     let mut certificates = Vec::new();
@@ -128,8 +141,7 @@ fn read_certificate_dir(dir: &Path) -> Result<Vec<Certificate<'static>>, String>
     Ok(certificates)
 }
 
-fn read_private_key(path: &Path) -> Result<PrivateKey<'static>, String> {
-    let what = "--client-key/CONSUL_CLIENT_KEY";
+fn read_private_key(path: &Path, what: &str) -> Result<PrivateKey<'static>, String> {
     let pem = read(path, what)?;
     PrivateKey::from_pem(&pem).map_err(|_| {
         format!(
@@ -142,15 +154,24 @@ fn read_private_key(path: &Path) -> Result<PrivateKey<'static>, String> {
 /// Says what a failed TLS exchange means for the settings, or `None` when
 /// the error is not about TLS. `no_client_cert` is true on https when no
 /// client certificate was offered.
-pub fn explain(error: &ureq::Error, host: &str, no_client_cert: bool) -> Option<String> {
+pub fn explain(
+    error: &ureq::Error,
+    host: &str,
+    no_client_cert: bool,
+    names: &Names,
+) -> Option<String> {
     use rustls::{AlertDescription, CertificateError, Error as Tls};
-    const CLIENT_CERT_HINT: &str = "the agent verifies clients: set --client-cert and --client-key (CONSUL_CLIENT_CERT, CONSUL_CLIENT_KEY) to a certificate its CA signed";
+    let server = names.server;
+    let client_cert_hint = format!(
+        "{server} verifies clients: set {} and {} to a certificate its CA signed",
+        names.client_cert, names.client_key
+    );
     // ureq reports handshake failures as I/O errors wrapping rustls's.
     let tls = match error {
         ureq::Error::Rustls(tls) => tls,
         ureq::Error::Io(io) => match io.get_ref().and_then(|inner| inner.downcast_ref::<Tls>()) {
             Some(tls) => tls,
-            // Under TLS 1.3 the client's handshake ends before the agent
+            // Under TLS 1.3 the client's handshake ends before the server
             // checks the client: its refusal shows as a closed connection.
             None if no_client_cert
                 && matches!(
@@ -161,7 +182,7 @@ pub fn explain(error: &ureq::Error, host: &str, no_client_cert: bool) -> Option<
                 ) =>
             {
                 return Some(format!(
-                    "the agent closed the connection ({io}); if {CLIENT_CERT_HINT}"
+                    "{server} closed the connection ({io}); if {client_cert_hint}"
                 ));
             }
             None => return None,
@@ -169,20 +190,26 @@ pub fn explain(error: &ureq::Error, host: &str, no_client_cert: bool) -> Option<
         _ => return None,
     };
     Some(match tls {
-        Tls::InvalidCertificate(CertificateError::UnknownIssuer) => {
-            "the agent's certificate is not signed by a trusted CA: set --ca-file (CONSUL_CACERT) to the CA that signs it".into()
-        }
+        Tls::InvalidCertificate(CertificateError::UnknownIssuer) => format!(
+            "{server}'s certificate is not signed by a trusted CA: set {} to the CA that signs it",
+            names.ca_file
+        ),
         Tls::InvalidCertificate(CertificateError::Expired | CertificateError::ExpiredContext { .. }) => {
-            "the agent's certificate has expired: renew it on the agent".into()
+            format!("{server}'s certificate has expired: renew it on the server")
         }
         Tls::InvalidCertificate(
             CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
         ) => format!(
-            "the agent's certificate is not valid for '{host}': use the name it was issued for in --http-addr, or set --tls-server-name (CONSUL_TLS_SERVER_NAME)"
+            "{server}'s certificate is not valid for '{host}': use the name it was issued for in {}{}",
+            names.address,
+            names
+                .server_name
+                .map(|setting| format!(", or set {setting}"))
+                .unwrap_or_default()
         ),
         Tls::AlertReceived(
             AlertDescription::CertificateRequired | AlertDescription::HandshakeFailure | AlertDescription::BadCertificate,
-        ) => format!("the agent refused the TLS handshake; {CLIENT_CERT_HINT}"),
+        ) => format!("{server} refused the TLS handshake; {client_cert_hint}"),
         other => format!("TLS failed: {other}"),
     })
 }
