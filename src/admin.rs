@@ -3,7 +3,7 @@
 //! slot of a hung job, `reset` drops the limit record so that a new limit
 //! can be used. The store does the reading and the writing ([`Admin`]).
 
-use crate::cli::{ConsulArgs, ReleaseArgs, ResetArgs, StatusArgs, StoreArgs};
+use crate::cli::{ConsulArgs, EtcdArgs, ReleaseArgs, ResetArgs, StatusArgs, StoreArgs};
 use crate::options::{self, StoreChoice};
 use crate::store::consul::admin::ConsulAdmin;
 use crate::store::local::{self, LocalAdmin};
@@ -39,12 +39,20 @@ fn open(
     prefix: &str,
     store: StoreArgs,
     consul_args: ConsulArgs,
+    etcd_args: EtcdArgs,
     env: impl Fn(&str) -> Option<String>,
 ) -> Result<(String, Box<dyn Admin>), StoreError> {
     let prefix = options::normalize_prefix(prefix).map_err(StoreError::Usage)?;
-    let admin: Box<dyn Admin> = match StoreChoice::from_args(store.store, &env)
-        .map_err(StoreError::Usage)?
-    {
+    let choice = StoreChoice::from_args(store.store, &env).map_err(StoreError::Usage)?;
+    if !matches!(choice, StoreChoice::Etcd(_)) {
+        let name = match &choice {
+            StoreChoice::Consul => "consul",
+            StoreChoice::Local(_) => "local",
+            _ => "redis://",
+        };
+        options::refuse_etcd_options(&etcd_args, name).map_err(StoreError::Usage)?;
+    }
+    let admin: Box<dyn Admin> = match choice {
         StoreChoice::Consul => {
             let config = consul::config(consul_args, &env).map_err(StoreError::Usage)?;
             let client = consul::Client::new(config).map_err(StoreError::Usage)?;
@@ -61,6 +69,13 @@ fn open(
                 .map_err(StoreError::Usage)?;
             Box::new(crate::store::redis::RedisAdmin::new(settings, &prefix))
         }
+        StoreChoice::Etcd(store) => {
+            options::refuse_consul_options(&consul_args, "etcd://").map_err(StoreError::Usage)?;
+            let settings =
+                crate::store::etcd::Settings::new(&store, etcd_args.given(), &env, 1, None, None)
+                    .map_err(StoreError::Usage)?;
+            Box::new(crate::store::etcd::EtcdAdmin::new(settings, &prefix)?)
+        }
     };
     Ok((prefix, admin))
 }
@@ -70,7 +85,7 @@ fn open(
 pub fn status(args: StatusArgs, env: impl Fn(&str) -> Option<String>) -> i32 {
     let json = args.json;
     finish((|| {
-        let (_, admin) = open(&args.prefix, args.store, args.consul, env)?;
+        let (_, admin) = open(&args.prefix, args.store, args.consul, args.etcd, env)?;
         let mut status = admin.status()?;
         status.conflict = status.over_limit();
         if json {
@@ -153,7 +168,7 @@ fn render(status: &Status) -> String {
 
 pub fn release(args: ReleaseArgs, env: impl Fn(&str) -> Option<String>) -> i32 {
     finish((|| {
-        let (prefix, admin) = open(&args.prefix, args.store, args.consul, env)?;
+        let (prefix, admin) = open(&args.prefix, args.store, args.consul, args.etcd, env)?;
         let status = admin.status()?;
         if status.limit.is_none() {
             return Ok(Done::Nothing(format!(
@@ -203,7 +218,7 @@ pub fn release(args: ReleaseArgs, env: impl Fn(&str) -> Option<String>) -> i32 {
 
 pub fn reset(args: ResetArgs, env: impl Fn(&str) -> Option<String>) -> i32 {
     finish((|| {
-        let (prefix, admin) = open(&args.prefix, args.store, args.consul, env)?;
+        let (prefix, admin) = open(&args.prefix, args.store, args.consul, args.etcd, env)?;
         Ok(match admin.reset(args.force)? {
             ResetOutcome::Reset { limit, evicted } => {
                 match (limit, evicted) {

@@ -113,6 +113,9 @@ pub struct StatusArgs {
 
     #[command(flatten)]
     pub consul: ConsulArgs,
+
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
 }
 
 /// `consem release`.
@@ -140,6 +143,9 @@ pub struct ReleaseArgs {
 
     #[command(flatten)]
     pub consul: ConsulArgs,
+
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
 }
 
 /// `consem reset`.
@@ -158,6 +164,9 @@ pub struct ResetArgs {
 
     #[command(flatten)]
     pub consul: ConsulArgs,
+
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
 }
 
 #[derive(Debug, Args)]
@@ -182,8 +191,8 @@ pub struct RunArgs {
     #[arg(short = 'E', long, value_name = "CODE", default_value_t = 75)]
     pub no_slot_exit_code: u8,
 
-    /// Consul and Redis: the lease of a slot, renewed every TTL/3 (Consul's session
-    /// TTL, 10s to 24h; a Redis permit's, 2s to 24h; default 15s)
+    /// Consul, Redis and etcd: the lease of a slot, renewed every TTL/3 (Consul's
+    /// session TTL, 10s to 24h; a Redis permit's or an etcd lease's, 2s to 24h; default 15s)
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub ttl: Option<Duration>,
 
@@ -197,7 +206,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub wait_group: bool,
 
-    /// Consul and Redis: consecutive failures to reach the store tolerated while
+    /// Consul, Redis and etcd: consecutive failures to reach the store tolerated while
     /// holding a slot (default 3)
     #[arg(long, value_name = "N")]
     pub monitor_retry: Option<u32>,
@@ -220,6 +229,9 @@ pub struct RunArgs {
     #[command(flatten)]
     pub consul: ConsulArgs,
 
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
+
     /// The command and its arguments, after `--`; run directly, not by a shell
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
@@ -230,7 +242,8 @@ pub struct RunArgs {
 pub struct StoreArgs {
     /// Where the semaphore lives: consul, local (this host only, no server),
     /// local:DIR, redis://[user[:password]@]host[:port][/db] or rediss://... (TLS; the
-    /// password also from REDISCLI_AUTH) [default: CONSEM_STORE, else consul]
+    /// password also from REDISCLI_AUTH), etcd://host:port[,host:port...] or etcds://...
+    /// (TLS; etcd alone: ETCDCTL_ENDPOINTS) [default: CONSEM_STORE, else consul]
     #[arg(long, value_name = "STORE")]
     pub store: Option<String>,
 }
@@ -309,6 +322,60 @@ impl ConsulArgs {
         ]
         .into_iter()
         .find_map(|(flag, given)| given.then_some(flag))
+    }
+}
+
+/// How to reach etcd (with `--store etcd://...`); each option's default
+/// comes from the variable etcdctl reads.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "etcd options")]
+pub struct EtcdArgs {
+    /// User to sign in as, with its password after a colon or in --password
+    /// [default: ETCDCTL_USER]
+    #[arg(long, value_name = "USER[:PASSWORD]")]
+    pub user: Option<String>,
+
+    /// Password of --user [default: ETCDCTL_PASSWORD]
+    #[arg(long, value_name = "PASSWORD")]
+    pub password: Option<String>,
+
+    /// PEM file of the CA that signs the servers' certificates (etcds://)
+    /// [default: ETCDCTL_CACERT, else the system's trust store]
+    #[arg(long, value_name = "PATH")]
+    pub cacert: Option<PathBuf>,
+
+    /// PEM client certificate, for servers that verify clients [default: ETCDCTL_CERT]
+    #[arg(long, value_name = "PATH")]
+    pub cert: Option<PathBuf>,
+
+    /// PEM private key of the client certificate [default: ETCDCTL_KEY]
+    #[arg(long, value_name = "PATH")]
+    pub key: Option<PathBuf>,
+}
+
+impl EtcdArgs {
+    /// The first etcd option given on the command line, to refuse it with
+    /// a store that does not use it.
+    pub fn first_given(&self) -> Option<&'static str> {
+        [
+            ("--user", self.user.is_some()),
+            ("--password", self.password.is_some()),
+            ("--cacert", self.cacert.is_some()),
+            ("--cert", self.cert.is_some()),
+            ("--key", self.key.is_some()),
+        ]
+        .into_iter()
+        .find_map(|(flag, given)| given.then_some(flag))
+    }
+
+    pub fn given(self) -> crate::store::etcd::Given {
+        crate::store::etcd::Given {
+            user: self.user,
+            password: self.password,
+            cacert: self.cacert,
+            cert: self.cert,
+            key: self.key,
+        }
     }
 }
 

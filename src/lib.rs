@@ -90,6 +90,12 @@ fn open_store(
             options.limit,
             &info,
         )),
+        StoreOptions::Etcd(etcd) => Arc::new(store::etcd::EtcdSemaphore::new(
+            (**etcd).clone(),
+            &options.prefix,
+            options.limit,
+            &info,
+        )?),
     })
 }
 

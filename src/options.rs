@@ -5,7 +5,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::cli::{ConsulArgs, RunArgs};
+use crate::cli::{ConsulArgs, EtcdArgs, RunArgs};
 use crate::store::{consul, local, Contend};
 
 #[derive(Debug, Clone)]
@@ -32,6 +32,7 @@ pub enum StoreOptions {
     Consul(Box<consul::RunSettings>),
     Local(local::Settings),
     Redis(Box<crate::store::redis::Settings>),
+    Etcd(Box<crate::store::etcd::Settings>),
 }
 
 /// `--store`, else `CONSEM_STORE`, else Consul.
@@ -42,6 +43,8 @@ pub enum StoreChoice {
     Local(Option<PathBuf>),
     /// `redis://...`.
     Redis(String),
+    /// `etcd`, `etcd://...` or `etcds://...`.
+    Etcd(String),
 }
 
 impl StoreChoice {
@@ -73,13 +76,11 @@ impl StoreChoice {
                 if text.contains("://") && ["redis", "rediss"].contains(&scheme) {
                     return Ok(StoreChoice::Redis(text.to_string()));
                 }
-                if text.contains("://") && ["etcd", "etcds"].contains(&scheme) {
-                    return Err(format!(
-                        "{source} '{scheme}://...': the etcd store is not in this version of consem; use consul, local or redis://"
-                    ));
+                if text == "etcd" || (text.contains("://") && ["etcd", "etcds"].contains(&scheme)) {
+                    return Ok(StoreChoice::Etcd(text.to_string()));
                 }
                 Err(format!(
-                    "{source} '{}' is not a store: use consul, local, local:DIR or redis://host:port",
+                    "{source} '{}' is not a store: use consul, local, local:DIR, redis://host:port or etcd://host:port",
                     crate::store::without_credentials(text)
                 ))
             }
@@ -92,6 +93,16 @@ pub fn refuse_consul_options(consul: &ConsulArgs, store: &str) -> Result<(), Str
     match consul.first_given() {
         Some(flag) => Err(format!(
             "{flag} is an option of the Consul store, and --store is {store}: drop it, or use --store consul"
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Refuses the etcd options with a store that does not use them.
+pub fn refuse_etcd_options(etcd: &EtcdArgs, store: &str) -> Result<(), String> {
+    match etcd.first_given() {
+        Some(flag) => Err(format!(
+            "{flag} is an option of the etcd store, and --store is {store}: drop it, or use --store etcd://host:port"
         )),
         None => Ok(()),
     }
@@ -110,6 +121,14 @@ impl RunOptions {
             .map(|a| a.to_string_lossy())
             .collect::<Vec<_>>()
             .join(" ");
+        if !matches!(choice, StoreChoice::Etcd(_)) {
+            let store = match &choice {
+                StoreChoice::Consul => "consul",
+                StoreChoice::Local(_) => "local",
+                _ => "redis://",
+            };
+            refuse_etcd_options(&args.etcd, store)?;
+        }
         let store = match choice {
             StoreChoice::Consul => {
                 let session_name = args
@@ -150,6 +169,20 @@ impl RunOptions {
                     args.monitor_retry,
                 )?))
             }
+            StoreChoice::Etcd(store) => {
+                refuse_consul_options(&args.consul, "etcd://")?;
+                if args.name.is_some() {
+                    return Err("--name does not apply to the etcd store, which names a contender by its lease: drop it".into());
+                }
+                StoreOptions::Etcd(Box::new(crate::store::etcd::Settings::new(
+                    &store,
+                    args.etcd.given(),
+                    &env,
+                    args.limit,
+                    args.ttl,
+                    args.monitor_retry,
+                )?))
+            }
         };
         let kill_grace = match &store {
             StoreOptions::Consul(consul) => {
@@ -158,6 +191,9 @@ impl RunOptions {
             StoreOptions::Local(_) => args.kill_grace.unwrap_or(DEFAULT_KILL_GRACE),
             StoreOptions::Redis(redis) => {
                 crate::store::lease::fit_kill_grace(args.kill_grace, redis.ttl, "Redis")?
+            }
+            StoreOptions::Etcd(etcd) => {
+                crate::store::lease::fit_kill_grace(args.kill_grace, etcd.ttl, "etcd")?
             }
         };
         Ok(RunOptions {
@@ -350,10 +386,13 @@ mod tests {
             choice(Some("redis://cache:6379/2"), None),
             Ok(StoreChoice::Redis("redis://cache:6379/2".into()))
         );
-        let reserved = choice(Some("etcd://a:2379"), None).unwrap_err();
-        assert!(
-            reserved.contains("etcd store is not in this version"),
-            "{reserved}"
+        assert_eq!(
+            choice(Some("etcds://a:2379,b:2379"), None),
+            Ok(StoreChoice::Etcd("etcds://a:2379,b:2379".into()))
+        );
+        assert_eq!(
+            choice(None, Some("etcd")),
+            Ok(StoreChoice::Etcd("etcd".into()))
         );
         let unknown = choice(None, Some("zookeeper")).unwrap_err();
         assert!(

@@ -5,6 +5,7 @@
 //! of its own below this one.
 
 pub mod consul;
+pub mod etcd;
 pub mod lease;
 pub mod local;
 pub mod redis;
@@ -262,7 +263,7 @@ pub struct Status {
     pub waiters: Vec<ContenderStatus>,
     /// Holders in the record that are gone: the next contender prunes them.
     pub dead_holders: Vec<String>,
-    /// Which store: `"consul"`, `"local"` or `"redis"`.
+    /// Which store: `"consul"`, `"local"`, `"redis"` or `"etcd"`.
     pub store: &'static str,
     /// Why the record cannot be used as it stands (more live holders than
     /// its limit); `run` refuses to join it.

@@ -89,10 +89,12 @@ impl TlsSettings {
                 builder = builder.client_cert(Some(ClientCert::new_with_certs(&chain, key)));
             }
             (None, None) => {}
-            _ => return Err(format!(
+            _ => {
+                return Err(format!(
                 "a client certificate needs its key and the other way round: set both {} and {}",
                 names.client_cert, names.client_key
-            )),
+            ))
+            }
         }
         Ok(builder.disable_verification(!self.verify).build())
     }

@@ -1,0 +1,731 @@
+//! A client of etcd's JSON gateway (`/v3/...`, the gRPC API over HTTP/1.1
+//! with keys and values in base64), on the HTTP client consem already has:
+//! the handful of calls the semaphore needs, failing over between the
+//! endpoints given, and signing in with a user's password when one is set.
+
+use std::io::BufRead as _;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use base64::Engine as _;
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::{json, Value};
+use ureq::http;
+use ureq::RequestExt as _;
+
+use crate::store::tls::{self, TlsSettings};
+
+/// A member of the cluster runs next to its clients or near them.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// Budget of one call (a watch gets its wait on top).
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// The largest answer read: a listing of many contenders with their
+/// descriptions fits well within.
+const MAX_BODY: u64 = 32 * 1024 * 1024;
+
+/// etcdctl's names for the server and its TLS settings.
+pub const TLS_NAMES: tls::Names = tls::Names {
+    server: "the etcd server",
+    ca_file: "--cacert/ETCDCTL_CACERT",
+    ca_path: "--cacert/ETCDCTL_CACERT",
+    client_cert: "--cert/ETCDCTL_CERT",
+    client_key: "--key/ETCDCTL_KEY",
+    address: "--store",
+    server_name: None,
+};
+
+/// How a call failed, sorted by what can be done about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EtcdError {
+    /// No answer, a lost connection, no leader, a leader change: worth
+    /// trying again, on the next endpoint.
+    Transient(String),
+    /// The credentials or the user's permissions.
+    Denied(String),
+    /// The lease is unknown to etcd: it expired or was revoked.
+    LeaseGone,
+    /// An answer that retrying will not change.
+    Failed(String),
+}
+
+impl std::fmt::Display for EtcdError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EtcdError::Transient(m) | EtcdError::Denied(m) | EtcdError::Failed(m) => f.write_str(m),
+            EtcdError::LeaseGone => {
+                f.write_str("etcd does not know the lease (expired or revoked)")
+            }
+        }
+    }
+}
+
+/// etcd's 64-bit numbers come as JSON strings, and zero values not at all.
+fn int64<'de, D: Deserializer<'de>>(deserializer: D) -> Result<i64, D::Error> {
+    match Value::deserialize(deserializer)? {
+        Value::String(text) => text.parse().map_err(serde::de::Error::custom),
+        Value::Number(number) => number
+            .as_i64()
+            .ok_or_else(|| serde::de::Error::custom("not a 64-bit integer")),
+        Value::Null => Ok(0),
+        other => Err(serde::de::Error::custom(format!("not a number: {other}"))),
+    }
+}
+
+fn bytes<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<u8>, D::Error> {
+    let text = Option::<String>::deserialize(deserializer)?.unwrap_or_default();
+    base64::engine::general_purpose::STANDARD
+        .decode(text)
+        .map_err(serde::de::Error::custom)
+}
+
+pub fn b64(data: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(data)
+}
+
+/// The end of the range of every key that starts with `prefix`.
+pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    // Every byte 0xff: to the end of the key space.
+    vec![0]
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Header {
+    #[serde(default, deserialize_with = "int64")]
+    pub revision: i64,
+}
+
+/// A key as etcd describes it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct KeyValue {
+    #[serde(default, deserialize_with = "bytes")]
+    pub key: Vec<u8>,
+    #[serde(default, deserialize_with = "int64")]
+    pub create_revision: i64,
+    #[serde(default, deserialize_with = "int64")]
+    pub mod_revision: i64,
+    #[serde(default, deserialize_with = "bytes")]
+    pub value: Vec<u8>,
+    #[serde(default, deserialize_with = "int64")]
+    pub lease: i64,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct RangeReply {
+    #[serde(default)]
+    pub header: Header,
+    #[serde(default)]
+    pub kvs: Vec<KeyValue>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct TxnReply {
+    #[serde(default)]
+    pub header: Header,
+    #[serde(default)]
+    pub succeeded: bool,
+    #[serde(default)]
+    pub responses: Vec<Value>,
+}
+
+impl TxnReply {
+    /// The keys the `i`th operation (a range) read.
+    pub fn range(&self, i: usize) -> Vec<KeyValue> {
+        self.responses
+            .get(i)
+            .and_then(|r| r.get("response_range"))
+            .and_then(|r| r.get("kvs"))
+            .and_then(|kvs| serde_json::from_value(kvs.clone()).ok())
+            .unwrap_or_default()
+    }
+}
+
+/// A condition of a transaction.
+pub enum Compare<'a> {
+    /// The key's create revision (0: it does not exist).
+    Created(&'a [u8], i64),
+    /// The key holds this value.
+    Value(&'a [u8], &'a [u8]),
+    /// No key in `[from, to)` was written after `revision`.
+    UnchangedSince(&'a [u8], &'a [u8], i64),
+}
+
+impl Compare<'_> {
+    fn to_json(&self) -> Value {
+        match self {
+            Compare::Created(key, revision) => json!({
+                "key": b64(key), "target": "CREATE", "result": "EQUAL",
+                "create_revision": revision.to_string(),
+            }),
+            Compare::Value(key, value) => json!({
+                "key": b64(key), "target": "VALUE", "result": "EQUAL", "value": b64(value),
+            }),
+            Compare::UnchangedSince(from, to, revision) => json!({
+                "key": b64(from), "range_end": b64(to), "target": "MOD", "result": "LESS",
+                "mod_revision": (revision + 1).to_string(),
+            }),
+        }
+    }
+}
+
+/// An operation of a transaction.
+pub enum Op<'a> {
+    /// Writes the key, attached to a lease (0: none).
+    Put(&'a [u8], &'a [u8], i64),
+    Get(&'a [u8]),
+    Delete(&'a [u8]),
+}
+
+impl Op<'_> {
+    fn to_json(&self) -> Value {
+        match self {
+            Op::Put(key, value, lease) => {
+                let mut put = json!({"key": b64(key), "value": b64(value)});
+                if *lease != 0 {
+                    put["lease"] = json!(lease.to_string());
+                }
+                json!({ "request_put": put })
+            }
+            Op::Get(key) => json!({"request_range": {"key": b64(key)}}),
+            Op::Delete(key) => json!({"request_delete_range": {"key": b64(key)}}),
+        }
+    }
+}
+
+/// What a watch saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Watched {
+    /// Something changed, at this revision.
+    Changed(i64),
+    /// Nothing changed within the wait.
+    Quiet,
+    /// etcd ended the watch (its start was compacted away, or it was
+    /// cancelled): read again.
+    Ended,
+}
+
+/// What to watch.
+pub struct WatchRequest<'a> {
+    pub key: &'a [u8],
+    /// `Some`: every key in `[key, end)`.
+    pub end: Option<&'a [u8]>,
+    pub start_revision: i64,
+    /// Only deletions (a departure), not writes.
+    pub deletions_only: bool,
+}
+
+#[derive(Serialize)]
+struct Authenticate<'a> {
+    name: &'a str,
+    password: &'a str,
+}
+
+/// The endpoints and credentials of one cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Connection {
+    /// `http://host:port` or `https://host:port`, in the order to try them.
+    pub endpoints: Vec<String>,
+    /// User name and password.
+    pub user: Option<(String, String)>,
+    pub tls: TlsSettings,
+}
+
+/// A client of one cluster. Its calls may come from several threads.
+pub struct Client {
+    agent: ureq::Agent,
+    connection: Connection,
+    /// The endpoint calls go to; moves on when one fails.
+    current: AtomicUsize,
+    /// The token `/v3/auth/authenticate` gave.
+    token: Mutex<Option<String>>,
+}
+
+impl Client {
+    /// Builds the client; TLS files are read now, so a bad one is reported
+    /// at start.
+    pub fn new(connection: Connection) -> Result<Client, String> {
+        let mut builder = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            // The cluster is addressed directly, as etcdctl does.
+            .proxy(None)
+            .max_redirects(0)
+            .timeout_connect(Some(CONNECT_TIMEOUT))
+            .user_agent(concat!("consem/", env!("CARGO_PKG_VERSION")));
+        if connection.endpoints.iter().any(|e| e.starts_with("https:")) {
+            builder = builder.tls_config(connection.tls.load(&TLS_NAMES)?);
+        }
+        Ok(Client {
+            agent: builder.build().into(),
+            connection,
+            current: AtomicUsize::new(0),
+            token: Mutex::new(None),
+        })
+    }
+
+    /// The endpoints, for messages.
+    pub fn shown(&self) -> String {
+        self.connection.endpoints.join(",")
+    }
+
+    fn endpoint(&self) -> (usize, &str) {
+        let endpoints = &self.connection.endpoints;
+        let i = self.current.load(Ordering::Relaxed) % endpoints.len();
+        (i, &endpoints[i])
+    }
+
+    /// Moves on from endpoint `failed`, unless another thread did already.
+    fn fail_over(&self, failed: usize) {
+        let next = (failed + 1) % self.connection.endpoints.len();
+        let _ = self
+            .current
+            .compare_exchange(failed, next, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
+    /// Sends `body` to `path` and returns the answer's body, as a reader
+    /// for a watch's stream. Signs in first when a user is set, and again
+    /// once if etcd no longer takes the token.
+    fn send(
+        &self,
+        path: &str,
+        body: &Value,
+        timeout: Duration,
+    ) -> Result<ureq::http::Response<ureq::Body>, EtcdError> {
+        let mut signed_in_again = false;
+        loop {
+            let token = self.token()?;
+            let (index, endpoint) = self.endpoint();
+            let url = format!("{endpoint}{path}");
+            let mut request = http::Request::builder()
+                .method(http::Method::POST)
+                .uri(&url)
+                .header("Content-Type", "application/json")
+                // A member cut off from the others must not serve a watch
+                // that would never fire (etcd's `hasleader` metadata).
+                .header("Grpc-Metadata-hasleader", "true");
+            if let Some(token) = &token {
+                request = request.header("Authorization", token.as_str());
+            }
+            let result = request
+                .body(body.to_string())
+                .map_err(|e| EtcdError::Failed(format!("cannot build a request to {url}: {e}")))?
+                .with_agent(&self.agent)
+                .configure()
+                .timeout_global(Some(timeout))
+                .build()
+                .run();
+            let mut response = match result {
+                Ok(response) => response,
+                Err(error) => {
+                    self.fail_over(index);
+                    let https = endpoint.starts_with("https:");
+                    let no_client_cert = https && self.connection.tls.client_cert.is_none();
+                    let host = endpoint
+                        .split("://")
+                        .nth(1)
+                        .and_then(|hp| hp.rsplit_once(':').map(|(h, _)| h))
+                        .unwrap_or(endpoint);
+                    return Err(
+                        match tls::explain(&error, host, no_client_cert, &TLS_NAMES) {
+                            Some(why) => EtcdError::Failed(format!(
+                                "cannot talk to etcd at {endpoint}: {why}"
+                            )),
+                            None => EtcdError::Transient(format!(
+                                "cannot reach etcd at {endpoint}: {} (is etcd running? check --store or ETCDCTL_ENDPOINTS)",
+                                crate::store::network_cause(&error.to_string())
+                            )),
+                        },
+                    );
+                }
+            };
+            if response.status() == http::StatusCode::OK {
+                return Ok(response);
+            }
+            let status = response.status();
+            let text = response
+                .body_mut()
+                .with_config()
+                .limit(64 * 1024)
+                .read_to_string()
+                .unwrap_or_default();
+            let error = classify(status, &text, endpoint);
+            if error == Failure::TokenExpired && !signed_in_again && self.connection.user.is_some()
+            {
+                signed_in_again = true;
+                *self.token.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                continue;
+            }
+            if let Failure::Error(EtcdError::Transient(_)) = &error {
+                self.fail_over(index);
+            }
+            return Err(match error {
+                Failure::Error(error) => error,
+                Failure::TokenExpired => EtcdError::Denied(format!(
+                    "etcd at {endpoint} refused the sign-in token: check --user or ETCDCTL_USER"
+                )),
+            });
+        }
+    }
+
+    /// The token to send, signing in if need be.
+    fn token(&self) -> Result<Option<String>, EtcdError> {
+        let Some((name, password)) = &self.connection.user else {
+            return Ok(None);
+        };
+        let mut token = self.token.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(token) = token.as_ref() {
+            return Ok(Some(token.clone()));
+        }
+        let (index, endpoint) = self.endpoint();
+        let url = format!("{endpoint}/v3/auth/authenticate");
+        let body = serde_json::to_string(&Authenticate { name, password })
+            .expect("credentials always encode");
+        let mut response = self
+            .agent
+            .post(&url)
+            .config()
+            .timeout_global(Some(CALL_TIMEOUT))
+            .build()
+            .header("Content-Type", "application/json")
+            .send(body)
+            .map_err(|error| {
+                self.fail_over(index);
+                EtcdError::Transient(format!(
+                    "cannot reach etcd at {endpoint}: {} (is etcd running? check --store or ETCDCTL_ENDPOINTS)",
+                    crate::store::network_cause(&error.to_string())
+                ))
+            })?;
+        let status = response.status();
+        let text = response
+            .body_mut()
+            .with_config()
+            .limit(64 * 1024)
+            .read_to_string()
+            .unwrap_or_default();
+        if status != http::StatusCode::OK {
+            return Err(match classify(status, &text, endpoint) {
+                Failure::Error(EtcdError::Failed(why)) if why.contains("authentication failed") => {
+                    EtcdError::Denied(format!(
+                        "permission denied: etcd at {endpoint} refused user '{name}' with that password: check --user and --password (ETCDCTL_USER, ETCDCTL_PASSWORD)"
+                    ))
+                }
+                Failure::Error(error) => error,
+                Failure::TokenExpired => EtcdError::Denied(format!(
+                    "permission denied: etcd at {endpoint} refused user '{name}'"
+                )),
+            });
+        }
+        let reply: Value = serde_json::from_str(&text).unwrap_or_default();
+        let fresh = reply
+            .get("token")
+            .and_then(Value::as_str)
+            // A cluster without authentication answers with no token.
+            .map(str::to_string);
+        *token = fresh.clone();
+        Ok(fresh)
+    }
+
+    fn call<T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &Value,
+        timeout: Duration,
+    ) -> Result<T, EtcdError> {
+        let mut response = self.send(path, body, timeout)?;
+        let endpoint = self.endpoint().1.to_string();
+        let text = response
+            .body_mut()
+            .with_config()
+            .limit(MAX_BODY)
+            .read_to_vec()
+            .map_err(|e| {
+                EtcdError::Transient(format!(
+                    "lost etcd's answer from {endpoint}: {}",
+                    crate::store::network_cause(&e.to_string())
+                ))
+            })?;
+        serde_json::from_slice(&text).map_err(|e| {
+            EtcdError::Failed(format!(
+                "etcd at {endpoint} gave an answer consem cannot read ({e}) to {path}"
+            ))
+        })
+    }
+
+    /// A lease of `ttl` (whole seconds, rounded up); its ID.
+    pub fn grant(&self, ttl: Duration) -> Result<i64, EtcdError> {
+        #[derive(Deserialize)]
+        struct Grant {
+            #[serde(rename = "ID", default, deserialize_with = "int64")]
+            id: i64,
+            #[serde(default)]
+            error: Option<String>,
+        }
+        let seconds = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+        let grant: Grant = self.call(
+            "/v3/lease/grant",
+            &json!({ "TTL": seconds.to_string() }),
+            CALL_TIMEOUT,
+        )?;
+        match grant.error.filter(|e| !e.is_empty()) {
+            Some(error) => Err(EtcdError::Failed(format!("etcd refused a lease: {error}"))),
+            None if grant.id == 0 => Err(EtcdError::Failed("etcd granted lease 0".into())),
+            None => Ok(grant.id),
+        }
+    }
+
+    /// Renews the lease; `LeaseGone` when etcd no longer has it.
+    pub fn keep_alive(&self, lease: i64, timeout: Duration) -> Result<(), EtcdError> {
+        #[derive(Deserialize)]
+        struct Renewed {
+            #[serde(rename = "TTL", default, deserialize_with = "int64")]
+            ttl: i64,
+        }
+        #[derive(Deserialize)]
+        struct Frame {
+            result: Option<Renewed>,
+            error: Option<Value>,
+        }
+        let frame: Frame = self.call(
+            "/v3/lease/keepalive",
+            &json!({ "ID": lease.to_string() }),
+            timeout,
+        )?;
+        match (frame.result, frame.error) {
+            (Some(renewed), _) if renewed.ttl > 0 => Ok(()),
+            (Some(_), _) => Err(EtcdError::LeaseGone),
+            (None, error) => Err(EtcdError::Transient(format!(
+                "etcd did not renew the lease: {}",
+                error.map(|e| e.to_string()).unwrap_or_default()
+            ))),
+        }
+    }
+
+    /// Revokes the lease and with it every key attached; false if etcd
+    /// did not have it.
+    pub fn revoke(&self, lease: i64, timeout: Duration) -> Result<bool, EtcdError> {
+        match self.call::<Value>(
+            "/v3/lease/revoke",
+            &json!({ "ID": lease.to_string() }),
+            timeout,
+        ) {
+            Ok(_) => Ok(true),
+            Err(EtcdError::LeaseGone) => Ok(false),
+            Err(other) => Err(other),
+        }
+    }
+
+    /// Every key in `[key, end)`, oldest first (by create revision), as of
+    /// a linearizable read.
+    pub fn range(&self, key: &[u8], end: &[u8]) -> Result<RangeReply, EtcdError> {
+        self.call(
+            "/v3/kv/range",
+            &json!({
+                "key": b64(key), "range_end": b64(end),
+                "sort_order": "ASCEND", "sort_target": "CREATE",
+            }),
+            CALL_TIMEOUT,
+        )
+    }
+
+    /// One key, if it exists.
+    pub fn get(&self, key: &[u8]) -> Result<Option<KeyValue>, EtcdError> {
+        let reply: RangeReply =
+            self.call("/v3/kv/range", &json!({ "key": b64(key) }), CALL_TIMEOUT)?;
+        Ok(reply.kvs.into_iter().next())
+    }
+
+    pub fn txn(
+        &self,
+        compare: &[Compare],
+        success: &[Op],
+        failure: &[Op],
+    ) -> Result<TxnReply, EtcdError> {
+        self.call(
+            "/v3/kv/txn",
+            &json!({
+                "compare": compare.iter().map(Compare::to_json).collect::<Vec<_>>(),
+                "success": success.iter().map(Op::to_json).collect::<Vec<_>>(),
+                "failure": failure.iter().map(Op::to_json).collect::<Vec<_>>(),
+            }),
+            CALL_TIMEOUT,
+        )
+    }
+
+    /// Watches from `start_revision` for at most `wait`: returns at the
+    /// first change, or when the wait is over.
+    pub fn watch(&self, request: &WatchRequest, wait: Duration) -> Result<Watched, EtcdError> {
+        let mut create = json!({
+            "key": b64(request.key),
+            "start_revision": request.start_revision.to_string(),
+        });
+        if let Some(end) = request.end {
+            create["range_end"] = json!(b64(end));
+        }
+        if request.deletions_only {
+            create["filters"] = json!(["NOPUT"]);
+        }
+        let response = self.send(
+            "/v3/watch",
+            &json!({ "create_request": create }),
+            wait + CALL_TIMEOUT,
+        )?;
+        let deadline = std::time::Instant::now() + wait;
+        let mut lines = std::io::BufReader::new(response.into_body().into_reader());
+        let mut line = String::new();
+        loop {
+            line.clear();
+            match lines.read_line(&mut line) {
+                Ok(0) => return Ok(Watched::Ended),
+                Ok(_) => {}
+                // The request's time is up: nothing happened.
+                Err(_) if std::time::Instant::now() >= deadline => return Ok(Watched::Quiet),
+                Err(e) => {
+                    return Err(EtcdError::Transient(format!(
+                        "lost the watch on etcd: {}",
+                        crate::store::network_cause(&e.to_string())
+                    )))
+                }
+            }
+            let frame: Value = serde_json::from_str(&line).unwrap_or_default();
+            let Some(result) = frame.get("result") else {
+                if let Some(error) = frame.get("error") {
+                    return Err(EtcdError::Transient(format!(
+                        "etcd ended the watch: {error}"
+                    )));
+                }
+                continue;
+            };
+            if result.get("canceled").and_then(Value::as_bool) == Some(true)
+                || result.get("compact_revision").is_some()
+            {
+                return Ok(Watched::Ended);
+            }
+            let events = result.get("events").and_then(Value::as_array);
+            if events.is_some_and(|events| !events.is_empty()) {
+                let revision = result
+                    .get("header")
+                    .and_then(|h| h.get("revision"))
+                    .and_then(|r| r.as_str().and_then(|r| r.parse().ok()))
+                    .unwrap_or(request.start_revision);
+                return Ok(Watched::Changed(revision));
+            }
+            if std::time::Instant::now() >= deadline {
+                return Ok(Watched::Quiet);
+            }
+        }
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Failure {
+    Error(EtcdError),
+    /// etcd no longer takes the token (it expired): sign in again.
+    TokenExpired,
+}
+
+/// An error answer of the gateway: `{"error", "code", "message"}` with a
+/// gRPC status code.
+fn classify(status: http::StatusCode, body: &str, endpoint: &str) -> Failure {
+    let reply: Value = serde_json::from_str(body).unwrap_or_default();
+    let code = reply.get("code").and_then(Value::as_i64).unwrap_or(-1);
+    let message = reply
+        .get("message")
+        .or_else(|| reply.get("error"))
+        .and_then(Value::as_str)
+        .unwrap_or(body)
+        .trim()
+        .to_string();
+    let message = crate::report::abbreviated(&message);
+    match code {
+        // Unauthenticated.
+        16 if message.contains("invalid auth token") => Failure::TokenExpired,
+        16 | 7 => Failure::Error(EtcdError::Denied(format!(
+            "permission denied: etcd at {endpoint} refused the request ({message}); the user needs read and write on the prefix's keys (see README, \"etcd\")"
+        ))),
+        5 if message.contains("lease not found") => Failure::Error(EtcdError::LeaseGone),
+        3 if message.contains("user name is empty") => Failure::Error(EtcdError::Denied(format!(
+            "permission denied: etcd at {endpoint} requires a user: give --user or ETCDCTL_USER"
+        ))),
+        // Unavailable, deadline exceeded, aborted, internal, resource
+        // exhausted: a leader election, a member catching up, a restart.
+        14 | 4 | 10 | 13 | 8 | 1 => Failure::Error(EtcdError::Transient(format!(
+            "etcd at {endpoint} is not ready ({message})"
+        ))),
+        _ if status.is_server_error() && code < 0 => Failure::Error(EtcdError::Transient(format!(
+            "etcd at {endpoint} answered {status}: {message}"
+        ))),
+        _ => Failure::Error(EtcdError::Failed(format!(
+            "etcd at {endpoint} answered an error: {message}"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prefix_range_ends_after_its_last_byte() {
+        assert_eq!(prefix_end(b"jobs/"), b"jobs0");
+        assert_eq!(prefix_end(b"a\xff"), b"b");
+        assert_eq!(prefix_end(b"\xff\xff"), b"\x00");
+    }
+
+    #[test]
+    fn gateway_errors_are_sorted_by_what_can_be_done() {
+        let failure = |code: i64, message: &str| {
+            classify(
+                http::StatusCode::BAD_REQUEST,
+                &json!({"error": message, "message": message, "code": code}).to_string(),
+                "http://e:2379",
+            )
+        };
+        assert_eq!(
+            failure(16, "etcdserver: invalid auth token"),
+            Failure::TokenExpired
+        );
+        assert!(matches!(
+            failure(7, "etcdserver: permission denied"),
+            Failure::Error(EtcdError::Denied(_))
+        ));
+        assert_eq!(
+            failure(5, "etcdserver: requested lease not found"),
+            Failure::Error(EtcdError::LeaseGone)
+        );
+        assert!(matches!(
+            failure(14, "etcdserver: leader changed"),
+            Failure::Error(EtcdError::Transient(_))
+        ));
+        assert!(matches!(
+            failure(3, "etcdserver: user name is empty"),
+            Failure::Error(EtcdError::Denied(_))
+        ));
+        assert!(matches!(
+            failure(3, "etcdserver: key is not provided"),
+            Failure::Error(EtcdError::Failed(_))
+        ));
+    }
+
+    #[test]
+    fn numbers_come_as_strings_and_zero_as_nothing() {
+        let kv: KeyValue = serde_json::from_value(json!({
+            "key": b64(b"p/1"), "create_revision": "12", "mod_revision": 13, "value": b64(b"{}")
+        }))
+        .unwrap();
+        assert_eq!(
+            (
+                kv.key.as_slice(),
+                kv.create_revision,
+                kv.mod_revision,
+                kv.lease
+            ),
+            (&b"p/1"[..], 12, 13, 0)
+        );
+    }
+}

@@ -1,0 +1,881 @@
+//! The etcd store: N slots on etcd v3. Each contender takes a lease, kept
+//! alive while it waits and holds, and puts the key `<prefix>/<lease ID>`
+//! with it, only if absent; the first `--limit` keys by create revision
+//! hold (`queue`). A waiter watches one thing: the first in line watches for
+//! a deletion under the prefix (any holder leaving), one further back the
+//! key just ahead of it, which its contender rewrites when it takes its slot
+//! (the relay write). One departure wakes one waiter. The limit is recorded
+//! once in `<prefix>/.limit`, and dropped by the last contender to leave.
+//! Leaving is revoking the lease: the key goes with it.
+//!
+//! Spoken to through etcd's JSON gateway over HTTP (`client`).
+
+pub mod admin;
+pub mod client;
+pub mod queue;
+
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use client::{Client, Compare, EtcdError, Op, WatchRequest, Watched};
+use queue::Place;
+
+use super::lease;
+use super::tls::TlsSettings;
+use super::{Contend, ContenderInfo, Holder, Notify, Progress, SlotBackend, SlotEvent, StoreError};
+use crate::report;
+
+pub use admin::EtcdAdmin;
+
+/// The highest `--limit`.
+pub const MAX_LIMIT: u32 = 1024;
+/// TTLs a lease may have (etcd counts them in whole seconds).
+const TTL_RANGE: (Duration, Duration) = (Duration::from_secs(2), Duration::from_secs(86_400));
+const DEFAULT_TTL: Duration = Duration::from_secs(15);
+const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:2379";
+const FIRST_BACKOFF: Duration = Duration::from_millis(200);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// Between keep-alives that failed while holding: long enough to ride out
+/// a leader election (about a second with etcd's defaults).
+const RENEW_RETRY: Duration = Duration::from_secs(1);
+
+/// What the etcd store needs beyond the store-neutral options.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub connection: client::Connection,
+    pub ttl: Duration,
+    pub monitor_retry: u32,
+}
+
+/// The etcd options as given on the command line (`cli::EtcdArgs`), each
+/// defaulting to the variable etcdctl reads.
+#[derive(Debug, Clone, Default)]
+pub struct Given {
+    pub user: Option<String>,
+    pub password: Option<String>,
+    pub cacert: Option<std::path::PathBuf>,
+    pub cert: Option<std::path::PathBuf>,
+    pub key: Option<std::path::PathBuf>,
+}
+
+impl Settings {
+    /// Reads `etcd://host:port[,host:port...]`, `etcds://...` (TLS), or
+    /// `etcd` alone for `ETCDCTL_ENDPOINTS` (else 127.0.0.1:2379).
+    pub fn new(
+        store: &str,
+        given: Given,
+        env: impl Fn(&str) -> Option<String>,
+        limit: u32,
+        ttl: Option<Duration>,
+        monitor_retry: Option<u32>,
+    ) -> Result<Settings, String> {
+        let endpoints = endpoints(store, &env)?;
+        let from_env = |value: Option<String>, name: &str| {
+            value.or_else(|| env(name).filter(|v| !v.is_empty()))
+        };
+        let user = match from_env(given.user, "ETCDCTL_USER") {
+            None => None,
+            Some(user) => {
+                let (name, inline) = match user.split_once(':') {
+                    Some((name, password)) => (name.to_string(), Some(password.to_string())),
+                    None => (user, None),
+                };
+                let password = inline
+                    .or_else(|| from_env(given.password, "ETCDCTL_PASSWORD"))
+                    .ok_or_else(|| {
+                        format!("--user {name} has no password: write --user {name}:PASSWORD, or set --password or ETCDCTL_PASSWORD")
+                    })?;
+                if name.is_empty() {
+                    return Err("--user names no user: write --user NAME:PASSWORD".into());
+                }
+                Some((name, password))
+            }
+        };
+        let path = |value: Option<std::path::PathBuf>, name: &str| {
+            value.or_else(|| env(name).filter(|v| !v.is_empty()).map(Into::into))
+        };
+        let tls = TlsSettings {
+            ca_file: path(given.cacert, "ETCDCTL_CACERT"),
+            ca_path: None,
+            client_cert: path(given.cert, "ETCDCTL_CERT"),
+            client_key: path(given.key, "ETCDCTL_KEY"),
+            server_name: None,
+            verify: true,
+        };
+        if limit > MAX_LIMIT {
+            return Err(format!(
+                "--limit {limit} is more than the etcd store keeps: use 1 to {MAX_LIMIT}"
+            ));
+        }
+        let ttl = ttl.unwrap_or(DEFAULT_TTL);
+        if ttl < TTL_RANGE.0 || ttl > TTL_RANGE.1 {
+            return Err(format!(
+                "--ttl {} is outside what the etcd store takes: use 2s to 24h",
+                crate::duration::human(ttl)
+            ));
+        }
+        Ok(Settings {
+            connection: client::Connection {
+                endpoints,
+                user,
+                tls,
+            },
+            ttl,
+            monitor_retry: monitor_retry.unwrap_or(3),
+        })
+    }
+}
+
+/// The endpoints of `--store`, as `http(s)://host:port`.
+fn endpoints(store: &str, env: impl Fn(&str) -> Option<String>) -> Result<Vec<String>, String> {
+    let (list, scheme, source) = match store.split_once("://") {
+        Some(("etcd", list)) => (list.to_string(), "http", "--store"),
+        Some(("etcds", list)) => (list.to_string(), "https", "--store"),
+        _ => match env("ETCDCTL_ENDPOINTS").filter(|e| !e.trim().is_empty()) {
+            Some(list) => (list, "http", "ETCDCTL_ENDPOINTS"),
+            None => (DEFAULT_ENDPOINT.to_string(), "http", "ETCDCTL_ENDPOINTS"),
+        },
+    };
+    let mut endpoints = Vec::new();
+    for item in list.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let (scheme, address) = match item.split_once("://") {
+            Some((s @ ("http" | "https"), address)) if source == "ETCDCTL_ENDPOINTS" => {
+                (s, address)
+            }
+            Some(_) => {
+                return Err(format!(
+                    "{source}: '{}' is not an etcd endpoint: write {}",
+                    crate::store::without_credentials(item),
+                    if source == "--store" {
+                        "etcd://host:port[,host:port...] or etcds://... for TLS"
+                    } else {
+                        "http://host:port or https://host:port, comma-separated"
+                    }
+                ))
+            }
+            None => (scheme, item),
+        };
+        let address = address.trim_end_matches('/');
+        if address.contains('@') {
+            return Err(format!(
+                "{source}: '{}' carries credentials: give the user in --user or ETCDCTL_USER instead",
+                crate::store::without_credentials(item)
+            ));
+        }
+        if address.contains('/') || address.contains('?') || address.is_empty() {
+            return Err(format!(
+                "{source}: '{item}' is not host:port: an etcd endpoint has no path; write etcd://host:port"
+            ));
+        }
+        let has_port = match address.rsplit_once(':') {
+            Some((host, port)) => !host.ends_with(':') && port.parse::<u16>().is_ok(),
+            None => false,
+        };
+        let bracketed_v6 = address.starts_with('[') && address.ends_with(']');
+        let address = if has_port && !bracketed_v6 {
+            address.to_string()
+        } else {
+            format!("{address}:2379")
+        };
+        endpoints.push(format!("{scheme}://{address}"));
+    }
+    if endpoints.is_empty() {
+        return Err(format!(
+            "{source} '{store}' names no endpoint: write etcd://host:port[,host:port...]"
+        ));
+    }
+    Ok(endpoints)
+}
+
+#[derive(Default)]
+struct Shared {
+    closing: bool,
+    /// A lease grant or a join may be under way: release waits for it.
+    writing: bool,
+    lease: Option<i64>,
+    /// Our key's create revision: the fence.
+    fence: Option<i64>,
+}
+
+/// Where a waiter waits, and from which revision.
+struct Wait {
+    request_key: Vec<u8>,
+    end: Option<Vec<u8>>,
+    deletions_only: bool,
+    from: i64,
+}
+
+/// Failures of the store while contending, and when to give up.
+struct Outage {
+    ttl: Duration,
+    ever_reached: bool,
+    since: Option<Instant>,
+    backoff: Duration,
+}
+
+impl Outage {
+    fn new(ttl: Duration) -> Outage {
+        Outage {
+            ttl,
+            ever_reached: false,
+            since: None,
+            backoff: FIRST_BACKOFF,
+        }
+    }
+
+    fn recovered(&mut self) {
+        self.ever_reached = true;
+        self.since = None;
+        self.backoff = FIRST_BACKOFF;
+    }
+
+    /// How long to wait before trying again, or the error that ends the
+    /// run: at once if etcd was never reached or the failure is not one to
+    /// retry; after an outage longer than the TTL otherwise.
+    fn failed(&mut self, error: EtcdError) -> Result<Duration, StoreError> {
+        match error {
+            EtcdError::Denied(why) => Err(StoreError::Denied(why)),
+            EtcdError::Failed(why) => Err(StoreError::Unavailable(why)),
+            EtcdError::LeaseGone => Err(StoreError::Unavailable(
+                "etcd dropped our lease while we joined".into(),
+            )),
+            EtcdError::Transient(why) => {
+                let since = *self.since.get_or_insert_with(Instant::now);
+                if !self.ever_reached || since.elapsed() > self.ttl {
+                    return Err(StoreError::Unavailable(why));
+                }
+                report::event("retry", &[("error", &why)]);
+                let pause = self.backoff;
+                self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+                Ok(pause)
+            }
+        }
+    }
+}
+
+/// A semaphore at one prefix on etcd, for one run.
+pub struct EtcdSemaphore {
+    client: Client,
+    settings: Settings,
+    prefix: String,
+    limit: u32,
+    /// `<prefix>/`, and the end of its range.
+    range: (Vec<u8>, Vec<u8>),
+    limit_key: Vec<u8>,
+    info: Vec<u8>,
+    shared: Mutex<Shared>,
+    changed: Condvar,
+}
+
+/// Why acquiring stopped without a slot.
+enum Stop {
+    Closing,
+    Failed(StoreError),
+}
+
+impl From<StoreError> for Stop {
+    fn from(error: StoreError) -> Stop {
+        Stop::Failed(error)
+    }
+}
+
+/// What joining found.
+enum Joined {
+    /// Our key, created at this revision.
+    At(i64),
+    /// The lease is gone: grant another.
+    LeaseGone,
+}
+
+impl EtcdSemaphore {
+    pub fn new(
+        settings: Settings,
+        prefix: &str,
+        limit: u32,
+        info: &ContenderInfo,
+    ) -> Result<EtcdSemaphore, StoreError> {
+        let client = Client::new(settings.connection.clone()).map_err(StoreError::Usage)?;
+        let base = format!("{prefix}/").into_bytes();
+        Ok(EtcdSemaphore {
+            client,
+            range: (base.clone(), client::prefix_end(&base)),
+            limit_key: format!("{prefix}/{}", queue::LIMIT_KEY_NAME).into_bytes(),
+            info: serde_json::to_vec(info).expect("a description always encodes"),
+            prefix: prefix.to_string(),
+            limit,
+            settings,
+            shared: Mutex::new(Shared::default()),
+            changed: Condvar::new(),
+        })
+    }
+
+    fn shared(&self) -> MutexGuard<'_, Shared> {
+        self.shared.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sleeps for `pause` unless release begins; true if it did.
+    fn pause(&self, pause: Duration) -> bool {
+        let shared = self.shared();
+        let (shared, _) = self
+            .changed
+            .wait_timeout_while(shared, pause, |s| !s.closing)
+            .unwrap_or_else(|e| e.into_inner());
+        shared.closing
+    }
+
+    fn key(&self, lease: i64) -> Vec<u8> {
+        queue::contender_key(&self.prefix, lease)
+    }
+
+    /// Runs `call`, a write, unless release began; release waits for it
+    /// to finish, so that it can undo what it wrote.
+    fn writing<T>(&self, call: impl FnOnce() -> T) -> Result<T, Stop> {
+        {
+            let mut shared = self.shared();
+            if shared.closing {
+                return Err(Stop::Closing);
+            }
+            shared.writing = true;
+        }
+        let result = call();
+        self.shared().writing = false;
+        self.changed.notify_all();
+        Ok(result)
+    }
+
+    /// Runs `call` until it answers, within the outage policy.
+    fn retrying<T>(
+        &self,
+        outage: &mut Outage,
+        mut call: impl FnMut() -> Result<T, EtcdError>,
+    ) -> Result<Result<T, EtcdError>, Stop> {
+        loop {
+            if self.shared().closing {
+                return Err(Stop::Closing);
+            }
+            match call() {
+                Ok(value) => {
+                    outage.recovered();
+                    return Ok(Ok(value));
+                }
+                Err(EtcdError::LeaseGone) => {
+                    outage.recovered();
+                    return Ok(Err(EtcdError::LeaseGone));
+                }
+                Err(error) => {
+                    let pause = outage.failed(error)?;
+                    if self.pause(pause) {
+                        return Err(Stop::Closing);
+                    }
+                }
+            }
+        }
+    }
+
+    fn grant(&self, outage: &mut Outage) -> Result<(i64, Instant), Stop> {
+        loop {
+            let sent = Instant::now();
+            let granted = self.writing(|| self.client.grant(self.settings.ttl))?;
+            match granted {
+                Ok(lease) => {
+                    outage.recovered();
+                    self.shared().lease = Some(lease);
+                    report::event("lease", &[("lease", &format!("{lease:x}"))]);
+                    return Ok((lease, sent));
+                }
+                Err(error) => {
+                    let pause = outage.failed(error)?;
+                    if self.pause(pause) {
+                        return Err(Stop::Closing);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Puts our key if absent, with the limit record if there is none.
+    fn join(&self, lease: i64, outage: &mut Outage) -> Result<Joined, Stop> {
+        let key = self.key(lease);
+        let limit = self.limit.to_string();
+        loop {
+            let tried = self.retrying(outage, || {
+                self.writing(|| {
+                    self.client.txn(
+                        &[
+                            Compare::Created(&key, 0),
+                            Compare::Value(&self.limit_key, limit.as_bytes()),
+                        ],
+                        &[Op::Put(&key, &self.info, lease)],
+                        &[Op::Get(&self.limit_key), Op::Get(&key)],
+                    )
+                })
+                .unwrap_or_else(|_| Err(EtcdError::Transient("closing".into())))
+            })?;
+            let reply = match tried {
+                Ok(reply) => reply,
+                Err(_) => return Ok(Joined::LeaseGone),
+            };
+            if reply.succeeded {
+                return Ok(Joined::At(reply.header.revision));
+            }
+            // An earlier attempt that went through without an answer.
+            if let Some(ours) = reply.range(1).first() {
+                return Ok(Joined::At(ours.create_revision));
+            }
+            match reply.range(0).first() {
+                Some(record) => {
+                    return Err(Stop::Failed(self.limit_conflict(&record.value)));
+                }
+                None => {
+                    let created = self.retrying(outage, || {
+                        self.writing(|| {
+                            self.client.txn(
+                                &[
+                                    Compare::Created(&self.limit_key, 0),
+                                    Compare::Created(&key, 0),
+                                ],
+                                &[
+                                    Op::Put(&self.limit_key, limit.as_bytes(), 0),
+                                    Op::Put(&key, &self.info, lease),
+                                ],
+                                &[],
+                            )
+                        })
+                        .unwrap_or_else(|_| Err(EtcdError::Transient("closing".into())))
+                    })?;
+                    match created {
+                        Ok(reply) if reply.succeeded => {
+                            return Ok(Joined::At(reply.header.revision))
+                        }
+                        // Another contender wrote the record first, or
+                        // our key went in: look again.
+                        Ok(_) => continue,
+                        Err(_) => return Ok(Joined::LeaseGone),
+                    }
+                }
+            }
+        }
+    }
+
+    fn limit_conflict(&self, value: &[u8]) -> StoreError {
+        let key = String::from_utf8_lossy(&self.limit_key);
+        StoreError::Conflict(match queue::read_limit(value) {
+            queue::Recorded::Limit(recorded) => format!(
+                "{key} records a limit of {recorded} but --limit is {}: every contender on a prefix must use the same limit (consem reset --store etcd://… --prefix {} once it is idle)",
+                self.limit, self.prefix
+            ),
+            queue::Recorded::Unreadable(what) => format!(
+                "{key} holds '{what}', not a limit consem can read; consem leaves it untouched: use another --prefix, or delete the key if it is stale"
+            ),
+        })
+    }
+
+    /// Contends until the slot is ours: the fence, when the lease was last
+    /// renewed, and the revision to watch our key from.
+    fn acquire(&self, mode: Contend, notify: &Notify) -> Result<(i64, Instant, i64), Stop> {
+        let ttl = self.settings.ttl;
+        let period = lease::renew_period(ttl);
+        let mut outage = Outage::new(ttl);
+        let mut lease: Option<(i64, Instant)> = None;
+        let mut last_picture: Option<Progress> = None;
+        'join: loop {
+            let (id, mut renewed) = match lease {
+                Some(lease) => lease,
+                None => self.grant(&mut outage)?,
+            };
+            lease = Some((id, renewed));
+            let fence = match self.join(id, &mut outage)? {
+                Joined::At(revision) => revision,
+                Joined::LeaseGone => {
+                    lease = None;
+                    continue 'join;
+                }
+            };
+            self.shared().fence = Some(fence);
+            let key = self.key(id);
+            let mut wait: Option<Wait> = None;
+            loop {
+                if renewed.elapsed() >= period {
+                    let sent = Instant::now();
+                    match self.retrying(&mut outage, || self.client.keep_alive(id, period))? {
+                        Ok(()) => renewed = sent,
+                        Err(_) => {
+                            report::event("rejoin", &[("why", &"our lease ended while we waited")]);
+                            lease = None;
+                            continue 'join;
+                        }
+                    }
+                    lease = Some((id, renewed));
+                }
+                if let Some(waiting) = &wait {
+                    let left = period.saturating_sub(renewed.elapsed());
+                    let request = WatchRequest {
+                        key: &waiting.request_key,
+                        end: waiting.end.as_deref(),
+                        start_revision: waiting.from,
+                        deletions_only: waiting.deletions_only,
+                    };
+                    let watched =
+                        self.retrying(&mut outage, || self.client.watch(&request, left))?;
+                    if self.shared().closing {
+                        return Err(Stop::Closing);
+                    }
+                    // Quiet: renew, then watch on from the same revision.
+                    if watched == Ok(Watched::Quiet) {
+                        continue;
+                    }
+                }
+                let listing = match self.retrying(&mut outage, || {
+                    self.client.range(&self.range.0, &self.range.1)
+                })? {
+                    Ok(listing) => listing,
+                    Err(_) => continue,
+                };
+                let contenders = queue::contenders(&listing.kvs, &self.limit_key);
+                let place = queue::place(&contenders, &key, self.limit);
+                let from = listing.header.revision + 1;
+                wait = match &place {
+                    Place::Holding => {
+                        // The relay write: wakes the waiter behind us, and
+                        // checks that our key is still ours.
+                        let relayed = self.retrying(&mut outage, || {
+                            self.client.txn(
+                                &[Compare::Created(&key, fence)],
+                                &[Op::Put(&key, &self.info, id)],
+                                &[],
+                            )
+                        })?;
+                        match relayed {
+                            Ok(reply) if reply.succeeded => {
+                                return Ok((fence, renewed, reply.header.revision + 1));
+                            }
+                            Ok(_) => {
+                                report::event("rejoin", &[("why", &"our key was deleted")]);
+                                continue 'join;
+                            }
+                            Err(_) => {
+                                lease = None;
+                                continue 'join;
+                            }
+                        }
+                    }
+                    Place::Gone => {
+                        report::event("rejoin", &[("why", &"our key was deleted")]);
+                        continue 'join;
+                    }
+                    _ if mode == Contend::Try => {
+                        notify(SlotEvent::NoSlot);
+                        return Err(Stop::Closing);
+                    }
+                    Place::First => Some(Wait {
+                        request_key: self.range.0.clone(),
+                        end: Some(self.range.1.clone()),
+                        deletions_only: true,
+                        from,
+                    }),
+                    Place::Behind { ahead, .. } => Some(Wait {
+                        request_key: ahead.clone(),
+                        end: None,
+                        deletions_only: false,
+                        from,
+                    }),
+                };
+                let picture = Progress {
+                    limit: self.limit,
+                    holders: contenders
+                        .iter()
+                        .take(self.limit as usize)
+                        .map(|kv| Holder::from(&ContenderInfo::parse(&kv.value)))
+                        .collect(),
+                    ahead: match &place {
+                        Place::Behind { waiters_ahead, .. } => *waiters_ahead,
+                        _ => 0,
+                    },
+                };
+                if last_picture.as_ref() != Some(&picture) {
+                    report::event(
+                        "waiting",
+                        &[
+                            ("prefix", &self.prefix),
+                            ("held", &format!("{}/{}", picture.holders.len(), self.limit)),
+                            ("ahead", &picture.ahead),
+                        ],
+                    );
+                    notify(SlotEvent::Waiting(picture.clone()));
+                    last_picture = Some(picture);
+                }
+            }
+        }
+    }
+
+    /// Keeps the lease alive every TTL/3 and watches our key between
+    /// renewals; returns why the slot is lost, or `None` once release
+    /// began.
+    fn hold(
+        &self,
+        lease_id: i64,
+        mut renewed: Instant,
+        mut from: i64,
+        notify: &Notify,
+    ) -> Option<String> {
+        let ttl = self.settings.ttl;
+        let period = lease::renew_period(ttl);
+        let key = self.key(lease_id);
+        let shown_key = String::from_utf8_lossy(&key).into_owned();
+        let mut failures = 0;
+        let mut renew_now = false;
+        loop {
+            if self.shared().closing {
+                return None;
+            }
+            if renew_now || renewed.elapsed() >= period {
+                let sent = Instant::now();
+                match self.client.keep_alive(lease_id, period) {
+                    Ok(()) => {
+                        failures = 0;
+                        renew_now = false;
+                        renewed = sent;
+                        notify(SlotEvent::Leased {
+                            until: lease::lease_end(sent, ttl),
+                        });
+                    }
+                    Err(EtcdError::LeaseGone) => {
+                        return Some(format!(
+                            "our lease {lease_id:x} is gone: etcd let it expire (no keep-alive within --ttl {}) or someone revoked it (consem release, etcdctl lease revoke)",
+                            crate::duration::human(ttl)
+                        ))
+                    }
+                    Err(EtcdError::Denied(why)) => return Some(why),
+                    Err(error) => {
+                        failures += 1;
+                        if failures > self.settings.monitor_retry {
+                            return Some(format!(
+                                "cannot keep our lease alive: {error} ({failures} failures in a row, --monitor-retry is {})",
+                                self.settings.monitor_retry
+                            ));
+                        }
+                        report::event("watch-retry", &[("failures", &failures), ("error", &error)]);
+                        renew_now = true;
+                        if self.pause(RENEW_RETRY) {
+                            return None;
+                        }
+                        continue;
+                    }
+                }
+            }
+            let left = period.saturating_sub(renewed.elapsed());
+            let request = WatchRequest {
+                key: &key,
+                end: None,
+                start_revision: from,
+                deletions_only: false,
+            };
+            match self.client.watch(&request, left) {
+                Ok(Watched::Quiet) => {}
+                Ok(Watched::Changed(_) | Watched::Ended) => match self.client.range(&key, &[]) {
+                    Ok(reply) => {
+                        if reply.kvs.is_empty() {
+                            return Some(format!(
+                                "our key {shown_key} was deleted while our lease lives (consem release, or by hand)"
+                            ));
+                        }
+                        from = reply.header.revision + 1;
+                    }
+                    Err(_) => renew_now = true,
+                },
+                Err(_) => {
+                    // Renewing tells whether etcd is there, and counts.
+                    renew_now = true;
+                    if self.pause(FIRST_BACKOFF) {
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl SlotBackend for EtcdSemaphore {
+    fn contend(self: Arc<Self>, mode: Contend, notify: Notify) {
+        thread::Builder::new()
+            .name("consem-contend".into())
+            .spawn(move || match self.acquire(mode, &notify) {
+                Ok((fence, renewed, from)) => {
+                    report::event("acquired", &[("prefix", &self.prefix), ("fence", &fence)]);
+                    notify(SlotEvent::Acquired {
+                        fence: fence as u64,
+                    });
+                    notify(SlotEvent::Leased {
+                        until: lease::lease_end(renewed, self.settings.ttl),
+                    });
+                    let lease = self.shared().lease.unwrap_or_default();
+                    if let Some(reason) = self.hold(lease, renewed, from, &notify) {
+                        if !self.shared().closing {
+                            notify(SlotEvent::Lost(reason));
+                        }
+                    }
+                }
+                Err(Stop::Closing) => {}
+                Err(Stop::Failed(error)) => notify(SlotEvent::Failed(error)),
+            })
+            .expect("cannot start the semaphore thread");
+    }
+
+    fn release(&self, budget: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + budget;
+        let lease = {
+            let mut shared = self.shared();
+            shared.closing = true;
+            self.changed.notify_all();
+            let (shared, _) = self
+                .changed
+                .wait_timeout_while(shared, budget / 2, |s| s.writing)
+                .unwrap_or_else(|e| e.into_inner());
+            shared.lease
+        };
+        let Some(lease) = lease else {
+            return Ok(());
+        };
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(100));
+        let revoked = self.client.revoke(lease, left);
+        report::event("released", &[("prefix", &self.prefix)]);
+        if let Err(error) = revoked {
+            return Err(format!(
+                "leaving {}: {error}; our lease {lease:x} expires by itself within {}",
+                self.prefix,
+                crate::duration::human(self.settings.ttl)
+            ));
+        }
+        // The last one out drops the limit record, unless a contender
+        // arrived since the listing.
+        if let Ok(listing) = self.client.range(&self.range.0, &self.range.1) {
+            if queue::contenders(&listing.kvs, &self.limit_key).is_empty()
+                && listing.kvs.iter().any(|kv| kv.key == self.limit_key)
+            {
+                let _ = self.client.txn(
+                    &[Compare::UnchangedSince(
+                        &self.range.0,
+                        &self.range.1,
+                        listing.header.revision,
+                    )],
+                    &[Op::Delete(&self.limit_key)],
+                    &[],
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn child_env(&self) -> Vec<(String, String)> {
+        let shared = self.shared();
+        let fence = shared.fence.unwrap_or_default().to_string();
+        let key = shared
+            .lease
+            .map(|lease| String::from_utf8_lossy(&self.key(lease)).into_owned())
+            .unwrap_or_default();
+        vec![
+            ("CONSEM_PREFIX".into(), self.prefix.clone()),
+            ("CONSEM_LIMIT".into(), self.limit.to_string()),
+            ("CONSEM_FENCE".into(), fence.clone()),
+            // As `etcdctl lock` sets them for its command.
+            ("ETCD_LOCK_KEY".into(), key),
+            ("ETCD_LOCK_REV".into(), fence),
+        ]
+    }
+
+    fn frees_slot_at_death(&self) -> bool {
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |name| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+    }
+
+    #[test]
+    fn endpoints_come_from_the_store_or_etcdctls_variable() {
+        let none = env(&[]);
+        assert_eq!(
+            endpoints("etcd://a:1,b , [::1]:3", &none).unwrap(),
+            ["http://a:1", "http://b:2379", "http://[::1]:3"]
+        );
+        assert_eq!(endpoints("etcds://a", &none).unwrap(), ["https://a:2379"]);
+        assert_eq!(endpoints("etcd", &none).unwrap(), [DEFAULT_ENDPOINT]);
+        let etcdctl = env(&[("ETCDCTL_ENDPOINTS", "https://x:1,http://y:2")]);
+        assert_eq!(
+            endpoints("etcd", &etcdctl).unwrap(),
+            ["https://x:1", "http://y:2"]
+        );
+        assert!(endpoints("etcd://u:secret@a:1", &none)
+            .unwrap_err()
+            .contains("give the user in --user"));
+        assert!(endpoints("etcd://a:1/v3", &none)
+            .unwrap_err()
+            .contains("has no path"));
+        assert!(endpoints("etcd://", &none)
+            .unwrap_err()
+            .contains("names no endpoint"));
+        assert!(endpoints("etcd://http://a:1", &none)
+            .unwrap_err()
+            .contains("is not an etcd endpoint"));
+    }
+
+    #[test]
+    fn the_user_and_password_come_from_the_flags_then_etcdctls_variables() {
+        let settings = |given: Given, vars: &[(&str, &str)]| {
+            Settings::new("etcd://a:1", given, env(vars), 2, None, None)
+        };
+        let user = |s: Result<Settings, String>| s.unwrap().connection.user;
+        let given = |user: Option<&str>, password: Option<&str>| Given {
+            user: user.map(String::from),
+            password: password.map(String::from),
+            ..Given::default()
+        };
+        assert_eq!(
+            user(settings(given(Some("root:pw"), None), &[])),
+            Some(("root".into(), "pw".into()))
+        );
+        assert_eq!(
+            user(settings(
+                given(None, None),
+                &[("ETCDCTL_USER", "app"), ("ETCDCTL_PASSWORD", "s3")]
+            )),
+            Some(("app".into(), "s3".into()))
+        );
+        assert_eq!(
+            user(settings(
+                given(Some("app"), Some("flag")),
+                &[("ETCDCTL_PASSWORD", "env")]
+            )),
+            Some(("app".into(), "flag".into()))
+        );
+        assert!(settings(given(Some("app"), None), &[])
+            .unwrap_err()
+            .contains("has no password"));
+        assert!(settings(Given::default(), &[])
+            .unwrap()
+            .connection
+            .user
+            .is_none());
+        let ttl = Settings::new(
+            "etcd",
+            Given::default(),
+            env(&[]),
+            1,
+            Some(Duration::from_secs(1)),
+            None,
+        );
+        assert!(ttl.unwrap_err().contains("use 2s to 24h"));
+    }
+}

@@ -1,0 +1,196 @@
+//! The decisions of the etcd recipe, as pure functions of a listing of the
+//! prefix: who holds, where a contender stands, and which one key it waits
+//! on. The contenders are the keys under `<prefix>/` attached to a lease,
+//! oldest first by create revision: the first `limit` hold. A key keeps its
+//! create revision until it goes, so a contender among the first `limit`
+//! stays there until it leaves: holding needs no write, and never more than
+//! `limit` hold at any revision.
+
+use super::client::KeyValue;
+
+/// The name of the limit record under the prefix.
+pub const LIMIT_KEY_NAME: &str = ".limit";
+
+/// Where a contender stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Place {
+    /// Among the first `limit`: the slot is ours.
+    Holding,
+    /// Next in line: any holder's departure may free a slot for us, so we
+    /// wait for a deletion anywhere under the prefix.
+    First,
+    /// Further back: we wait on the key just ahead, which changes when its
+    /// contender leaves or takes its slot (its relay write). Watching the
+    /// key `limit` places ahead would miss a holder further ahead leaving
+    /// first.
+    Behind {
+        ahead: Vec<u8>,
+        waiters_ahead: usize,
+    },
+    /// Our key is not in the listing: it was deleted, or its lease ended.
+    Gone,
+}
+
+/// The contenders of a listing: keys with a lease, oldest first; the limit
+/// record and keys without a lease (not a contender's: nothing removes
+/// them) are left out.
+pub fn contenders<'a>(listing: &'a [KeyValue], limit_key: &[u8]) -> Vec<&'a KeyValue> {
+    let mut contenders: Vec<&KeyValue> = listing
+        .iter()
+        .filter(|kv| kv.lease != 0 && kv.key != limit_key)
+        .collect();
+    contenders.sort_by_key(|kv| kv.create_revision);
+    contenders
+}
+
+/// Where the contender with key `me` stands among `contenders` (oldest
+/// first).
+pub fn place(contenders: &[&KeyValue], me: &[u8], limit: u32) -> Place {
+    let Some(position) = contenders.iter().position(|kv| kv.key == me) else {
+        return Place::Gone;
+    };
+    let limit = limit as usize;
+    if position < limit {
+        Place::Holding
+    } else if position == limit {
+        Place::First
+    } else {
+        Place::Behind {
+            ahead: contenders[position - 1].key.clone(),
+            waiters_ahead: position - limit,
+        }
+    }
+}
+
+/// What the limit record says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Recorded {
+    Limit(u32),
+    /// Not a limit consem wrote: reported, never overwritten.
+    Unreadable(String),
+}
+
+pub fn read_limit(value: &[u8]) -> Recorded {
+    let text = String::from_utf8_lossy(value);
+    match text.trim().parse::<u32>() {
+        Ok(limit) if limit > 0 => Recorded::Limit(limit),
+        _ => Recorded::Unreadable(crate::report::abbreviated(&text).to_string()),
+    }
+}
+
+/// A contender's key: `<prefix>/<lease ID in hex>`, as etcd's own
+/// `concurrency.Mutex` names its keys.
+pub fn contender_key(prefix: &str, lease: i64) -> Vec<u8> {
+    format!("{prefix}/{lease:x}").into_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kv(name: &str, revision: i64, lease: i64) -> KeyValue {
+        KeyValue {
+            key: format!("p/{name}").into_bytes(),
+            create_revision: revision,
+            mod_revision: revision,
+            value: Vec::new(),
+            lease,
+        }
+    }
+
+    #[test]
+    fn the_oldest_limit_contenders_hold_and_each_waiter_watches_the_key_ahead() {
+        let listing = vec![
+            kv("c", 7, 3),
+            kv(".limit", 2, 0),
+            kv("a", 5, 1),
+            kv("stray", 1, 0),
+            kv("b", 6, 2),
+            kv("d", 9, 4),
+        ];
+        let contenders = contenders(&listing, b"p/.limit");
+        let names: Vec<&[u8]> = contenders.iter().map(|kv| kv.key.as_slice()).collect();
+        assert_eq!(names, [&b"p/a"[..], b"p/b", b"p/c", b"p/d"]);
+        assert_eq!(place(&contenders, b"p/b", 2), Place::Holding);
+        assert_eq!(place(&contenders, b"p/c", 2), Place::First);
+        assert_eq!(
+            place(&contenders, b"p/d", 2),
+            Place::Behind {
+                ahead: b"p/c".to_vec(),
+                waiters_ahead: 1
+            }
+        );
+        assert_eq!(place(&contenders, b"p/x", 2), Place::Gone);
+    }
+
+    #[test]
+    fn a_limit_record_is_a_positive_number_or_reported() {
+        assert_eq!(read_limit(b"3"), Recorded::Limit(3));
+        assert_eq!(read_limit(b"0"), Recorded::Unreadable("0".into()));
+        assert_eq!(read_limit(b"lots"), Recorded::Unreadable("lots".into()));
+    }
+
+    #[test]
+    fn contender_keys_are_named_as_etcds_mutex_names_them() {
+        assert_eq!(contender_key("jobs", 0x694d_7a8f), b"jobs/694d7a8f");
+    }
+}
+
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Whatever the arrivals and departures, at most `limit` contenders
+        /// see themselves holding, and one that held goes on holding until
+        /// its key goes.
+        #[test]
+        fn never_more_than_limit_hold_and_a_holder_stays_one(
+            limit in 1u32..5,
+            steps in proptest::collection::vec((any::<bool>(), 0usize..8), 1..60),
+        ) {
+            let mut live: Vec<KeyValue> = Vec::new();
+            let mut held: Vec<Vec<u8>> = Vec::new();
+            let mut revision = 1;
+            for (arrive, pick) in steps {
+                if arrive || live.is_empty() {
+                    revision += 1;
+                    live.push(KeyValue {
+                        key: format!("p/{revision:x}").into_bytes(),
+                        create_revision: revision,
+                        mod_revision: revision,
+                        value: Vec::new(),
+                        lease: revision,
+                    });
+                } else {
+                    let gone = live.remove(pick % live.len());
+                    held.retain(|k| *k != gone.key);
+                }
+                let contenders = contenders(&live, b"p/.limit");
+                let holding: Vec<Vec<u8>> = live
+                    .iter()
+                    .filter(|kv| place(&contenders, &kv.key, limit) == Place::Holding)
+                    .map(|kv| kv.key.clone())
+                    .collect();
+                prop_assert!(holding.len() <= limit as usize);
+                for key in &held {
+                    prop_assert!(holding.contains(key), "a holder stopped holding");
+                }
+                held = holding;
+                // Each waiter watches a distinct key: one departure wakes one.
+                let mut watched: Vec<Vec<u8>> = live
+                    .iter()
+                    .filter_map(|kv| match place(&contenders, &kv.key, limit) {
+                        Place::Behind { ahead, .. } => Some(ahead),
+                        _ => None,
+                    })
+                    .collect();
+                let count = watched.len();
+                watched.sort();
+                watched.dedup();
+                prop_assert_eq!(watched.len(), count);
+            }
+        }
+    }
+}
