@@ -297,9 +297,26 @@ impl Client {
         body: &Value,
         timeout: Duration,
     ) -> Result<ureq::http::Response<ureq::Body>, EtcdError> {
+        self.send_or_time_out(path, body, timeout, false)
+            .map_err(|e| {
+                e.unwrap_or_else(|| {
+                    EtcdError::Transient(format!("etcd did not answer {path} in time"))
+                })
+            })
+    }
+
+    /// [`Client::send`]; with `watching`, a timeout is `Err(None)`: the
+    /// watch's wait is over, and the endpoint is not to blame.
+    fn send_or_time_out(
+        &self,
+        path: &str,
+        body: &Value,
+        timeout: Duration,
+        watching: bool,
+    ) -> Result<ureq::http::Response<ureq::Body>, Option<EtcdError>> {
         let mut signed_in_again = false;
         loop {
-            let token = self.token()?;
+            let token = self.token().map_err(Some)?;
             let (index, endpoint) = self.endpoint();
             let url = format!("{endpoint}{path}");
             let mut request = http::Request::builder()
@@ -314,7 +331,11 @@ impl Client {
             }
             let result = request
                 .body(body.to_string())
-                .map_err(|e| EtcdError::Failed(format!("cannot build a request to {url}: {e}")))?
+                .map_err(|e| {
+                    Some(EtcdError::Failed(format!(
+                        "cannot build a request to {url}: {e}"
+                    )))
+                })?
                 .with_agent(&self.agent)
                 .configure()
                 .timeout_global(Some(timeout))
@@ -322,6 +343,7 @@ impl Client {
                 .run();
             let mut response = match result {
                 Ok(response) => response,
+                Err(ureq::Error::Timeout(_)) if watching => return Err(None),
                 Err(error) => {
                     self.fail_over(index);
                     let https = endpoint.starts_with("https:");
@@ -331,7 +353,7 @@ impl Client {
                         .nth(1)
                         .and_then(|hp| hp.rsplit_once(':').map(|(h, _)| h))
                         .unwrap_or(endpoint);
-                    return Err(
+                    return Err(Some(
                         match tls::explain(&error, host, no_client_cert, &TLS_NAMES) {
                             Some(why) => EtcdError::Failed(format!(
                                 "cannot talk to etcd at {endpoint}: {why}"
@@ -341,7 +363,7 @@ impl Client {
                                 crate::store::network_cause(&error.to_string())
                             )),
                         },
-                    );
+                    ));
                 }
             };
             if response.status() == http::StatusCode::OK {
@@ -364,12 +386,12 @@ impl Client {
             if let Failure::Error(EtcdError::Transient(_)) = &error {
                 self.fail_over(index);
             }
-            return Err(match error {
+            return Err(Some(match error {
                 Failure::Error(error) => error,
                 Failure::TokenExpired => EtcdError::Denied(format!(
                     "etcd at {endpoint} refused the sign-in token: check --user or ETCDCTL_USER"
                 )),
-            });
+            }));
         }
     }
 
@@ -570,12 +592,21 @@ impl Client {
         if request.deletions_only {
             create["filters"] = json!(["NOPUT"]);
         }
-        let response = self.send(
+        // Too short a wait to open a watch in: the caller renews first.
+        if wait < Duration::from_millis(50) {
+            return Ok(Watched::Quiet);
+        }
+        let deadline = std::time::Instant::now() + wait;
+        let response = match self.send_or_time_out(
             "/v3/watch",
             &json!({ "create_request": create }),
-            wait + CALL_TIMEOUT,
-        )?;
-        let deadline = std::time::Instant::now() + wait;
+            wait,
+            true,
+        ) {
+            Ok(response) => response,
+            Err(None) => return Ok(Watched::Quiet),
+            Err(Some(error)) => return Err(error),
+        };
         let mut lines = std::io::BufReader::new(response.into_body().into_reader());
         let mut line = String::new();
         loop {

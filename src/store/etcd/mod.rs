@@ -425,7 +425,47 @@ impl EtcdSemaphore {
             }
             match reply.range(0).first() {
                 Some(record) => {
-                    return Err(Stop::Failed(self.limit_conflict(&record.value)));
+                    if let queue::Recorded::Unreadable(_) = queue::read_limit(&record.value) {
+                        return Err(Stop::Failed(self.limit_conflict(&record.value)));
+                    }
+                    // Another limit binds only while someone uses it: the
+                    // record of contenders that all died is replaced.
+                    let listing =
+                        self.retrying(outage, || self.client.range(&self.range.0, &self.range.1))?;
+                    let Ok(listing) = listing else {
+                        return Ok(Joined::LeaseGone);
+                    };
+                    if !queue::contenders(&listing.kvs, &self.limit_key).is_empty() {
+                        return Err(Stop::Failed(self.limit_conflict(&record.value)));
+                    }
+                    let replaced = self.retrying(outage, || {
+                        self.writing(|| {
+                            self.client.txn(
+                                &[
+                                    Compare::UnchangedSince(
+                                        &self.range.0,
+                                        &self.range.1,
+                                        listing.header.revision,
+                                    ),
+                                    Compare::Created(&key, 0),
+                                ],
+                                &[
+                                    Op::Put(&self.limit_key, limit.as_bytes(), 0),
+                                    Op::Put(&key, &self.info, lease),
+                                ],
+                                &[],
+                            )
+                        })
+                        .unwrap_or_else(|_| Err(EtcdError::Transient("closing".into())))
+                    })?;
+                    match replaced {
+                        Ok(reply) if reply.succeeded => {
+                            report::event("limit-replaced", &[("limit", &self.limit)]);
+                            return Ok(Joined::At(reply.header.revision));
+                        }
+                        Ok(_) => continue,
+                        Err(_) => return Ok(Joined::LeaseGone),
+                    }
                 }
                 None => {
                     let created = self.retrying(outage, || {
