@@ -315,8 +315,16 @@ impl Client {
         watching: bool,
     ) -> Result<ureq::http::Response<ureq::Body>, Option<EtcdError>> {
         let mut signed_in_again = false;
+        // A member that cannot be reached is passed over for the next one,
+        // once each: every call of the recipe may be sent again.
+        let mut tries_left = self.connection.endpoints.len();
         loop {
-            let token = self.token().map_err(Some)?;
+            tries_left = tries_left.saturating_sub(1);
+            let token = match self.token() {
+                Ok(token) => token,
+                Err(EtcdError::Transient(_)) if tries_left > 0 => continue,
+                Err(error) => return Err(Some(error)),
+            };
             let (index, endpoint) = self.endpoint();
             let url = format!("{endpoint}{path}");
             let mut request = http::Request::builder()
@@ -346,6 +354,9 @@ impl Client {
                 Err(ureq::Error::Timeout(_)) if watching => return Err(None),
                 Err(error) => {
                     self.fail_over(index);
+                    if tries_left > 0 && !matches!(error, ureq::Error::Timeout(_)) {
+                        continue;
+                    }
                     let https = endpoint.starts_with("https:");
                     let no_client_cert = https && self.connection.tls.client_cert.is_none();
                     let host = endpoint
