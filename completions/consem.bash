@@ -185,7 +185,7 @@ _consem() {
             return 0
             ;;
         consem__subcmd__release)
-            opts="-h -V --prefix --session --host --pid --store --http-addr --token --token-file --datacenter --namespace --partition --ca-file --ca-path --client-cert --client-key --tls-server-name --help --version"
+            opts="-h -V --prefix --session --host --pid --store --http-addr --token --token-file --datacenter --namespace --partition --ca-file --ca-path --client-cert --client-key --tls-server-name --user --password --cacert --cert --key --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -255,6 +255,26 @@ _consem() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --user)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --password)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --cacert)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --cert)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --key)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -263,7 +283,7 @@ _consem() {
             return 0
             ;;
         consem__subcmd__reset)
-            opts="-h -V --prefix --force --store --http-addr --token --token-file --datacenter --namespace --partition --ca-file --ca-path --client-cert --client-key --tls-server-name --help --version"
+            opts="-h -V --prefix --force --store --http-addr --token --token-file --datacenter --namespace --partition --ca-file --ca-path --client-cert --client-key --tls-server-name --user --password --cacert --cert --key --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -321,6 +341,26 @@ _consem() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --user)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --password)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --cacert)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --cert)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --key)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -329,7 +369,7 @@ _consem() {
             return 0
             ;;
         consem__subcmd__run)
-            opts="-E -v -h -V --prefix --limit --timeout --try --no-slot-exit-code --ttl --kill-grace --wait-group --monitor-retry --name --verbose --log-format --store --http-addr --token --token-file --datacenter --namespace --partition --ca-file --ca-path --client-cert --client-key --tls-server-name --help --version"
+            opts="-E -v -h -V --prefix --limit --timeout --try --no-slot-exit-code --ttl --kill-grace --wait-group --monitor-retry --name --verbose --log-format --store --http-addr --token --token-file --datacenter --namespace --partition --ca-file --ca-path --client-cert --client-key --tls-server-name --user --password --cacert --cert --key --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -423,6 +463,26 @@ _consem() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --user)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --password)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --cacert)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --cert)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --key)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -431,7 +491,7 @@ _consem() {
             return 0
             ;;
         consem__subcmd__status)
-            opts="-h -V --prefix --json --store --http-addr --token --token-file --datacenter --namespace --partition --ca-file --ca-path --client-cert --client-key --tls-server-name --help --version"
+            opts="-h -V --prefix --json --store --http-addr --token --token-file --datacenter --namespace --partition --ca-file --ca-path --client-cert --client-key --tls-server-name --user --password --cacert --cert --key --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -486,6 +546,26 @@ _consem() {
                     return 0
                     ;;
                 --tls-server-name)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --user)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --password)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --cacert)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --cert)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --key)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

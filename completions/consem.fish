@@ -36,13 +36,13 @@ complete -c consem -n "__fish_consem_using_subcommand run" -l prefix -d 'Name al
 complete -c consem -n "__fish_consem_using_subcommand run" -l limit -d 'Number of slots; every contender on the prefix must use the same limit' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l timeout -d 'Give up waiting for a slot after this long (default: wait forever)' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -s E -l no-slot-exit-code -d 'Exit code when no slot was obtained' -r
-complete -c consem -n "__fish_consem_using_subcommand run" -l ttl -d 'Consul and Redis: the lease of a slot, renewed every TTL/3 (Consul\'s session TTL, 10s to 24h; a Redis permit\'s, 2s to 24h; default 15s)' -r
+complete -c consem -n "__fish_consem_using_subcommand run" -l ttl -d 'Consul, Redis and etcd: the lease of a slot, renewed every TTL/3 (Consul\'s session TTL, 10s to 24h; a Redis permit\'s or an etcd lease\'s, 2s to 24h; default 15s)' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l kill-grace -d 'Time between SIGTERM and SIGKILL when consem must stop the command (default 5s; on Consul, at most what fits in the lease of --ttl)' -r
-complete -c consem -n "__fish_consem_using_subcommand run" -l monitor-retry -d 'Consul and Redis: consecutive failures to reach the store tolerated while holding a slot (default 3)' -r
+complete -c consem -n "__fish_consem_using_subcommand run" -l monitor-retry -d 'Consul, Redis and etcd: consecutive failures to reach the store tolerated while holding a slot (default 3)' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l name -d 'Consul: session name (default: "consem: <command> at <prefix>")' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l log-format -d 'Format of what consem writes on stderr' -r -f -a "text\t'`<time> consem[<pid>] <event> key=value ...`; errors as `consem: error: ...`'
 json\t'One JSON object per line: time, pid, level, event or message, details'"
-complete -c consem -n "__fish_consem_using_subcommand run" -l store -d 'Where the semaphore lives: consul, local (this host only, no server), local:DIR, redis://[user[:password]@]host[:port][/db] or rediss://... (TLS; the password also from REDISCLI_AUTH) [default: CONSEM_STORE, else consul]' -r
+complete -c consem -n "__fish_consem_using_subcommand run" -l store -d 'Where the semaphore lives: consul, local (this host only, no server), local:DIR, redis://[user[:password]@]host[:port][/db] or rediss://... (TLS; the password also from REDISCLI_AUTH), etcd://host:port[,host:port...] or etcds://... (TLS; etcd alone: ETCDCTL_ENDPOINTS) [default: CONSEM_STORE, else consul]' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l http-addr -d 'Consul HTTP API address: host:port, http://host:port or https://host:port (host:port means https with CONSUL_HTTP_SSL=true) [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l token -d 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]; HTTP basic auth, if the agent sits behind it, comes from CONSUL_HTTP_AUTH (user:password)' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l token-file -d 'File holding the ACL token; wins over a token [default: CONSUL_HTTP_TOKEN_FILE]' -r -F
@@ -54,13 +54,18 @@ complete -c consem -n "__fish_consem_using_subcommand run" -l ca-path -d 'Direct
 complete -c consem -n "__fish_consem_using_subcommand run" -l client-cert -d 'PEM client certificate, for agents that verify clients (mTLS) [default: CONSUL_CLIENT_CERT]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand run" -l client-key -d 'PEM private key of the client certificate [default: CONSUL_CLIENT_KEY]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand run" -l tls-server-name -d 'Name to verify the agent\'s certificate against, instead of the address\'s host [default: CONSUL_TLS_SERVER_NAME]' -r
+complete -c consem -n "__fish_consem_using_subcommand run" -l user -d 'User to sign in as, with its password after a colon or in --password [default: ETCDCTL_USER]' -r
+complete -c consem -n "__fish_consem_using_subcommand run" -l password -d 'Password of --user [default: ETCDCTL_PASSWORD]' -r
+complete -c consem -n "__fish_consem_using_subcommand run" -l cacert -d 'PEM file of the CA that signs the servers\' certificates (etcds://) [default: ETCDCTL_CACERT, else the system\'s trust store]' -r -F
+complete -c consem -n "__fish_consem_using_subcommand run" -l cert -d 'PEM client certificate, for servers that verify clients [default: ETCDCTL_CERT]' -r -F
+complete -c consem -n "__fish_consem_using_subcommand run" -l key -d 'PEM private key of the client certificate [default: ETCDCTL_KEY]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand run" -l try -d 'Make one attempt and do not wait'
 complete -c consem -n "__fish_consem_using_subcommand run" -l wait-group -d 'Keep the slot until every process in the command\'s process group has exited, instead of stopping them when the command exits'
 complete -c consem -n "__fish_consem_using_subcommand run" -s v -l verbose -d 'Print lifecycle events on stderr'
 complete -c consem -n "__fish_consem_using_subcommand run" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c consem -n "__fish_consem_using_subcommand run" -s V -l version -d 'Print version'
 complete -c consem -n "__fish_consem_using_subcommand status" -l prefix -d 'Name of the semaphore (a KV prefix on Consul)' -r
-complete -c consem -n "__fish_consem_using_subcommand status" -l store -d 'Where the semaphore lives: consul, local (this host only, no server), local:DIR, redis://[user[:password]@]host[:port][/db] or rediss://... (TLS; the password also from REDISCLI_AUTH) [default: CONSEM_STORE, else consul]' -r
+complete -c consem -n "__fish_consem_using_subcommand status" -l store -d 'Where the semaphore lives: consul, local (this host only, no server), local:DIR, redis://[user[:password]@]host[:port][/db] or rediss://... (TLS; the password also from REDISCLI_AUTH), etcd://host:port[,host:port...] or etcds://... (TLS; etcd alone: ETCDCTL_ENDPOINTS) [default: CONSEM_STORE, else consul]' -r
 complete -c consem -n "__fish_consem_using_subcommand status" -l http-addr -d 'Consul HTTP API address: host:port, http://host:port or https://host:port (host:port means https with CONSUL_HTTP_SSL=true) [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]' -r
 complete -c consem -n "__fish_consem_using_subcommand status" -l token -d 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]; HTTP basic auth, if the agent sits behind it, comes from CONSUL_HTTP_AUTH (user:password)' -r
 complete -c consem -n "__fish_consem_using_subcommand status" -l token-file -d 'File holding the ACL token; wins over a token [default: CONSUL_HTTP_TOKEN_FILE]' -r -F
@@ -72,6 +77,11 @@ complete -c consem -n "__fish_consem_using_subcommand status" -l ca-path -d 'Dir
 complete -c consem -n "__fish_consem_using_subcommand status" -l client-cert -d 'PEM client certificate, for agents that verify clients (mTLS) [default: CONSUL_CLIENT_CERT]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand status" -l client-key -d 'PEM private key of the client certificate [default: CONSUL_CLIENT_KEY]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand status" -l tls-server-name -d 'Name to verify the agent\'s certificate against, instead of the address\'s host [default: CONSUL_TLS_SERVER_NAME]' -r
+complete -c consem -n "__fish_consem_using_subcommand status" -l user -d 'User to sign in as, with its password after a colon or in --password [default: ETCDCTL_USER]' -r
+complete -c consem -n "__fish_consem_using_subcommand status" -l password -d 'Password of --user [default: ETCDCTL_PASSWORD]' -r
+complete -c consem -n "__fish_consem_using_subcommand status" -l cacert -d 'PEM file of the CA that signs the servers\' certificates (etcds://) [default: ETCDCTL_CACERT, else the system\'s trust store]' -r -F
+complete -c consem -n "__fish_consem_using_subcommand status" -l cert -d 'PEM client certificate, for servers that verify clients [default: ETCDCTL_CERT]' -r -F
+complete -c consem -n "__fish_consem_using_subcommand status" -l key -d 'PEM private key of the client certificate [default: ETCDCTL_KEY]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand status" -l json -d 'Print JSON (a stable schema, see README) instead of a table'
 complete -c consem -n "__fish_consem_using_subcommand status" -s h -l help -d 'Print help'
 complete -c consem -n "__fish_consem_using_subcommand status" -s V -l version -d 'Print version'
@@ -79,7 +89,7 @@ complete -c consem -n "__fish_consem_using_subcommand release" -l prefix -d 'Nam
 complete -c consem -n "__fish_consem_using_subcommand release" -l session -d 'The holder\'s session ID, or a unique beginning of it' -r
 complete -c consem -n "__fish_consem_using_subcommand release" -l host -d 'The holder\'s host (with --pid)' -r
 complete -c consem -n "__fish_consem_using_subcommand release" -l pid -d 'The holder\'s consem process ID (with --host)' -r
-complete -c consem -n "__fish_consem_using_subcommand release" -l store -d 'Where the semaphore lives: consul, local (this host only, no server), local:DIR, redis://[user[:password]@]host[:port][/db] or rediss://... (TLS; the password also from REDISCLI_AUTH) [default: CONSEM_STORE, else consul]' -r
+complete -c consem -n "__fish_consem_using_subcommand release" -l store -d 'Where the semaphore lives: consul, local (this host only, no server), local:DIR, redis://[user[:password]@]host[:port][/db] or rediss://... (TLS; the password also from REDISCLI_AUTH), etcd://host:port[,host:port...] or etcds://... (TLS; etcd alone: ETCDCTL_ENDPOINTS) [default: CONSEM_STORE, else consul]' -r
 complete -c consem -n "__fish_consem_using_subcommand release" -l http-addr -d 'Consul HTTP API address: host:port, http://host:port or https://host:port (host:port means https with CONSUL_HTTP_SSL=true) [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]' -r
 complete -c consem -n "__fish_consem_using_subcommand release" -l token -d 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]; HTTP basic auth, if the agent sits behind it, comes from CONSUL_HTTP_AUTH (user:password)' -r
 complete -c consem -n "__fish_consem_using_subcommand release" -l token-file -d 'File holding the ACL token; wins over a token [default: CONSUL_HTTP_TOKEN_FILE]' -r -F
@@ -91,10 +101,15 @@ complete -c consem -n "__fish_consem_using_subcommand release" -l ca-path -d 'Di
 complete -c consem -n "__fish_consem_using_subcommand release" -l client-cert -d 'PEM client certificate, for agents that verify clients (mTLS) [default: CONSUL_CLIENT_CERT]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand release" -l client-key -d 'PEM private key of the client certificate [default: CONSUL_CLIENT_KEY]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand release" -l tls-server-name -d 'Name to verify the agent\'s certificate against, instead of the address\'s host [default: CONSUL_TLS_SERVER_NAME]' -r
+complete -c consem -n "__fish_consem_using_subcommand release" -l user -d 'User to sign in as, with its password after a colon or in --password [default: ETCDCTL_USER]' -r
+complete -c consem -n "__fish_consem_using_subcommand release" -l password -d 'Password of --user [default: ETCDCTL_PASSWORD]' -r
+complete -c consem -n "__fish_consem_using_subcommand release" -l cacert -d 'PEM file of the CA that signs the servers\' certificates (etcds://) [default: ETCDCTL_CACERT, else the system\'s trust store]' -r -F
+complete -c consem -n "__fish_consem_using_subcommand release" -l cert -d 'PEM client certificate, for servers that verify clients [default: ETCDCTL_CERT]' -r -F
+complete -c consem -n "__fish_consem_using_subcommand release" -l key -d 'PEM private key of the client certificate [default: ETCDCTL_KEY]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand release" -s h -l help -d 'Print help'
 complete -c consem -n "__fish_consem_using_subcommand release" -s V -l version -d 'Print version'
 complete -c consem -n "__fish_consem_using_subcommand reset" -l prefix -d 'Name of the semaphore (a KV prefix on Consul)' -r
-complete -c consem -n "__fish_consem_using_subcommand reset" -l store -d 'Where the semaphore lives: consul, local (this host only, no server), local:DIR, redis://[user[:password]@]host[:port][/db] or rediss://... (TLS; the password also from REDISCLI_AUTH) [default: CONSEM_STORE, else consul]' -r
+complete -c consem -n "__fish_consem_using_subcommand reset" -l store -d 'Where the semaphore lives: consul, local (this host only, no server), local:DIR, redis://[user[:password]@]host[:port][/db] or rediss://... (TLS; the password also from REDISCLI_AUTH), etcd://host:port[,host:port...] or etcds://... (TLS; etcd alone: ETCDCTL_ENDPOINTS) [default: CONSEM_STORE, else consul]' -r
 complete -c consem -n "__fish_consem_using_subcommand reset" -l http-addr -d 'Consul HTTP API address: host:port, http://host:port or https://host:port (host:port means https with CONSUL_HTTP_SSL=true) [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]' -r
 complete -c consem -n "__fish_consem_using_subcommand reset" -l token -d 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]; HTTP basic auth, if the agent sits behind it, comes from CONSUL_HTTP_AUTH (user:password)' -r
 complete -c consem -n "__fish_consem_using_subcommand reset" -l token-file -d 'File holding the ACL token; wins over a token [default: CONSUL_HTTP_TOKEN_FILE]' -r -F
@@ -106,6 +121,11 @@ complete -c consem -n "__fish_consem_using_subcommand reset" -l ca-path -d 'Dire
 complete -c consem -n "__fish_consem_using_subcommand reset" -l client-cert -d 'PEM client certificate, for agents that verify clients (mTLS) [default: CONSUL_CLIENT_CERT]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand reset" -l client-key -d 'PEM private key of the client certificate [default: CONSUL_CLIENT_KEY]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand reset" -l tls-server-name -d 'Name to verify the agent\'s certificate against, instead of the address\'s host [default: CONSUL_TLS_SERVER_NAME]' -r
+complete -c consem -n "__fish_consem_using_subcommand reset" -l user -d 'User to sign in as, with its password after a colon or in --password [default: ETCDCTL_USER]' -r
+complete -c consem -n "__fish_consem_using_subcommand reset" -l password -d 'Password of --user [default: ETCDCTL_PASSWORD]' -r
+complete -c consem -n "__fish_consem_using_subcommand reset" -l cacert -d 'PEM file of the CA that signs the servers\' certificates (etcds://) [default: ETCDCTL_CACERT, else the system\'s trust store]' -r -F
+complete -c consem -n "__fish_consem_using_subcommand reset" -l cert -d 'PEM client certificate, for servers that verify clients [default: ETCDCTL_CERT]' -r -F
+complete -c consem -n "__fish_consem_using_subcommand reset" -l key -d 'PEM private key of the client certificate [default: ETCDCTL_KEY]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand reset" -l force -d 'Release every live holder first (their commands are stopped, exit 76)'
 complete -c consem -n "__fish_consem_using_subcommand reset" -s h -l help -d 'Print help'
 complete -c consem -n "__fish_consem_using_subcommand reset" -s V -l version -d 'Print version'

@@ -17,7 +17,8 @@ Exit codes:
   69         the store unreachable or failing when starting
   75         no slot within --timeout, or none free with --try (see -E)
   76         the slot was lost while the command ran; it was stopped
-  77         permission denied (Consul ACLs, the local store's directory)
+  77         permission denied (Consul ACLs, etcd or Redis credentials, the local
+             store's directory)
   126/127    command not executable / not found";
 
 const RUN_EXAMPLES: &str = "\
@@ -27,6 +28,9 @@ Examples:
 
   # At most 2 migrations at once across the fleet (Consul):
   consem run --prefix service/db --limit 2 -- ./migrate.sh
+
+  # At most 3 nightly jobs at once, kept in etcd:
+  consem run --store etcd://10.0.0.1:2379,10.0.0.2:2379 --prefix jobs/nightly --limit 3 -- ./nightly.sh
 
   # In cron: skip this round if the nightly job still runs elsewhere.
   */5 * * * * consem run --prefix jobs/nightly --limit 1 --try -- /opt/nightly.sh
@@ -42,10 +46,11 @@ Examples:
 #[command(
     name = "consem",
     version,
-    about = "Run a command while holding one of N slots of a semaphore (Consul, or this host alone)",
+    about = "Run a command while holding one of N slots of a semaphore (Consul, Redis, etcd, or this host alone)",
     long_about = "Run a command while holding one of N slots of a counting semaphore, so that at \
 most N copies of a job run at once: across many machines with HashiCorp Consul (sharing the \
-layout of `consul lock -n N`), or on this host alone with the local store, which needs no server.",
+layout of `consul lock -n N`), Redis or etcd, or on this host alone with the local store, which \
+needs no server.",
     after_help = format!("{RUN_EXAMPLES}\n\n{EXIT_CODES}"),
     propagate_version = true
 )]
@@ -82,7 +87,7 @@ Exit codes:
   2   usage error
   65  the limit record at the prefix is not one consem can read
   69  the store unreachable or failing
-  77  permission denied (Consul ACLs, the local store's directory)";
+  77  permission denied (Consul ACLs, etcd or Redis credentials, the local store's directory)";
 
 const STATUS_HELP: &str = "\
 Examples:
@@ -95,7 +100,7 @@ Exit codes:
   2   usage error
   65  the limit record at the prefix is not one consem can read
   69  the store unreachable or failing
-  77  permission denied (Consul ACLs, the local store's directory)";
+  77  permission denied (Consul ACLs, etcd or Redis credentials, the local store's directory)";
 
 /// `consem status`.
 #[derive(Debug, Args)]

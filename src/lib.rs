@@ -1,6 +1,6 @@
 //! consem: run a command while holding one of N slots of a counting
-//! semaphore kept in a store: Consul (fleet-wide) or the local store (one
-//! host, no server).
+//! semaphore kept in a store: Consul, Redis or etcd (fleet-wide), or the
+//! local store (one host, no server).
 //!
 //! Layers, from the outside in: `cli` and `options` (the command line and
 //! the validated settings), `supervise` (the child, signals, exit paths;
