@@ -376,11 +376,17 @@ impl EtcdSemaphore {
     fn grant(&self, outage: &mut Outage) -> Result<(i64, Instant), Stop> {
         loop {
             let sent = Instant::now();
-            let granted = self.writing(|| self.client.grant(self.settings.ttl))?;
+            // Recorded before release may look, so that it revokes it.
+            let granted = self.writing(|| {
+                let granted = self.client.grant(self.settings.ttl);
+                if let Ok(lease) = granted {
+                    self.shared().lease = Some(lease);
+                }
+                granted
+            })?;
             match granted {
                 Ok(lease) => {
                     outage.recovered();
-                    self.shared().lease = Some(lease);
                     report::event("lease", &[("lease", &format!("{lease:x}"))]);
                     return Ok((lease, sent));
                 }
