@@ -2,8 +2,9 @@
 //! stated once and run on every store (`consul::<test>` against the Consul
 //! double, or a real agent with CONSEM_TEST_CONSUL_ADDR; `local::<test>`
 //! against the local store in a scratch directory; `redis::<test>` against
-//! a redis-server of the test's own). The real binary runs in
-//! each. Store-specific behaviour is tested beside its store.
+//! a redis-server of the test's own; `etcd::<test>` against an etcd of the
+//! test's own). The real binary runs in each. Store-specific behaviour is
+//! tested beside its store.
 
 mod common;
 
@@ -28,6 +29,9 @@ macro_rules! on_every_store {
         }
         mod redis {
             $( #[test] fn $test() { super::$test(super::World::redis) } )*
+        }
+        mod etcd {
+            $( #[test] fn $test() { super::$test(super::World::etcd) } )*
         }
     };
 }

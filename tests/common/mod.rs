@@ -5,6 +5,7 @@
 
 pub mod consul_lock;
 pub mod double;
+pub mod etcd;
 pub mod pki;
 pub mod pty;
 pub mod redis;

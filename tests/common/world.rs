@@ -1,7 +1,7 @@
 //! A test's world for running the real `consem` binary: a store (Consul,
-//! double or real agent; or the local store in a directory of its own), a
-//! prefix of its own, a scratch directory, and checks that nothing is left
-//! behind.
+//! double or real agent; the local store in a directory of its own; or a
+//! Redis or etcd server of its own), a prefix of its own, a scratch
+//! directory, and checks that nothing is left behind.
 
 use std::fs::File;
 use std::path::PathBuf;
@@ -45,6 +45,9 @@ pub struct World {
     /// `Some`: a Redis server of the world's own (every `consem` gets
     /// `--store redis://...`).
     pub redis: Option<super::redis::RedisServer>,
+    /// `Some`: an etcd server of the world's own (every `consem` gets
+    /// `--store etcd://...`).
+    pub etcd: Option<super::etcd::EtcdServer>,
 }
 
 impl World {
@@ -63,6 +66,7 @@ impl World {
             dir,
             local: None,
             redis: None,
+            etcd: None,
         }
     }
 
@@ -73,6 +77,13 @@ impl World {
             &world.dir.join("redis"),
             &[],
         ));
+        world
+    }
+
+    /// A world on an etcd server of its own.
+    pub fn etcd(name: &str) -> World {
+        let mut world = World::with_consul(name, TestConsul::start());
+        world.etcd = Some(super::etcd::EtcdServer::start(&world.dir.join("etcd")));
         world
     }
 
@@ -98,39 +109,53 @@ impl World {
         world
     }
 
-    /// Which store, for messages: "consul" or "local".
+    /// Which store, as `status` names it.
     pub fn store_name(&self) -> &'static str {
         if self.local.is_some() {
             "local"
         } else if self.redis.is_some() {
             "redis"
+        } else if self.etcd.is_some() {
+            "etcd"
         } else {
             "consul"
         }
     }
 
-    /// `--store local:<dir>` for a local world, nothing for Consul.
+    /// `--store ...` for a local, Redis or etcd world, nothing for Consul.
     pub fn store_args(&self) -> Vec<String> {
-        match (&self.local, &self.redis) {
-            (Some(base), _) => vec![format!("--store=local:{}", base.display())],
-            (None, Some(redis)) => vec![format!("--store={}", redis.url())],
-            (None, None) => Vec::new(),
+        if let Some(base) = &self.local {
+            vec![format!("--store=local:{}", base.display())]
+        } else if let Some(redis) = &self.redis {
+            vec![format!("--store={}", redis.url())]
+        } else if let Some(etcd) = &self.etcd {
+            vec![format!("--store={}", etcd.url())]
+        } else {
+            Vec::new()
         }
+    }
+
+    /// The `consem` binary with the world's Consul address and none of
+    /// the caller's Consul or etcdctl variables: only what a test sets
+    /// reaches consem, not the caller's shell.
+    pub fn consem_command(&self) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_consem"));
+        cmd.env("CONSUL_HTTP_ADDR", self.http_addr());
+        for name in CONSUL_ENV.iter().chain(&super::etcd::ETCDCTL_ENV) {
+            cmd.env_remove(name);
+        }
+        cmd.stdin(Stdio::null());
+        cmd
     }
 
     /// `consem <subcommand> --prefix <prefix> <extra>` (status, release,
     /// reset) against this world's store.
     pub fn admin(&self, subcommand: &str, extra: &[&str]) -> Command {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_consem"));
-        cmd.env("CONSUL_HTTP_ADDR", self.http_addr());
-        for name in CONSUL_ENV {
-            cmd.env_remove(name);
-        }
+        let mut cmd = self.consem_command();
         cmd.arg(subcommand)
             .args(["--prefix", &self.prefix])
             .args(self.store_args())
-            .args(extra)
-            .stdin(Stdio::null());
+            .args(extra);
         cmd
     }
 
@@ -151,12 +176,7 @@ impl World {
 
     /// `consem run --prefix <prefix> --limit <limit> <extra> -- <command>`.
     pub fn consem(&self, limit: u32, extra: &[&str], command: &[&str]) -> Command {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_consem"));
-        cmd.env("CONSUL_HTTP_ADDR", self.http_addr());
-        // Only what a test sets reaches consem, not the caller's shell.
-        for name in CONSUL_ENV {
-            cmd.env_remove(name);
-        }
+        let mut cmd = self.consem_command();
         cmd.args([
             "run",
             "--prefix",
@@ -167,8 +187,7 @@ impl World {
         .args(self.store_args())
         .args(extra)
         .arg("--")
-        .args(command)
-        .stdin(Stdio::null());
+        .args(command);
         cmd
     }
 
@@ -212,10 +231,14 @@ impl World {
     }
 
     /// How many contenders (holders and waiters) the store holds: Consul's
-    /// contender keys, the local store's contender files.
+    /// or etcd's contender keys, the local store's contender files, Redis's
+    /// permits and queue.
     pub fn contender_keys(&self) -> usize {
         if let Some(redis) = &self.redis {
             return redis.contenders(&self.prefix);
+        }
+        if let Some(etcd) = &self.etcd {
+            return etcd.contenders(&self.prefix);
         }
         if let Some(base) = &self.local {
             let Ok(prefixes) = std::fs::read_dir(base) else {
@@ -264,6 +287,17 @@ impl World {
                 .filter(|k| !k.ends_with(":fence") && !k.ends_with(":tickets"))
                 .collect();
             assert!(left.is_empty(), "keys left on Redis: {left:?}");
+            return;
+        }
+        if let Some(etcd) = &self.etcd {
+            // The server is the world's own: any lease on it is one that
+            // a consem left behind.
+            assert_eq!(
+                etcd.keys(&self.prefix),
+                Vec::<String>::new(),
+                "keys left on etcd"
+            );
+            assert_eq!(etcd.leases(), Vec::<String>::new(), "leases left on etcd");
             return;
         }
         if let Some(base) = &self.local {

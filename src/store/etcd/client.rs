@@ -556,13 +556,23 @@ impl Client {
     /// Every key in `[key, end)`, oldest first (by create revision), as of
     /// a linearizable read.
     pub fn range(&self, key: &[u8], end: &[u8]) -> Result<RangeReply, EtcdError> {
+        self.range_within(key, end, CALL_TIMEOUT)
+    }
+
+    /// [`Client::range`] within `timeout`.
+    pub fn range_within(
+        &self,
+        key: &[u8],
+        end: &[u8],
+        timeout: Duration,
+    ) -> Result<RangeReply, EtcdError> {
         self.call(
             "/v3/kv/range",
             &json!({
                 "key": b64(key), "range_end": b64(end),
                 "sort_order": "ASCEND", "sort_target": "CREATE",
             }),
-            CALL_TIMEOUT,
+            timeout,
         )
     }
 
@@ -579,6 +589,17 @@ impl Client {
         success: &[Op],
         failure: &[Op],
     ) -> Result<TxnReply, EtcdError> {
+        self.txn_within(compare, success, failure, CALL_TIMEOUT)
+    }
+
+    /// [`Client::txn`] within `timeout`.
+    pub fn txn_within(
+        &self,
+        compare: &[Compare],
+        success: &[Op],
+        failure: &[Op],
+        timeout: Duration,
+    ) -> Result<TxnReply, EtcdError> {
         self.call(
             "/v3/kv/txn",
             &json!({
@@ -586,7 +607,7 @@ impl Client {
                 "success": success.iter().map(Op::to_json).collect::<Vec<_>>(),
                 "failure": failure.iter().map(Op::to_json).collect::<Vec<_>>(),
             }),
-            CALL_TIMEOUT,
+            timeout,
         )
     }
 
@@ -628,10 +649,13 @@ impl Client {
                 // The request's time is up: nothing happened.
                 Err(_) if std::time::Instant::now() >= deadline => return Ok(Watched::Quiet),
                 Err(e) => {
+                    // A member that died under the watch: the next call
+                    // goes to another.
+                    self.fail_over(self.endpoint().0);
                     return Err(EtcdError::Transient(format!(
                         "lost the watch on etcd: {}",
                         crate::store::network_cause(&e.to_string())
-                    )))
+                    )));
                 }
             }
             let frame: Value = serde_json::from_str(&line).unwrap_or_default();

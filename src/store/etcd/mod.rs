@@ -36,9 +36,14 @@ const DEFAULT_TTL: Duration = Duration::from_secs(15);
 const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:2379";
 const FIRST_BACKOFF: Duration = Duration::from_millis(200);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
-/// Between keep-alives that failed while holding: long enough to ride out
-/// a leader election (about a second with etcd's defaults).
-const RENEW_RETRY: Duration = Duration::from_secs(1);
+/// After a keep-alive that failed while holding, the first wait before the
+/// next; it doubles up to `MAX_BACKOFF`, so that `--monitor-retry` failures
+/// span a restart of etcd rather than a moment.
+const RENEW_RETRY: Duration = Duration::from_millis(250);
+/// The longest a keep-alive may take: one stuck behind a dead leader is
+/// sent again, to another member, while the lease still has room (a leader
+/// election takes about a second with etcd's defaults).
+const RENEW_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// What the etcd store needs beyond the store-neutral options.
 #[derive(Debug, Clone)]
@@ -194,6 +199,9 @@ struct Shared {
     /// A lease grant or a join may be under way: release waits for it.
     writing: bool,
     lease: Option<i64>,
+    /// When the last renewal etcd confirmed (or the grant) was sent: the
+    /// lease lasts a TTL from then, at least.
+    renewed: Option<Instant>,
     /// Our key's create revision: the fence.
     fence: Option<i64>,
 }
@@ -380,7 +388,9 @@ impl EtcdSemaphore {
             let granted = self.writing(|| {
                 let granted = self.client.grant(self.settings.ttl);
                 if let Ok(lease) = granted {
-                    self.shared().lease = Some(lease);
+                    let mut shared = self.shared();
+                    shared.lease = Some(lease);
+                    shared.renewed = Some(sent);
                 }
                 granted
             })?;
@@ -545,7 +555,10 @@ impl EtcdSemaphore {
                 if renewed.elapsed() >= period {
                     let sent = Instant::now();
                     match self.retrying(&mut outage, || self.client.keep_alive(id, period))? {
-                        Ok(()) => renewed = sent,
+                        Ok(()) => {
+                            renewed = sent;
+                            self.shared().renewed = Some(sent);
+                        }
                         Err(_) => {
                             report::event("rejoin", &[("why", &"our lease ended while we waited")]);
                             lease = None;
@@ -670,6 +683,7 @@ impl EtcdSemaphore {
         let key = self.key(lease_id);
         let shown_key = String::from_utf8_lossy(&key).into_owned();
         let mut failures = 0;
+        let mut backoff = RENEW_RETRY;
         let mut renew_now = false;
         loop {
             if self.shared().closing {
@@ -677,11 +691,13 @@ impl EtcdSemaphore {
             }
             if renew_now || renewed.elapsed() >= period {
                 let sent = Instant::now();
-                match self.client.keep_alive(lease_id, period) {
+                match self.client.keep_alive(lease_id, period.min(RENEW_TIMEOUT)) {
                     Ok(()) => {
                         failures = 0;
+                        backoff = RENEW_RETRY;
                         renew_now = false;
                         renewed = sent;
+                        self.shared().renewed = Some(sent);
                         notify(SlotEvent::Leased {
                             until: lease::lease_end(sent, ttl),
                         });
@@ -703,7 +719,9 @@ impl EtcdSemaphore {
                         }
                         report::event("watch-retry", &[("failures", &failures), ("error", &error)]);
                         renew_now = true;
-                        if self.pause(RENEW_RETRY) {
+                        let pause = backoff;
+                        backoff = (backoff * 2).min(MAX_BACKOFF);
+                        if self.pause(pause) {
                             return None;
                         }
                         continue;
@@ -770,7 +788,7 @@ impl SlotBackend for EtcdSemaphore {
 
     fn release(&self, budget: Duration) -> Result<(), String> {
         let deadline = Instant::now() + budget;
-        let lease = {
+        let (lease, renewed) = {
             let mut shared = self.shared();
             shared.closing = true;
             self.changed.notify_all();
@@ -778,30 +796,43 @@ impl SlotBackend for EtcdSemaphore {
                 .changed
                 .wait_timeout_while(shared, budget / 2, |s| s.writing)
                 .unwrap_or_else(|e| e.into_inner());
-            shared.lease
+            (shared.lease, shared.renewed)
         };
         let Some(lease) = lease else {
             return Ok(());
         };
-        let left = deadline
-            .saturating_duration_since(Instant::now())
-            .max(Duration::from_millis(100));
-        let revoked = self.client.revoke(lease, left);
+        // Waiting for etcd longer than the lease has left is of no use:
+        // the key goes with the lease either way.
+        let ends = renewed.map(|sent| sent + self.settings.ttl);
+        let left = |floor: Duration| {
+            let mut until = deadline;
+            if let Some(ends) = ends {
+                until = until.min(ends);
+            }
+            until.saturating_duration_since(Instant::now()).max(floor)
+        };
+        let revoked = self.client.revoke(lease, left(Duration::from_millis(100)));
         report::event("released", &[("prefix", &self.prefix)]);
         if let Err(error) = revoked {
+            let expiry = ends.map_or(self.settings.ttl, |ends| {
+                ends.saturating_duration_since(Instant::now())
+            });
             return Err(format!(
                 "leaving {}: {error}; our lease {lease:x} expires by itself within {}",
                 self.prefix,
-                crate::duration::human(self.settings.ttl)
+                crate::duration::human(expiry)
             ));
         }
         // The last one out drops the limit record, unless a contender
         // arrived since the listing.
-        if let Ok(listing) = self.client.range(&self.range.0, &self.range.1) {
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(100));
+        if let Ok(listing) = self.client.range_within(&self.range.0, &self.range.1, left) {
             if queue::contenders(&listing.kvs, &self.limit_key).is_empty()
                 && listing.kvs.iter().any(|kv| kv.key == self.limit_key)
             {
-                let _ = self.client.txn(
+                let _ = self.client.txn_within(
                     &[Compare::UnchangedSince(
                         &self.range.0,
                         &self.range.1,
@@ -809,6 +840,7 @@ impl SlotBackend for EtcdSemaphore {
                     )],
                     &[Op::Delete(&self.limit_key)],
                     &[],
+                    left,
                 );
             }
         }

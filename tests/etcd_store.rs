@@ -1,0 +1,702 @@
+//! What only the etcd store does, against a real etcd of each test's own
+//! (three members for a failover): its keys and leases as etcd shows them,
+//! a slot taken away with etcdctl, a server killed or frozen while a
+//! command runs, a leader killed under holders and waiters, credentials,
+//! endpoints that are down, TLS, and nothing left behind after runs of
+//! every kind. The behaviour every store shares is in tests/conformance.rs.
+
+mod common;
+
+use std::os::unix::process::ExitStatusExt as _;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::etcd::{free_ports, EtcdCluster, EtcdEntry, EtcdServer, TlsFiles};
+use common::wait_until;
+use common::world::*;
+
+/// Bound for one consem run; every test stays well under nextest's 60 s.
+const RUN_DEADLINE: Duration = Duration::from_secs(30);
+
+fn spawn(mut command: Command) -> Child {
+    command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits for `child` (killed if it passes the deadline) and collects its
+/// output.
+fn finish_within(mut child: Child, what: &str) -> Output {
+    wait_with_deadline(&mut child, RUN_DEADLINE, what);
+    child.wait_with_output().unwrap()
+}
+
+fn output_of(command: Command) -> Output {
+    finish_within(spawn(command), "consem to exit")
+}
+
+fn output(world: &World, limit: u32, extra: &[&str], command: &[&str]) -> Output {
+    output_of(world.consem(limit, extra, command))
+}
+
+/// `consem run` against `store` instead of the world's own.
+fn run_on(world: &World, store: &str, limit: u32, extra: &[&str], command: &[&str]) -> Command {
+    let mut run = world.consem_command();
+    run.args(["run", "--prefix", &world.prefix])
+        .args(["--limit", &limit.to_string()])
+        .arg(format!("--store={store}"))
+        .args(extra)
+        .arg("--")
+        .args(command);
+    run
+}
+
+/// `consem status --json` against `store`.
+fn status_on(world: &World, store: &str) -> (Option<i32>, serde_json::Value) {
+    let mut status = world.consem_command();
+    status
+        .args(["status", "--json", "--prefix", &world.prefix])
+        .arg(format!("--store={store}"));
+    let output = output_of(status);
+    let json = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", stderr(&output)));
+    (output.status.code(), json)
+}
+
+/// The contender keys under `prefix`, oldest (lowest create revision) first.
+fn contenders(etcd: &EtcdServer, prefix: &str) -> Vec<EtcdEntry> {
+    let limit = format!("{prefix}/.limit");
+    let mut entries: Vec<EtcdEntry> = etcd
+        .entries(prefix)
+        .into_iter()
+        .filter(|e| e.key != limit)
+        .collect();
+    entries.sort_by_key(|e| e.create_revision);
+    entries
+}
+
+fn lease_of(entry: &EtcdEntry) -> &str {
+    entry
+        .lease
+        .as_deref()
+        .unwrap_or_else(|| panic!("a contender key without a lease: {entry:?}"))
+}
+
+/// Commands that append "start" and "end" to one log: how many ran, and
+/// the most that ran at once.
+fn starts_and_most_at_once(log: &str) -> (usize, usize) {
+    let (mut running, mut most, mut starts) = (0usize, 0usize, 0usize);
+    for line in log.lines() {
+        if line == "start" {
+            running += 1;
+            starts += 1;
+        } else {
+            running -= 1;
+        }
+        most = most.max(running);
+    }
+    (starts, most)
+}
+
+/// The slot as etcd shows it: a contender key named after its lease (in
+/// hex) and attached to it, granted `--ttl`, describing its consem; the
+/// limit record without a lease; the holder's key and its create revision
+/// (which is the fence) in the command's environment; the leases as the
+/// sessions of `status`.
+#[test]
+fn a_slot_is_a_key_on_a_lease_and_its_create_revision_is_the_fence() {
+    let world = World::etcd("layout");
+    let etcd = world.etcd.as_ref().unwrap();
+    let script = format!(
+        "printf '%s|%s|%s' \"$ETCD_LOCK_KEY\" \"$ETCD_LOCK_REV\" \"$CONSEM_FENCE\" > '{}'; touch '{}'; while [ ! -e '{}' ]; do sleep 0.02; done",
+        world.path("env"),
+        world.path("ready"),
+        world.path("go")
+    );
+    let holder = world.spawn(1, &["--ttl", "7s"], &["sh", "-c", &script]);
+    wait_until(PROMPT, "the holder's command to start", || {
+        world.exists("ready")
+    });
+    let waiter = world.spawn(1, &["--ttl", "7s"], &["true"]);
+    wait_until(PROMPT, "the waiter to queue", || {
+        world.contender_keys() == 2
+    });
+
+    let entries = etcd.entries(&world.prefix);
+    let limit_key = world.key(".limit");
+    let limit = entries
+        .iter()
+        .find(|e| e.key == limit_key)
+        .unwrap_or_else(|| panic!("no {limit_key}: {entries:?}"));
+    assert_eq!(limit.value, "1", "{limit:?}");
+    assert_eq!(limit.lease, None, "the limit record outlives contenders");
+    let contenders = contenders(etcd, &world.prefix);
+    assert_eq!(contenders.len(), 2, "{entries:?}");
+    for (entry, consem) in contenders.iter().zip([&holder, &waiter]) {
+        let lease = lease_of(entry);
+        assert_eq!(entry.key, world.key(lease), "named after its lease");
+        assert_eq!(etcd.time_to_live(lease).0, 7, "granted --ttl");
+        let description: serde_json::Value = serde_json::from_str(&entry.value)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {entry:?}"));
+        assert_eq!(description["Pid"], consem.id(), "{description}");
+        for field in ["Host", "Command", "Started"] {
+            assert!(description[field].is_string(), "{field}: {description}");
+        }
+    }
+    let mut leases: Vec<String> = contenders.iter().map(|e| lease_of(e).to_string()).collect();
+    leases.sort();
+    assert_eq!(etcd.leases(), leases, "one lease per contender");
+
+    let held = &contenders[0];
+    let env = std::fs::read_to_string(world.path("env")).unwrap();
+    let revision = held.create_revision;
+    assert_eq!(env, format!("{}|{revision}|{revision}", held.key));
+
+    let status = world.admin("status", &["--json"]).output().unwrap();
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(status["holders"][0]["session"], lease_of(held), "{status}");
+    assert_eq!(
+        status["waiters"][0]["session"],
+        lease_of(&contenders[1]),
+        "{status}"
+    );
+
+    world.touch("go");
+    let held = finish_within(holder, "the holder to finish");
+    assert_eq!(held.status.code(), Some(0), "{}", stderr(&held));
+    let waited = finish_within(waiter, "the waiter to run");
+    assert_eq!(waited.status.code(), Some(0), "{}", stderr(&waited));
+    world.assert_clean();
+}
+
+/// Twice the conformance suite's contenders, each keeping its slot
+/// briefly, so that slots change hands while others still join.
+#[test]
+fn sixteen_contenders_never_run_more_than_three_at_once() {
+    let world = World::etcd("sixteen");
+    let log = world.path("log");
+    let script = format!("echo start >> '{log}'; sleep 0.1; echo end >> '{log}'");
+    let children: Vec<Child> = (0..16)
+        .map(|_| world.spawn(3, &[], &["sh", "-c", &script]))
+        .collect();
+    for child in children {
+        let output = finish_within(child, "a contender to run and exit");
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    }
+    let log = std::fs::read_to_string(&log).unwrap();
+    let (starts, most) = starts_and_most_at_once(&log);
+    assert_eq!(starts, 16, "every contender ran:\n{log}");
+    assert!(most <= 3, "{most} ran at once:\n{log}");
+    world.assert_clean();
+}
+
+/// With two slots, each slot that frees goes to the waiter that queued
+/// first, whichever holder leaves, a later one too.
+#[test]
+fn freed_slots_go_to_the_earliest_waiters() {
+    let world = World::etcd("fifo-two");
+    let holders = [
+        hold_slot(&world, 2, "ready-a", "go-a"),
+        hold_slot(&world, 2, "ready-b", "go-b"),
+    ];
+    let mut waiters = Vec::new();
+    for n in 0..4 {
+        let command = world.held_until(&format!("ready-{n}"), &format!("go-{n}"), 0);
+        waiters.push(world.spawn(2, &[], &strs(&command)));
+        wait_until(PROMPT, "the waiter to queue", || {
+            world.contender_keys() == 3 + n
+        });
+    }
+    let started = || -> Vec<usize> {
+        (0..4)
+            .filter(|n| world.exists(&format!("ready-{n}")))
+            .collect()
+    };
+    // (who leaves, the waiter that takes its slot)
+    for (leaving, next) in [("b", 0), ("a", 1), ("1", 2), ("0", 3)] {
+        world.touch(&format!("go-{leaving}"));
+        wait_until(PROMPT, &format!("waiter {next} to start"), || {
+            world.exists(&format!("ready-{next}"))
+        });
+        assert_eq!(
+            started(),
+            (0..=next).collect::<Vec<_>>(),
+            "after {leaving} left"
+        );
+    }
+    world.touch("go-2");
+    world.touch("go-3");
+    for child in holders.into_iter().chain(waiters) {
+        let output = finish_within(child, "a contender to finish");
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    }
+    world.assert_clean();
+}
+
+/// The fence is the contender key's create revision, which etcd keeps on
+/// disk: it grows from one run to the next, across a restart of the
+/// server too.
+#[test]
+fn the_fence_is_the_create_revision_and_grows_across_a_restart() {
+    let mut world = World::etcd("fence-restart");
+    let fence = |world: &World| -> i64 {
+        let script = "printf '%s %s' \"$CONSEM_FENCE\" \"$ETCD_LOCK_REV\"";
+        let run = output(world, 1, &[], &["sh", "-c", script]);
+        assert_eq!(run.status.code(), Some(0), "{}", stderr(&run));
+        let text = String::from_utf8(run.stdout).unwrap();
+        let (fence, revision) = text.split_once(' ').unwrap();
+        assert_eq!(fence, revision, "the fence is the key's create revision");
+        fence.parse().unwrap()
+    };
+    let mut fences: Vec<i64> = (0..5).map(|_| fence(&world)).collect();
+    world.etcd.as_mut().unwrap().restart();
+    fences.extend((0..5).map(|_| fence(&world)));
+    assert!(
+        fences.windows(2).all(|w| w[1] > w[0]),
+        "fences must grow: {fences:?}"
+    );
+    world.assert_clean();
+}
+
+/// An operator takes the slot away with etcdctl while the command runs
+/// (`take` is given the holder's key): the holder stops the command and
+/// exits 76, and the slot goes to the waiter.
+fn taken_away_with_etcdctl(name: &str, take: fn(&EtcdServer, &EtcdEntry)) {
+    let world = World::etcd(name);
+    let etcd = world.etcd.as_ref().unwrap();
+    let script = format!("echo $$ > '{}'; exec sleep 60", world.path("pid"));
+    let holder = world.spawn(1, &["--kill-grace", "1s"], &["sh", "-c", &script]);
+    let pid = read_pid(&world, "pid");
+    let waiter = world.spawn(1, &[], &["true"]);
+    wait_until(PROMPT, "the waiter to queue", || {
+        world.contender_keys() == 2
+    });
+    take(etcd, &contenders(etcd, &world.prefix)[0]);
+    let stopped = finish_within(holder, "the holder to stop its command");
+    assert_eq!(stopped.status.code(), Some(76), "{}", stderr(&stopped));
+    assert!(
+        stderr(&stopped).contains("slot lost"),
+        "{}",
+        stderr(&stopped)
+    );
+    wait_until(PROMPT, "the command to be gone", || process_gone(pid));
+    let waited = finish_within(waiter, "the waiter to run");
+    assert_eq!(waited.status.code(), Some(0), "{}", stderr(&waited));
+    world.assert_clean();
+}
+
+#[test]
+fn a_lease_revoked_with_etcdctl_stops_the_command_with_76() {
+    taken_away_with_etcdctl("revoked", |etcd, holder| etcd.revoke(lease_of(holder)));
+}
+
+/// The holder's lease outlives its key: consem revokes it when it leaves.
+#[test]
+fn a_contender_key_deleted_with_etcdctl_stops_the_command_with_76() {
+    taken_away_with_etcdctl("deleted", |etcd, holder| etcd.delete(&holder.key));
+}
+
+/// Starts a holder with a 3 s lease whose command writes its pid, then
+/// cuts it off from etcd with `cut_off`: the command must be gone before
+/// the lease could run out on the server, that is within 3 s of the cut
+/// (one TTL after the last keep-alive, which came before it). consem
+/// exits 76 within three TTLs: once the lease is over, a release that etcd
+/// does not answer is not worth waiting for.
+fn cut_off_while_holding(world: &mut World, cut_off: fn(&mut EtcdServer)) {
+    let script = format!("echo $$ > '{}'; exec sleep 60", world.path("pid"));
+    let mut holder = world.spawn(
+        1,
+        &["--ttl", "3s", "--kill-grace", "500ms"],
+        &["sh", "-c", &script],
+    );
+    let pid = read_pid(world, "pid");
+    let cut = Instant::now();
+    cut_off(world.etcd.as_mut().unwrap());
+    wait_until(Duration::from_secs(10), "the command to be stopped", || {
+        process_gone(pid)
+    });
+    assert!(
+        cut.elapsed() < Duration::from_secs(3),
+        "the command ran {:?} after etcd was cut off",
+        cut.elapsed()
+    );
+    wait_with_deadline(&mut holder, RUN_DEADLINE, "the holder to exit");
+    let stopped = holder.wait_with_output().unwrap();
+    assert_eq!(stopped.status.code(), Some(76), "{}", stderr(&stopped));
+    assert!(
+        cut.elapsed() < Duration::from_secs(9),
+        "consem exited {:?} after etcd was cut off: {}",
+        cut.elapsed(),
+        stderr(&stopped)
+    );
+}
+
+/// etcd killed while a command runs; restarted, it still has the dead
+/// holder's lease, and the next contender gets the slot once it runs out.
+#[test]
+fn a_killed_server_stops_the_command_before_the_lease_could_run_out() {
+    let mut world = World::etcd("killed");
+    cut_off_while_holding(&mut world, EtcdServer::stop);
+    world.etcd.as_mut().unwrap().restart();
+    let next = output(&world, 1, &["--timeout", "20s"], &["true"]);
+    assert_eq!(next.status.code(), Some(0), "{}", stderr(&next));
+    world.assert_clean();
+}
+
+/// etcd frozen (SIGSTOP) while a command runs: requests are accepted and
+/// never answered. Thawed, it lets the lease run out, and the next
+/// contender gets the slot.
+#[test]
+fn a_frozen_server_stops_the_command_before_the_lease_could_run_out() {
+    let mut world = World::etcd("frozen");
+    cut_off_while_holding(&mut world, |etcd| etcd.freeze());
+    world.etcd.as_ref().unwrap().thaw();
+    let next = output(&world, 1, &["--timeout", "20s"], &["true"]);
+    assert_eq!(next.status.code(), Some(0), "{}", stderr(&next));
+    world.assert_clean();
+}
+
+/// A consem killed with SIGKILL cannot revoke its lease: its slot comes
+/// back when the lease runs out, one TTL later, and the waiter gets it.
+#[test]
+fn the_slot_of_a_killed_consem_comes_back_when_its_lease_runs_out() {
+    let world = World::etcd("killed-holder");
+    let mut holder = world.spawn(
+        1,
+        &["--ttl", "2s"],
+        &strs(&world.held_until("ready", "go", 0)),
+    );
+    wait_until(PROMPT, "the holder's command to start", || {
+        world.exists("ready")
+    });
+    let waiter = world.spawn(1, &["--ttl", "2s"], &["touch", &world.path("waiter-ran")]);
+    wait_until(PROMPT, "the waiter to queue", || {
+        world.contender_keys() == 2
+    });
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    let killed = Instant::now();
+    let waited = finish_within(waiter, "the waiter to get the slot");
+    assert_eq!(waited.status.code(), Some(0), "{}", stderr(&waited));
+    assert!(world.exists("waiter-ran"));
+    assert!(
+        killed.elapsed() < PROMPT,
+        "the slot came back {:?} after the kill",
+        killed.elapsed()
+    );
+    world.assert_clean();
+}
+
+/// Three members; the leader is killed while two holders keep both slots
+/// and two waiters queue. consem moves on to the members left: every
+/// lease is renewed through them, a contender arriving after the kill
+/// queues and gets its turn, `--try` still finds the semaphore full, and
+/// never more than two commands run at once.
+#[test]
+fn holders_and_waiters_ride_out_the_death_of_the_leader() {
+    let world = World::on_the_double("etcd-leader-killed");
+    let mut cluster = EtcdCluster::start(&world.dir.join("etcd"));
+    let leader = cluster.leader();
+    // The leader first: consem starts out talking to the member that dies.
+    let store = cluster.url_starting_with(leader);
+    let log = world.path("log");
+    let contender = |script: &str| {
+        spawn(run_on(
+            &world,
+            &store,
+            2,
+            &["--ttl", "6s"],
+            &["sh", "-c", script],
+        ))
+    };
+    let holders: Vec<Child> = (0..2)
+        .map(|n| {
+            contender(&format!(
+                "echo start >> '{log}'; touch '{}'; while [ ! -e '{}' ]; do sleep 0.02; done; echo end >> '{log}'",
+                world.path(&format!("ready-{n}")),
+                world.path("go")
+            ))
+        })
+        .collect();
+    wait_until(PROMPT, "both holders' commands to start", || {
+        world.exists("ready-0") && world.exists("ready-1")
+    });
+    let waiter_script = format!("echo start >> '{log}'; sleep 0.2; echo end >> '{log}'");
+    let mut waiters: Vec<Child> = (0..2).map(|_| contender(&waiter_script)).collect();
+    wait_until(PROMPT, "the waiters to queue", || {
+        cluster.any_running().contenders(&world.prefix) == 4
+    });
+
+    cluster.kill(leader);
+    let elected = cluster.leader();
+    assert_ne!(elected, leader);
+    waiters.push(contender(&waiter_script));
+    wait_until(
+        PROMPT,
+        "the contender that came after the kill to queue",
+        || cluster.any_running().contenders(&world.prefix) == 5,
+    );
+    let tried = output_of(run_on(
+        &world,
+        &store,
+        2,
+        &["--try"],
+        &["touch", &world.path("tried")],
+    ));
+    assert_eq!(tried.status.code(), Some(75), "{}", stderr(&tried));
+
+    // The new leader extended every lease once when it took over; a lease
+    // whose time left then goes up again was renewed by consem.
+    let member = cluster.any_running();
+    for entry in contenders(member, &world.prefix) {
+        let lease = lease_of(&entry);
+        let mut lowest = i64::MAX;
+        wait_until(
+            Duration::from_secs(20),
+            &format!("a keep-alive of lease {lease} after the failover"),
+            || {
+                let (_, left) = member.time_to_live(lease);
+                assert!(
+                    left >= 0,
+                    "lease {lease} is gone: its consem gave the slot up, or etcd let it run out"
+                );
+                let renewed = left > lowest;
+                lowest = lowest.min(left);
+                renewed
+            },
+        );
+    }
+
+    world.touch("go");
+    for child in holders.into_iter().chain(waiters) {
+        let output = finish_within(child, "a contender to finish");
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    }
+    let log = std::fs::read_to_string(&log).unwrap();
+    let (starts, most) = starts_and_most_at_once(&log);
+    assert_eq!(starts, 5, "every contender ran:\n{log}");
+    assert!(most <= 2, "{most} ran at once:\n{log}");
+    assert!(!world.exists("tried"));
+    assert_eq!(member.keys(&world.prefix), Vec::<String>::new());
+    assert_eq!(member.leases(), Vec::<String>::new());
+}
+
+/// With authentication on, a wrong or missing password (by option or
+/// etcdctl's variables) and a user without the rights consem needs are
+/// refused with 77 and one line that shows no password; root's password
+/// works, and a refused contender leaves no lease behind.
+#[test]
+fn wrong_credentials_and_missing_permissions_exit_77() {
+    let mut world = World::etcd("auth");
+    let etcd = world.etcd.as_mut().unwrap();
+    etcd.add_user("limited", "limited-pw");
+    etcd.enable_auth("s3cret-etcd");
+    let run = |args: &[&str], env: &[(&str, &str)]| {
+        let mut command = world.consem(1, args, &["touch", &world.path("ran")]);
+        command.envs(env.iter().copied());
+        output_of(command)
+    };
+    let no_env: &[(&str, &str)] = &[];
+    for (args, env) in [
+        (&[][..], no_env),
+        (&["--user", "root:bad-pass-1"][..], no_env),
+        (&["--user", "root", "--password", "bad-pass-1"][..], no_env),
+        (&[][..], &[("ETCDCTL_USER", "root:bad-pass-1")][..]),
+        (
+            &[][..],
+            &[("ETCDCTL_USER", "root"), ("ETCDCTL_PASSWORD", "bad-pass-1")][..],
+        ),
+        (&["--user", "limited:limited-pw"][..], no_env),
+    ] {
+        let output = run(args, env);
+        let text = stderr(&output);
+        assert_eq!(output.status.code(), Some(77), "{args:?} {env:?}: {text}");
+        assert_eq!(text.lines().count(), 1, "{text}");
+        assert!(
+            !text.contains("bad-pass-1") && !text.contains("limited-pw"),
+            "a password in: {text}"
+        );
+        assert!(!world.exists("ran"), "{args:?} {env:?}");
+    }
+    let output = run(&["--user", "root:s3cret-etcd"], no_env);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(world.exists("ran"));
+    world.assert_clean();
+}
+
+/// No etcd at the one endpoint: 69 and one line that names it, for `run`
+/// and `status`, and the command never runs.
+#[test]
+fn an_endpoint_nobody_answers_at_is_unavailable_69() {
+    let world = World::on_the_double("etcd-unreachable");
+    let [dead] = free_ports();
+    let store = format!("etcd://127.0.0.1:{dead}");
+    let ran = output_of(run_on(
+        &world,
+        &store,
+        1,
+        &[],
+        &["touch", &world.path("ran")],
+    ));
+    let text = stderr(&ran);
+    assert_eq!(ran.status.code(), Some(69), "{text}");
+    assert_eq!(text.lines().count(), 1, "{text}");
+    assert!(text.contains(&format!("127.0.0.1:{dead}")), "{text}");
+    assert!(!world.exists("ran"));
+    let mut status = world.consem_command();
+    status
+        .args(["status", "--prefix", &world.prefix])
+        .arg(format!("--store={store}"));
+    let status = output_of(status);
+    assert_eq!(status.status.code(), Some(69), "{}", stderr(&status));
+}
+
+/// The first endpoint in the list (of the store's URL, or of
+/// ETCDCTL_ENDPOINTS) is down: `run` and `status` use the next one.
+#[test]
+fn a_later_endpoint_in_the_list_serves_when_the_first_is_down() {
+    let world = World::etcd("second-endpoint");
+    let etcd = world.etcd.as_ref().unwrap();
+    let [dead] = free_ports();
+    let store = format!("etcd://127.0.0.1:{dead},{}", etcd.address());
+    let held = world.held_until("ready", "go", 0);
+    let holder = spawn(run_on(&world, &store, 1, &[], &strs(&held)));
+    wait_until(PROMPT, "the holder's command to start", || {
+        world.exists("ready")
+    });
+    let (code, status) = status_on(&world, &store);
+    assert_eq!(code, Some(0), "{status}");
+    assert_eq!(status["holders"][0]["pid"], holder.id(), "{status}");
+    world.touch("go");
+    let output = finish_within(holder, "the holder to finish");
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    // `--store etcd` takes the list from ETCDCTL_ENDPOINTS, as etcdctl does.
+    let mut from_env = run_on(&world, "etcd", 1, &[], &["printf", "ran"]);
+    from_env.env(
+        "ETCDCTL_ENDPOINTS",
+        format!("http://127.0.0.1:{dead},{}", etcd.endpoint()),
+    );
+    let ran = output_of(from_env);
+    assert_eq!(ran.status.code(), Some(0), "{}", stderr(&ran));
+    assert_eq!(ran.stdout, b"ran");
+    world.assert_clean();
+}
+
+/// 202 runs of every kind on one prefix: `--try` and `--timeout` that
+/// found no slot, waiters interrupted in the queue, a holder, commands
+/// that succeed, fail or die of a signal. No key is left under the
+/// prefix, and no lease.
+#[test]
+fn runs_of_every_kind_leave_no_key_and_no_lease() {
+    let world = World::etcd("leaks");
+    let holder = hold_slot(&world, 1, "ready", "go");
+    for round in 0..40 {
+        let tried = output(&world, 1, &["--try"], &["true"]);
+        assert_eq!(tried.status.code(), Some(75), "round {round}");
+        let timed = output(&world, 1, &["--timeout", "100ms"], &["true"]);
+        assert_eq!(timed.status.code(), Some(75), "round {round}");
+        let waiter = world.spawn(1, &[], &["true"]);
+        wait_until(PROMPT, "the waiter to queue", || {
+            world.contender_keys() == 2
+        });
+        signal(&waiter, libc::SIGTERM);
+        let interrupted = finish_within(waiter, "the waiter to leave");
+        assert_eq!(
+            interrupted.status.signal(),
+            Some(libc::SIGTERM),
+            "round {round}"
+        );
+    }
+    world.touch("go");
+    assert_eq!(finish(holder).status.code(), Some(0));
+    for round in 0..27 {
+        for code in [0, 3] {
+            let ran = output(&world, 1, &[], &["sh", "-c", &format!("exit {code}")]);
+            assert_eq!(ran.status.code(), Some(code), "round {round}");
+        }
+        let killed = output(&world, 1, &[], &["sh", "-c", "kill -KILL $$"]);
+        assert_eq!(killed.status.signal(), Some(libc::SIGKILL), "round {round}");
+    }
+    world.assert_clean();
+}
+
+/// Runs `echo over tls` under consem against the TLS member `etcd`,
+/// with `args` and `env` and no system-wide trust settings.
+fn over_tls(world: &World, etcd: &EtcdServer, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = run_on(world, &etcd.url(), 1, args, &["echo", "over tls"]);
+    command
+        .env_remove("SSL_CERT_FILE")
+        .env_remove("SSL_CERT_DIR")
+        .envs(env.iter().copied());
+    output_of(command)
+}
+
+fn path(p: &std::path::Path) -> String {
+    p.to_str().unwrap().to_string()
+}
+
+/// `etcds://` checks the server's certificate against `--cacert` or
+/// ETCDCTL_CACERT; a CA that did not sign it is refused in one line, and
+/// the command does not run.
+#[test]
+fn etcds_checks_the_server_certificate_against_the_given_ca() {
+    let world = World::on_the_double("etcd-tls");
+    let files = common::pki::TestPki::new().write_to(&world.dir.join("pki"));
+    let etcd = EtcdServer::start_tls(&world.dir.join("etcd"), TlsFiles::server_only(&files));
+    let (ca, other_ca) = (path(&files.ca), path(&files.other_ca));
+    for (args, env) in [
+        (vec!["--cacert", &ca], vec![]),
+        (vec![], vec![("ETCDCTL_CACERT", ca.as_str())]),
+    ] {
+        let trusted = over_tls(&world, &etcd, &args, &env);
+        assert_eq!(trusted.status.code(), Some(0), "{}", stderr(&trusted));
+        assert_eq!(trusted.stdout, b"over tls\n");
+    }
+    let refused = over_tls(&world, &etcd, &["--cacert", &other_ca], &[]);
+    let text = stderr(&refused);
+    assert_eq!(refused.status.code(), Some(69), "{text}");
+    assert_eq!(text.lines().count(), 1, "{text}");
+    assert!(refused.stdout.is_empty(), "the command ran");
+    assert_eq!(etcd.keys(&world.prefix), Vec::<String>::new());
+    assert_eq!(etcd.leases(), Vec::<String>::new());
+}
+
+/// A member that asks for a client certificate gets the one of `--cert`
+/// and `--key`, or ETCDCTL_CERT and ETCDCTL_KEY; without one, consem is
+/// refused in one line, and the command does not run.
+#[test]
+fn etcds_presents_the_client_certificate() {
+    let world = World::on_the_double("etcd-mtls");
+    let tls = TlsFiles::mutual(&world.dir.join("pki"));
+    let etcd = EtcdServer::start_tls(&world.dir.join("etcd"), tls.clone());
+    let ca = path(&tls.ca);
+    let (cert, key) = tls.client.as_ref().unwrap();
+    let (cert, key) = (path(cert), path(key));
+    for (args, env) in [
+        (
+            vec!["--cacert", &ca, "--cert", &cert, "--key", &key],
+            vec![],
+        ),
+        (
+            vec![],
+            vec![
+                ("ETCDCTL_CACERT", ca.as_str()),
+                ("ETCDCTL_CERT", cert.as_str()),
+                ("ETCDCTL_KEY", key.as_str()),
+            ],
+        ),
+    ] {
+        let presented = over_tls(&world, &etcd, &args, &env);
+        assert_eq!(presented.status.code(), Some(0), "{}", stderr(&presented));
+        assert_eq!(presented.stdout, b"over tls\n");
+    }
+    let refused = over_tls(&world, &etcd, &["--cacert", &ca], &[]);
+    let text = stderr(&refused);
+    assert_eq!(refused.status.code(), Some(69), "{text}");
+    assert_eq!(text.lines().count(), 1, "{text}");
+    assert!(refused.stdout.is_empty(), "the command ran");
+    assert_eq!(etcd.keys(&world.prefix), Vec::<String>::new());
+    assert_eq!(etcd.leases(), Vec::<String>::new());
+}
