@@ -540,8 +540,9 @@ fn a_frozen_consem_s_command_is_stopped_within_the_lease() {
             &format!("date +%s%N > '{}'", world.path("next")),
         ],
     );
+    // The shell creates the file before `date` writes its line.
     wait_until(Duration::from_secs(30), "the next holder to run", || {
-        world.exists("next")
+        std::fs::read_to_string(world.path("next")).is_ok_and(|s| s.ends_with('\n'))
     });
     assert!(process_gone(pid), "the frozen consem's command still runs");
     let next_started: u128 = std::fs::read_to_string(world.path("next"))
