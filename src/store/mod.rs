@@ -9,6 +9,7 @@ pub mod etcd;
 pub mod lease;
 pub mod local;
 pub mod redis;
+pub mod resolver;
 pub mod tls;
 
 use std::sync::Arc;

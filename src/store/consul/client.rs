@@ -7,12 +7,12 @@ use std::time::Duration;
 use base64::Engine as _;
 use serde::Deserialize;
 use ureq::http;
-use ureq::unversioned::resolver::{DefaultResolver, ResolvedSocketAddrs, Resolver};
-use ureq::unversioned::transport::{DefaultConnector, NextTimeout};
+use ureq::unversioned::transport::DefaultConnector;
 use ureq::RequestExt as _;
 
 use crate::duration;
 use crate::store::consul::semaphore::{self, Entry, LockRecord, Snapshot};
+use crate::store::resolver::DirectResolver;
 use crate::store::tls::{self, TlsSettings};
 
 /// Connect timeout: Consul agents run next to their clients, so a connection
@@ -300,7 +300,7 @@ impl Client {
         let agent = ureq::Agent::with_parts(
             builder.build(),
             DefaultConnector::new(),
-            AgentResolver { pinned },
+            DirectResolver { pinned },
         );
         let mut headers = Vec::new();
         if let Some(token) = &config.token {
@@ -715,41 +715,6 @@ impl Client {
             index,
             body,
         })
-    }
-}
-
-/// Resolves the agent's address. An IP address is used as it is: ureq's
-/// default resolver starts a thread for every request to bound a name
-/// lookup by the timeout, which costs more than the request on loopback.
-/// With `pinned` (`--tls-server-name`), every URL resolves to the agent's
-/// address, while URLs carry the name its certificate is checked against.
-#[derive(Debug)]
-struct AgentResolver {
-    pinned: Option<http::Uri>,
-}
-
-impl Resolver for AgentResolver {
-    fn resolve(
-        &self,
-        uri: &http::Uri,
-        config: &ureq::config::Config,
-        timeout: NextTimeout,
-    ) -> Result<ResolvedSocketAddrs, ureq::Error> {
-        let uri = self.pinned.as_ref().unwrap_or(uri);
-        let ip = uri
-            .host()
-            .map(|host| host.trim_start_matches('[').trim_end_matches(']'))
-            .and_then(|host| host.parse::<std::net::IpAddr>().ok());
-        let https = uri.scheme_str() == Some("https");
-        match ip {
-            Some(ip) => {
-                let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
-                let mut addresses = self.empty();
-                addresses.push(std::net::SocketAddr::new(ip, port));
-                Ok(addresses)
-            }
-            None => DefaultResolver::default().resolve(uri, config, timeout),
-        }
     }
 }
 

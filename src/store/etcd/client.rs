@@ -262,7 +262,11 @@ impl Client {
             builder = builder.tls_config(connection.tls.load(&TLS_NAMES)?);
         }
         Ok(Client {
-            agent: builder.build().into(),
+            agent: ureq::Agent::with_parts(
+                builder.build(),
+                ureq::unversioned::transport::DefaultConnector::new(),
+                crate::store::resolver::DirectResolver { pinned: None },
+            ),
             connection,
             current: AtomicUsize::new(0),
             token: Mutex::new(None),
