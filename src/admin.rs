@@ -87,7 +87,7 @@ pub fn status(args: StatusArgs, env: impl Fn(&str) -> Option<String>) -> i32 {
     finish((|| {
         let (_, admin) = open(&args.prefix, args.store, args.consul, args.etcd, env)?;
         let mut status = admin.status()?;
-        status.conflict = status.over_limit();
+        status.conflict = status.conflict.take().or_else(|| status.over_limit());
         if json {
             println!(
                 "{}",

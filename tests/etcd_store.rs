@@ -407,7 +407,9 @@ fn holders_and_waiters_ride_out_the_death_of_the_leader() {
             &world,
             &store,
             2,
-            &["--ttl", "6s"],
+            // Room in the lease for an election: SIGTERM comes 6.5 s after
+            // a renewal that was due and failed.
+            &["--ttl", "15s", "--kill-grace", "1s"],
             &["sh", "-c", script],
         ))
     };

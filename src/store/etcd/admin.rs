@@ -97,7 +97,13 @@ impl Admin for EtcdAdmin {
             // etcd deletes a contender's key when its lease ends.
             dead_holders: Vec::new(),
             store: "etcd",
-            conflict: None,
+            conflict: queue::foreign(&contenders).map(|kv| {
+                format!(
+                    "{} is a key of etcdctl lock (or another client of etcd's concurrency.Mutex): it waits for every older key under {}/, the limit record included, and consem refuses to join it; use another prefix for one of them",
+                    String::from_utf8_lossy(&kv.key),
+                    self.prefix
+                )
+            }),
         })
     }
 
@@ -119,12 +125,16 @@ impl Admin for EtcdAdmin {
         let mut revision = listing.header.revision;
         let mut evicted = 0;
         if !contenders.is_empty() {
+            let holding = limit.map_or(contenders.len(), |limit| limit as usize);
             if !force {
                 return Ok(ResetOutcome::LiveHolders(
-                    contenders.iter().map(|kv| session(kv)).collect(),
+                    contenders
+                        .iter()
+                        .take(holding)
+                        .map(|kv| session(kv))
+                        .collect(),
                 ));
             }
-            let holding = limit.map_or(contenders.len(), |limit| limit as usize);
             for kv in contenders.iter().take(holding) {
                 self.revoke(kv.lease)?;
                 evicted += 1;

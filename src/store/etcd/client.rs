@@ -136,6 +136,15 @@ pub struct TxnReply {
 }
 
 impl TxnReply {
+    /// The listing the `i`th operation (a `List`) read, as of the
+    /// transaction's revision.
+    pub fn listing(&self, i: usize) -> RangeReply {
+        RangeReply {
+            header: self.header.clone(),
+            kvs: self.range(i),
+        }
+    }
+
     /// The keys the `i`th operation (a range) read.
     pub fn range(&self, i: usize) -> Vec<KeyValue> {
         self.responses
@@ -155,6 +164,9 @@ pub enum Compare<'a> {
     Value(&'a [u8], &'a [u8]),
     /// No key in `[from, to)` was written after `revision`.
     UnchangedSince(&'a [u8], &'a [u8], i64),
+    /// No key in `[from, to)`: every key in a range must pass a compare,
+    /// and only an absent one has create revision 0.
+    NoKeyIn(&'a [u8], &'a [u8]),
 }
 
 impl Compare<'_> {
@@ -166,6 +178,10 @@ impl Compare<'_> {
             }),
             Compare::Value(key, value) => json!({
                 "key": b64(key), "target": "VALUE", "result": "EQUAL", "value": b64(value),
+            }),
+            Compare::NoKeyIn(from, to) => json!({
+                "key": b64(from), "range_end": b64(to), "target": "CREATE", "result": "EQUAL",
+                "create_revision": "0",
             }),
             Compare::UnchangedSince(from, to, revision) => json!({
                 "key": b64(from), "range_end": b64(to), "target": "MOD", "result": "LESS",
@@ -180,6 +196,8 @@ pub enum Op<'a> {
     /// Writes the key, attached to a lease (0: none).
     Put(&'a [u8], &'a [u8], i64),
     Get(&'a [u8]),
+    /// Every key in `[from, to)`, oldest first.
+    List(&'a [u8], &'a [u8]),
     Delete(&'a [u8]),
 }
 
@@ -194,6 +212,10 @@ impl Op<'_> {
                 json!({ "request_put": put })
             }
             Op::Get(key) => json!({"request_range": {"key": b64(key)}}),
+            Op::List(from, to) => json!({"request_range": {
+                "key": b64(from), "range_end": b64(to),
+                "sort_order": "ASCEND", "sort_target": "CREATE",
+            }}),
             Op::Delete(key) => json!({"request_delete_range": {"key": b64(key)}}),
         }
     }

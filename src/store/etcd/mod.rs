@@ -39,7 +39,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(1);
 /// After a keep-alive that failed while holding, the first wait before the
 /// next; it doubles up to `MAX_BACKOFF`, so that `--monitor-retry` failures
 /// span a restart of etcd rather than a moment.
-const RENEW_RETRY: Duration = Duration::from_millis(250);
+const RENEW_RETRY: Duration = Duration::from_millis(500);
 /// The longest a keep-alive may take: one stuck behind a dead leader is
 /// sent again, to another member, while the lease still has room (a leader
 /// election takes about a second with etcd's defaults).
@@ -173,15 +173,23 @@ fn endpoints(store: &str, env: impl Fn(&str) -> Option<String>) -> Result<Vec<St
                 "{source}: '{item}' is not host:port: an etcd endpoint has no path; write etcd://host:port"
             ));
         }
-        let has_port = match address.rsplit_once(':') {
-            Some((host, port)) => !host.ends_with(':') && port.parse::<u16>().is_ok(),
-            None => false,
-        };
         let bracketed_v6 = address.starts_with('[') && address.ends_with(']');
-        let address = if has_port && !bracketed_v6 {
-            address.to_string()
-        } else {
-            format!("{address}:2379")
+        let address = match address.rsplit_once(':') {
+            Some((host, port)) if !bracketed_v6 && (host.starts_with('[') || !host.contains(':')) => {
+                if host.is_empty() || port.parse::<u16>().map_or(true, |p| p == 0) {
+                    return Err(format!(
+                        "{source}: '{item}' is not host:port (a port is 1 to 65535): write etcd://host:port"
+                    ));
+                }
+                address.to_string()
+            }
+            None => format!("{address}:2379"),
+            _ if bracketed_v6 => format!("{address}:2379"),
+            _ => {
+                return Err(format!(
+                    "{source}: '{item}' is not host:port: write etcd://host:port, an IPv6 address in brackets ([::1]:2379)"
+                ))
+            }
         };
         endpoints.push(format!("{scheme}://{address}"));
     }
@@ -290,8 +298,9 @@ impl From<StoreError> for Stop {
 
 /// What joining found.
 enum Joined {
-    /// Our key, created at this revision.
-    At(i64),
+    /// Our key, created at this revision, and the prefix as the join
+    /// transaction read it (none when an earlier attempt had gone through).
+    At(i64, Option<client::RangeReply>),
     /// The lease is gone: grant another.
     LeaseGone,
 }
@@ -422,7 +431,10 @@ impl EtcdSemaphore {
                             Compare::Created(&key, 0),
                             Compare::Value(&self.limit_key, limit.as_bytes()),
                         ],
-                        &[Op::Put(&key, &self.info, lease)],
+                        &[
+                            Op::Put(&key, &self.info, lease),
+                            Op::List(&self.range.0, &self.range.1),
+                        ],
                         &[Op::Get(&self.limit_key), Op::Get(&key)],
                     )
                 })
@@ -433,83 +445,107 @@ impl EtcdSemaphore {
                 Err(_) => return Ok(Joined::LeaseGone),
             };
             if reply.succeeded {
-                return Ok(Joined::At(reply.header.revision));
+                return Ok(Joined::At(reply.header.revision, Some(reply.listing(1))));
             }
             // An earlier attempt that went through without an answer.
             if let Some(ours) = reply.range(1).first() {
-                return Ok(Joined::At(ours.create_revision));
+                return Ok(Joined::At(ours.create_revision, None));
             }
-            match reply.range(0).first() {
-                Some(record) => {
-                    if let queue::Recorded::Unreadable(_) = queue::read_limit(&record.value) {
-                        return Err(Stop::Failed(self.limit_conflict(&record.value)));
+            let record = reply.range(0).into_iter().next();
+            if let Some(record) = &record {
+                if let queue::Recorded::Unreadable(_) = queue::read_limit(&record.value) {
+                    return Err(Stop::Failed(self.limit_conflict(&record.value)));
+                }
+            } else {
+                // No record: the first contender writes it, with its key,
+                // if the prefix is empty.
+                let created = self.retrying(outage, || {
+                    self.writing(|| {
+                        self.client.txn(
+                            &[
+                                Compare::Created(&self.limit_key, 0),
+                                Compare::NoKeyIn(&self.range.0, &self.range.1),
+                            ],
+                            &[
+                                Op::Put(&self.limit_key, limit.as_bytes(), 0),
+                                Op::Put(&key, &self.info, lease),
+                                Op::List(&self.range.0, &self.range.1),
+                            ],
+                            &[],
+                        )
+                    })
+                    .unwrap_or_else(|_| Err(EtcdError::Transient("closing".into())))
+                })?;
+                match created {
+                    Ok(reply) if reply.succeeded => {
+                        return Ok(Joined::At(reply.header.revision, Some(reply.listing(2))))
                     }
-                    // Another limit binds only while someone uses it: the
-                    // record of contenders that all died is replaced.
-                    let listing =
-                        self.retrying(outage, || self.client.range(&self.range.0, &self.range.1))?;
-                    let Ok(listing) = listing else {
-                        return Ok(Joined::LeaseGone);
-                    };
-                    if !queue::contenders(&listing.kvs, &self.limit_key).is_empty() {
-                        return Err(Stop::Failed(self.limit_conflict(&record.value)));
+                    Ok(_) => {}
+                    Err(_) => return Ok(Joined::LeaseGone),
+                }
+            }
+            // Another limit, or no record beside other keys. A limit binds
+            // only while someone uses it: the record of contenders that all
+            // died is replaced; one that is missing while contenders are
+            // there (deleted by hand) leaves their limit unknown.
+            let listing =
+                self.retrying(outage, || self.client.range(&self.range.0, &self.range.1))?;
+            let Ok(listing) = listing else {
+                return Ok(Joined::LeaseGone);
+            };
+            let contenders = queue::contenders(&listing.kvs, &self.limit_key);
+            if !contenders.is_empty() {
+                match listing.kvs.iter().find(|kv| kv.key == self.limit_key) {
+                    // Written by another contender since: join under it.
+                    Some(record)
+                        if queue::read_limit(&record.value) == queue::Recorded::Limit(self.limit) =>
+                    {
+                        continue
                     }
-                    let replaced = self.retrying(outage, || {
-                        self.writing(|| {
-                            self.client.txn(
-                                &[
-                                    Compare::UnchangedSince(
-                                        &self.range.0,
-                                        &self.range.1,
-                                        listing.header.revision,
-                                    ),
-                                    Compare::Created(&key, 0),
-                                ],
-                                &[
-                                    Op::Put(&self.limit_key, limit.as_bytes(), 0),
-                                    Op::Put(&key, &self.info, lease),
-                                ],
-                                &[],
-                            )
-                        })
-                        .unwrap_or_else(|_| Err(EtcdError::Transient("closing".into())))
-                    })?;
-                    match replaced {
-                        Ok(reply) if reply.succeeded => {
-                            report::event("limit-replaced", &[("limit", &self.limit)]);
-                            return Ok(Joined::At(reply.header.revision));
-                        }
-                        Ok(_) => continue,
-                        Err(_) => return Ok(Joined::LeaseGone),
+                    Some(record) => return Err(Stop::Failed(self.limit_conflict(&record.value))),
+                    None if record.is_some() => continue,
+                    None => {
+                        return Err(Stop::Failed(StoreError::Conflict(format!(
+                            "{} has {} contender(s) but no limit record {} (deleted by hand?): consem cannot tell their limit; restore it (etcdctl put {} N), or wait until they leave",
+                            self.prefix,
+                            contenders.len(),
+                            String::from_utf8_lossy(&self.limit_key),
+                            String::from_utf8_lossy(&self.limit_key),
+                        ))))
                     }
                 }
-                None => {
-                    let created = self.retrying(outage, || {
-                        self.writing(|| {
-                            self.client.txn(
-                                &[
-                                    Compare::Created(&self.limit_key, 0),
-                                    Compare::Created(&key, 0),
-                                ],
-                                &[
-                                    Op::Put(&self.limit_key, limit.as_bytes(), 0),
-                                    Op::Put(&key, &self.info, lease),
-                                ],
-                                &[],
-                            )
-                        })
-                        .unwrap_or_else(|_| Err(EtcdError::Transient("closing".into())))
-                    })?;
-                    match created {
-                        Ok(reply) if reply.succeeded => {
-                            return Ok(Joined::At(reply.header.revision))
-                        }
-                        // Another contender wrote the record first, or
-                        // our key went in: look again.
-                        Ok(_) => continue,
-                        Err(_) => return Ok(Joined::LeaseGone),
+            }
+            let replaced = self.retrying(outage, || {
+                self.writing(|| {
+                    self.client.txn(
+                        &[
+                            Compare::UnchangedSince(
+                                &self.range.0,
+                                &self.range.1,
+                                listing.header.revision,
+                            ),
+                            Compare::Created(&key, 0),
+                        ],
+                        &[
+                            Op::Put(&self.limit_key, limit.as_bytes(), 0),
+                            Op::Put(&key, &self.info, lease),
+                            Op::List(&self.range.0, &self.range.1),
+                        ],
+                        &[],
+                    )
+                })
+                .unwrap_or_else(|_| Err(EtcdError::Transient("closing".into())))
+            })?;
+            match replaced {
+                Ok(reply) if reply.succeeded => {
+                    if record.is_some() {
+                        report::event("limit-replaced", &[("limit", &self.limit)]);
                     }
+                    return Ok(Joined::At(reply.header.revision, Some(reply.listing(2))));
                 }
+                // Someone arrived meanwhile: look again.
+                Ok(_) => continue,
+                Err(_) => return Ok(Joined::LeaseGone),
             }
         }
     }
@@ -528,8 +564,9 @@ impl EtcdSemaphore {
     }
 
     /// Contends until the slot is ours: the fence, when the lease was last
-    /// renewed, and the revision to watch our key from.
-    fn acquire(&self, mode: Contend, notify: &Notify) -> Result<(i64, Instant, i64), Stop> {
+    /// renewed, the revision to watch our key from, and whether a waiter
+    /// may be watching our key (it is owed the relay write).
+    fn acquire(&self, mode: Contend, notify: &Notify) -> Result<(i64, Instant, i64, bool), Stop> {
         let ttl = self.settings.ttl;
         let period = lease::renew_period(ttl);
         let mut outage = Outage::new(ttl);
@@ -541,8 +578,8 @@ impl EtcdSemaphore {
                 None => self.grant(&mut outage)?,
             };
             lease = Some((id, renewed));
-            let fence = match self.join(id, &mut outage)? {
-                Joined::At(revision) => revision,
+            let (fence, mut joined) = match self.join(id, &mut outage)? {
+                Joined::At(revision, listing) => (revision, listing),
                 Joined::LeaseGone => {
                     lease = None;
                     continue 'join;
@@ -585,39 +622,34 @@ impl EtcdSemaphore {
                         continue;
                     }
                 }
-                let listing = match self.retrying(&mut outage, || {
-                    self.client.range(&self.range.0, &self.range.1)
-                })? {
-                    Ok(listing) => listing,
-                    Err(_) => continue,
+                let listing = match joined.take() {
+                    Some(listing) => listing,
+                    None => match self.retrying(&mut outage, || {
+                        self.client.range(&self.range.0, &self.range.1)
+                    })? {
+                        Ok(listing) => listing,
+                        Err(_) => continue,
+                    },
                 };
                 let contenders = queue::contenders(&listing.kvs, &self.limit_key);
+                if let Some(foreign) = queue::foreign(&contenders) {
+                    return Err(Stop::Failed(StoreError::Conflict(format!(
+                        "{} is a key on a lease with no consem description: etcdctl lock, or another client of etcd's concurrency.Mutex, uses {}/ too; consem leaves it untouched. The two cannot share a name (etcdctl lock waits for every older key, {} included): use another --prefix",
+                        String::from_utf8_lossy(&foreign.key),
+                        self.prefix,
+                        queue::LIMIT_KEY_NAME
+                    ))));
+                }
                 let place = queue::place(&contenders, &key, self.limit);
                 let from = listing.header.revision + 1;
                 wait = match &place {
                     Place::Holding => {
-                        // The relay write: wakes the waiter behind us, and
-                        // checks that our key is still ours.
-                        let relayed = self.retrying(&mut outage, || {
-                            self.client.txn(
-                                &[Compare::Created(&key, fence)],
-                                &[Op::Put(&key, &self.info, id)],
-                                &[],
-                            )
-                        })?;
-                        match relayed {
-                            Ok(reply) if reply.succeeded => {
-                                return Ok((fence, renewed, reply.header.revision + 1));
-                            }
-                            Ok(_) => {
-                                report::event("rejoin", &[("why", &"our key was deleted")]);
-                                continue 'join;
-                            }
-                            Err(_) => {
-                                lease = None;
-                                continue 'join;
-                            }
-                        }
+                        // A linearizable read showed our key among the
+                        // first `limit`: the slot is ours. A waiter that
+                        // read before us, and may watch our key, is behind
+                        // us in this listing.
+                        let behind = contenders.last().is_some_and(|last| last.key != key);
+                        return Ok((fence, renewed, from, behind));
                     }
                     Place::Gone => {
                         report::event("rejoin", &[("why", &"our key was deleted")]);
@@ -671,11 +703,14 @@ impl EtcdSemaphore {
     /// Keeps the lease alive every TTL/3 and watches our key between
     /// renewals; returns why the slot is lost, or `None` once release
     /// began.
+    #[allow(clippy::too_many_arguments)]
     fn hold(
         &self,
         lease_id: i64,
+        fence: i64,
         mut renewed: Instant,
         mut from: i64,
+        mut relay_owed: bool,
         notify: &Notify,
     ) -> Option<String> {
         let ttl = self.settings.ttl;
@@ -688,6 +723,27 @@ impl EtcdSemaphore {
         loop {
             if self.shared().closing {
                 return None;
+            }
+            if relay_owed && !renew_now {
+                // The relay write, owed to the waiter behind us: it wakes
+                // when our key changes. Until it is made, that waiter
+                // sleeps, so a failure is retried as a renewal's is.
+                match self.client.txn(
+                    &[Compare::Created(&key, fence)],
+                    &[Op::Put(&key, &self.info, lease_id)],
+                    &[],
+                ) {
+                    Ok(reply) if reply.succeeded => {
+                        relay_owed = false;
+                        from = reply.header.revision + 1;
+                    }
+                    Ok(_) => {
+                        return Some(format!(
+                            "our key {shown_key} was deleted while our lease lives (consem release, or by hand)"
+                        ))
+                    }
+                    Err(_) => renew_now = true,
+                }
             }
             if renew_now || renewed.elapsed() >= period {
                 let sent = Instant::now();
@@ -740,9 +796,15 @@ impl EtcdSemaphore {
                 Ok(Watched::Changed(_) | Watched::Ended) => match self.client.range(&key, &[]) {
                     Ok(reply) => {
                         if reply.kvs.is_empty() {
-                            return Some(format!(
-                                "our key {shown_key} was deleted while our lease lives (consem release, or by hand)"
-                            ));
+                            // The lease tells who took the key away.
+                            return Some(match self.client.keep_alive(lease_id, RENEW_TIMEOUT) {
+                                Err(EtcdError::LeaseGone) => format!(
+                                    "our lease {lease_id:x} was revoked (consem release, etcdctl lease revoke) or expired, and our key {shown_key} with it"
+                                ),
+                                _ => format!(
+                                    "our key {shown_key} was deleted while our lease lives (by hand, etcdctl del)"
+                                ),
+                            });
                         }
                         from = reply.header.revision + 1;
                     }
@@ -765,7 +827,7 @@ impl SlotBackend for EtcdSemaphore {
         thread::Builder::new()
             .name("consem-contend".into())
             .spawn(move || match self.acquire(mode, &notify) {
-                Ok((fence, renewed, from)) => {
+                Ok((fence, renewed, from, relay_owed)) => {
                     report::event("acquired", &[("prefix", &self.prefix), ("fence", &fence)]);
                     notify(SlotEvent::Acquired {
                         fence: fence as u64,
@@ -774,7 +836,9 @@ impl SlotBackend for EtcdSemaphore {
                         until: lease::lease_end(renewed, self.settings.ttl),
                     });
                     let lease = self.shared().lease.unwrap_or_default();
-                    if let Some(reason) = self.hold(lease, renewed, from, &notify) {
+                    if let Some(reason) =
+                        self.hold(lease, fence, renewed, from, relay_owed, &notify)
+                    {
                         if !self.shared().closing {
                             notify(SlotEvent::Lost(reason));
                         }
@@ -829,7 +893,10 @@ impl SlotBackend for EtcdSemaphore {
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(100));
         if let Ok(listing) = self.client.range_within(&self.range.0, &self.range.1, left) {
-            if queue::contenders(&listing.kvs, &self.limit_key).is_empty()
+            // Keys of etcdctl lock count for nothing: they wait for the
+            // record to go.
+            let contenders = queue::contenders(&listing.kvs, &self.limit_key);
+            if contenders.iter().all(|kv| !queue::is_consem(kv))
                 && listing.kvs.iter().any(|kv| kv.key == self.limit_key)
             {
                 let _ = self.client.txn_within(
@@ -907,6 +974,20 @@ mod tests {
         assert!(endpoints("etcd://http://a:1", &none)
             .unwrap_err()
             .contains("is not an etcd endpoint"));
+        for bad in [
+            "etcd://a:b:c",
+            "etcd://a:99999",
+            "etcd://a:0",
+            "etcd://:1",
+            "etcd://a:x",
+        ] {
+            assert!(
+                endpoints(bad, &none)
+                    .unwrap_err()
+                    .contains("is not host:port"),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

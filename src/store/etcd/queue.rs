@@ -43,6 +43,18 @@ pub fn contenders<'a>(listing: &'a [KeyValue], limit_key: &[u8]) -> Vec<&'a KeyV
     contenders
 }
 
+/// True if `contender` is consem's: it describes itself with a JSON
+/// object. `etcdctl lock` and etcd's `concurrency.Mutex` write keys of the
+/// same form with an empty value.
+pub fn is_consem(contender: &KeyValue) -> bool {
+    serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&contender.value).is_ok()
+}
+
+/// The first contender that is not consem's.
+pub fn foreign<'a>(contenders: &[&'a KeyValue]) -> Option<&'a KeyValue> {
+    contenders.iter().copied().find(|kv| !is_consem(kv))
+}
+
 /// Where the contender with key `me` stands among `contenders` (oldest
 /// first).
 pub fn place(contenders: &[&KeyValue], me: &[u8], limit: u32) -> Place {
@@ -121,6 +133,19 @@ mod tests {
             }
         );
         assert_eq!(place(&contenders, b"p/x", 2), Place::Gone);
+    }
+
+    #[test]
+    fn keys_of_etcdctl_lock_are_told_from_consems() {
+        let mut mutex = kv("694d7a8f", 3, 7);
+        let mut ours = kv("694d7a90", 4, 8);
+        ours.value = br#"{"Host":"web-1","Pid":12}"#.to_vec();
+        assert!(is_consem(&ours));
+        assert!(!is_consem(&mutex));
+        assert_eq!(foreign(&[&ours, &mutex]), Some(&mutex));
+        mutex.value = b"[1]".to_vec();
+        assert_eq!(foreign(&[&ours, &mutex]), Some(&mutex));
+        assert_eq!(foreign(&[&ours]), None);
     }
 
     #[test]
