@@ -40,7 +40,7 @@ Register-ArgumentCompleter -Native -CommandName 'consem' -ScriptBlock {
             [CompletionResult]::new('-E', '-E ', [CompletionResultType]::ParameterName, 'Exit code when no slot was obtained')
             [CompletionResult]::new('--no-slot-exit-code', '--no-slot-exit-code', [CompletionResultType]::ParameterName, 'Exit code when no slot was obtained')
             [CompletionResult]::new('--ttl', '--ttl', [CompletionResultType]::ParameterName, 'Consul, Redis and etcd: the lease of a slot, renewed every TTL/3 (Consul''s session TTL, 10s to 24h; a Redis permit''s or an etcd lease''s, 2s to 24h; default 15s)')
-            [CompletionResult]::new('--kill-grace', '--kill-grace', [CompletionResultType]::ParameterName, 'Time between SIGTERM and SIGKILL when consem must stop the command (default 5s; on Consul, at most what fits in the lease of --ttl)')
+            [CompletionResult]::new('--kill-grace', '--kill-grace', [CompletionResultType]::ParameterName, 'Time between SIGTERM and SIGKILL when consem must stop the command (default 5s; on Consul, Redis and etcd, at most what fits in the lease of --ttl)')
             [CompletionResult]::new('--monitor-retry', '--monitor-retry', [CompletionResultType]::ParameterName, 'Consul, Redis and etcd: consecutive failures to reach the store tolerated while holding a slot (default 3)')
             [CompletionResult]::new('--name', '--name', [CompletionResultType]::ParameterName, 'Consul: session name (default: "consem: <command> at <prefix>")')
             [CompletionResult]::new('--log-format', '--log-format', [CompletionResultType]::ParameterName, 'Format of what consem writes on stderr')

@@ -36,7 +36,7 @@ set edit:completion:arg-completer[consem] = {|@words|
             cand -E 'Exit code when no slot was obtained'
             cand --no-slot-exit-code 'Exit code when no slot was obtained'
             cand --ttl 'Consul, Redis and etcd: the lease of a slot, renewed every TTL/3 (Consul''s session TTL, 10s to 24h; a Redis permit''s or an etcd lease''s, 2s to 24h; default 15s)'
-            cand --kill-grace 'Time between SIGTERM and SIGKILL when consem must stop the command (default 5s; on Consul, at most what fits in the lease of --ttl)'
+            cand --kill-grace 'Time between SIGTERM and SIGKILL when consem must stop the command (default 5s; on Consul, Redis and etcd, at most what fits in the lease of --ttl)'
             cand --monitor-retry 'Consul, Redis and etcd: consecutive failures to reach the store tolerated while holding a slot (default 3)'
             cand --name 'Consul: session name (default: "consem: <command> at <prefix>")'
             cand --log-format 'Format of what consem writes on stderr'

@@ -37,7 +37,7 @@ complete -c consem -n "__fish_consem_using_subcommand run" -l limit -d 'Number o
 complete -c consem -n "__fish_consem_using_subcommand run" -l timeout -d 'Give up waiting for a slot after this long (default: wait forever)' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -s E -l no-slot-exit-code -d 'Exit code when no slot was obtained' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l ttl -d 'Consul, Redis and etcd: the lease of a slot, renewed every TTL/3 (Consul\'s session TTL, 10s to 24h; a Redis permit\'s or an etcd lease\'s, 2s to 24h; default 15s)' -r
-complete -c consem -n "__fish_consem_using_subcommand run" -l kill-grace -d 'Time between SIGTERM and SIGKILL when consem must stop the command (default 5s; on Consul, at most what fits in the lease of --ttl)' -r
+complete -c consem -n "__fish_consem_using_subcommand run" -l kill-grace -d 'Time between SIGTERM and SIGKILL when consem must stop the command (default 5s; on Consul, Redis and etcd, at most what fits in the lease of --ttl)' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l monitor-retry -d 'Consul, Redis and etcd: consecutive failures to reach the store tolerated while holding a slot (default 3)' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l name -d 'Consul: session name (default: "consem: <command> at <prefix>")' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l log-format -d 'Format of what consem writes on stderr' -r -f -a "text\t'`<time> consem[<pid>] <event> key=value ...`; errors as `consem: error: ...`'

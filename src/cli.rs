@@ -202,7 +202,7 @@ pub struct RunArgs {
     pub ttl: Option<Duration>,
 
     /// Time between SIGTERM and SIGKILL when consem must stop the command
-    /// (default 5s; on Consul, at most what fits in the lease of --ttl)
+    /// (default 5s; on Consul, Redis and etcd, at most what fits in the lease of --ttl)
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub kill_grace: Option<Duration>,
 
