@@ -332,7 +332,9 @@ fn run_child(
     // that a pager beside consem keeps it and Ctrl-C reaches the shell too.
     let mut take_terminal = sys::we_own_the_terminal() && sys::alone_in_group();
     let terminal = sys::terminal().filter(|_| take_terminal);
-    let group = match sys::spawn_child(&plan.command, &backend.child_env(), terminal) {
+    let spawned = sys::spawn_child(&plan.command, &backend.child_env(), terminal);
+    backend.command_started();
+    let group = match spawned {
         Ok(pid) => pid,
         Err(error) => {
             // The child may have taken the terminal before exec failed.

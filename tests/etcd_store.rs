@@ -235,6 +235,68 @@ fn freed_slots_go_to_the_earliest_waiters() {
     world.assert_clean();
 }
 
+/// The first waiter hears every departure under the prefix and counts
+/// those ahead of it: waiters behind it leaving change nothing for it, a
+/// holder leaving gives it the slot (at once, without reading again).
+#[test]
+fn the_first_waiter_takes_a_slot_only_when_a_holder_leaves() {
+    let world = World::etcd("first-waiter");
+    let log = world.path("log");
+    let logged = |ready: &str, go: &str| {
+        format!(
+            "echo start >> '{log}'; touch '{}'; while [ ! -e '{}' ]; do sleep 0.02; done; echo end >> '{log}'",
+            world.path(ready),
+            world.path(go)
+        )
+    };
+    let mut holders = Vec::new();
+    for name in ["a", "b"] {
+        let script = logged(&format!("ready-{name}"), &format!("go-{name}"));
+        holders.push(world.spawn(2, &[], &["sh", "-c", &script]));
+        wait_until(PROMPT, "the holder to start", || {
+            world.exists(&format!("ready-{name}"))
+        });
+    }
+    let first = world.spawn(2, &[], &["sh", "-c", &logged("ready-first", "go-first")]);
+    wait_until(PROMPT, "the first waiter to queue", || {
+        world.contender_keys() == 3
+    });
+    let mut behind = Vec::new();
+    for n in 0..2 {
+        behind.push(world.spawn(2, &[], &["true"]));
+        wait_until(PROMPT, "a waiter behind to queue", || {
+            world.contender_keys() == 4 + n
+        });
+    }
+    for waiter in behind.into_iter().rev() {
+        signal(&waiter, libc::SIGTERM);
+        let output = finish_within(waiter, "a waiter behind to leave");
+        assert_eq!(
+            output.status.signal(),
+            Some(libc::SIGTERM),
+            "{}",
+            stderr(&output)
+        );
+    }
+    wait_until(PROMPT, "the waiters behind to be gone", || {
+        world.contender_keys() == 3
+    });
+    // A third command now would be one too many: the log shows it.
+    world.touch("go-b");
+    wait_until(PROMPT, "the first waiter to start", || {
+        world.exists("ready-first")
+    });
+    world.touch("go-a");
+    world.touch("go-first");
+    for child in holders.into_iter().chain([first]) {
+        let output = finish_within(child, "a contender to finish");
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    }
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(starts_and_most_at_once(&log), (3, 2), "{log}");
+    world.assert_clean();
+}
+
 /// The fence is the contender key's create revision, which etcd keeps on
 /// disk: it grows from one run to the next, across a restart of the
 /// server too.

@@ -242,6 +242,11 @@ pub trait SlotBackend: Send + Sync {
     /// Variables that tell the child about its slot.
     fn child_env(&self) -> Vec<(String, String)>;
 
+    /// The command has started (or could not be): work of the slot that
+    /// need not come first (a write for the waiter behind, a watch) waits
+    /// for this, so as not to compete with the start for the CPU.
+    fn command_started(&self) {}
+
     /// True if the slot is free the moment consem dies (kernel locks),
     /// false if it outlives consem until a lease runs out: what the
     /// watchdog allows the command once consem is gone.

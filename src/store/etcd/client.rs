@@ -224,13 +224,49 @@ impl Op<'_> {
 /// What a watch saw.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Watched {
-    /// Something changed, at this revision.
-    Changed(i64),
+    /// Something changed.
+    Changed(Changes),
     /// Nothing changed within the wait.
     Quiet,
     /// etcd ended the watch (its start was compacted away, or it was
     /// cancelled): read again.
     Ended,
+}
+
+/// The events of one watch response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Changes {
+    /// The keys deleted, in order.
+    pub deleted: Vec<Vec<u8>>,
+    /// Whether a key was written.
+    pub written: bool,
+    /// The revision of the last event: a watch that goes on starts after
+    /// it (the response's own revision can be later than events etcd
+    /// holds back for the next response).
+    pub through: i64,
+}
+
+#[derive(Deserialize)]
+struct Event {
+    /// `DELETE`; a put is etcd's zero value, left out.
+    #[serde(default, rename = "type")]
+    kind: String,
+    #[serde(default)]
+    kv: KeyValue,
+}
+
+impl Changes {
+    fn of(events: &[Event]) -> Changes {
+        Changes {
+            deleted: events
+                .iter()
+                .filter(|e| e.kind == "DELETE")
+                .map(|e| e.kv.key.clone())
+                .collect(),
+            written: events.iter().any(|e| e.kind != "DELETE"),
+            through: events.iter().map(|e| e.kv.mod_revision).max().unwrap_or(0),
+        }
+    }
 }
 
 /// What to watch.
@@ -698,14 +734,15 @@ impl Client {
             {
                 return Ok(Watched::Ended);
             }
-            let events = result.get("events").and_then(Value::as_array);
-            if events.is_some_and(|events| !events.is_empty()) {
-                let revision = result
-                    .get("header")
-                    .and_then(|h| h.get("revision"))
-                    .and_then(|r| r.as_str().and_then(|r| r.parse().ok()))
-                    .unwrap_or(request.start_revision);
-                return Ok(Watched::Changed(revision));
+            if let Some(events) = result
+                .get("events")
+                .filter(|e| e.as_array().is_some_and(|e| !e.is_empty()))
+            {
+                // Events that do not read as events: read the keys again.
+                return Ok(match Vec::<Event>::deserialize(events) {
+                    Ok(events) => Watched::Changed(Changes::of(&events)),
+                    Err(_) => Watched::Ended,
+                });
             }
             if std::time::Instant::now() >= deadline {
                 return Ok(Watched::Quiet);

@@ -212,6 +212,8 @@ struct Shared {
     renewed: Option<Instant>,
     /// Our key's create revision: the fence.
     fence: Option<i64>,
+    /// The command has started: the holder's first requests wait for it.
+    command_started: bool,
 }
 
 /// Where a waiter waits, and from which revision.
@@ -220,6 +222,11 @@ struct Wait {
     end: Option<Vec<u8>>,
     deletions_only: bool,
     from: i64,
+    /// The keys ahead of ours in the last listing.
+    ahead: Vec<Vec<u8>>,
+    /// Those of them, and others, seen deleted since: every one, for a
+    /// watch of the whole prefix (`end`).
+    deleted: Vec<Vec<u8>>,
 }
 
 /// Failures of the store while contending, and when to give up.
@@ -604,7 +611,7 @@ impl EtcdSemaphore {
                     }
                     lease = Some((id, renewed));
                 }
-                if let Some(waiting) = &wait {
+                if let Some(waiting) = &mut wait {
                     let left = period.saturating_sub(renewed.elapsed());
                     let request = WatchRequest {
                         key: &waiting.request_key,
@@ -617,9 +624,26 @@ impl EtcdSemaphore {
                     if self.shared().closing {
                         return Err(Stop::Closing);
                     }
-                    // Quiet: renew, then watch on from the same revision.
-                    if watched == Ok(Watched::Quiet) {
-                        continue;
+                    match watched {
+                        // Renew, then watch on from the same revision.
+                        Ok(Watched::Quiet) => continue,
+                        Ok(Watched::Changed(changes)) if !changes.deleted.contains(&key) => {
+                            waiting.from = changes.through + 1;
+                            waiting.deleted.extend(changes.deleted);
+                            // Departures alone can tell that the slot is
+                            // ours: the next command starts without another
+                            // read. Whoever joined since may watch our key.
+                            if queue::holds_after(&waiting.ahead, &waiting.deleted, self.limit) {
+                                return Ok((fence, renewed, waiting.from, true));
+                            }
+                            // The first waiter sees every departure: one
+                            // from behind it changes nothing.
+                            if waiting.end.is_some() {
+                                continue;
+                            }
+                        }
+                        // Our key went, the watch ended or failed: read.
+                        _ => {}
                     }
                 }
                 let listing = match joined.take() {
@@ -642,6 +666,13 @@ impl EtcdSemaphore {
                 }
                 let place = queue::place(&contenders, &key, self.limit);
                 let from = listing.header.revision + 1;
+                let ahead = || {
+                    contenders
+                        .iter()
+                        .take_while(|kv| kv.key != key)
+                        .map(|kv| kv.key.clone())
+                        .collect()
+                };
                 wait = match &place {
                     Place::Holding => {
                         // A linearizable read showed our key among the
@@ -664,12 +695,18 @@ impl EtcdSemaphore {
                         end: Some(self.range.1.clone()),
                         deletions_only: true,
                         from,
+                        ahead: ahead(),
+                        deleted: Vec::new(),
                     }),
-                    Place::Behind { ahead, .. } => Some(Wait {
-                        request_key: ahead.clone(),
+                    Place::Behind {
+                        ahead: just_ahead, ..
+                    } => Some(Wait {
+                        request_key: just_ahead.clone(),
                         end: None,
                         deletions_only: false,
                         from,
+                        ahead: ahead(),
+                        deleted: Vec::new(),
                     }),
                 };
                 let picture = Progress {
@@ -720,6 +757,12 @@ impl EtcdSemaphore {
         let mut failures = 0;
         let mut backoff = RENEW_RETRY;
         let mut renew_now = false;
+        {
+            let left = period.saturating_sub(renewed.elapsed());
+            let _ = self
+                .changed
+                .wait_timeout_while(self.shared(), left, |s| !s.command_started && !s.closing);
+        }
         loop {
             if self.shared().closing {
                 return None;
@@ -791,7 +834,12 @@ impl EtcdSemaphore {
                 start_revision: from,
                 deletions_only: false,
             };
-            match self.client.watch(&request, left) {
+            let watched = self.client.watch(&request, left);
+            // Our own release: it deleted the key.
+            if self.shared().closing {
+                return None;
+            }
+            match watched {
                 Ok(Watched::Quiet) => {}
                 Ok(Watched::Changed(_) | Watched::Ended) => match self.client.range(&key, &[]) {
                     Ok(reply) => {
@@ -933,6 +981,11 @@ impl SlotBackend for EtcdSemaphore {
 
     fn frees_slot_at_death(&self) -> bool {
         false
+    }
+
+    fn command_started(&self) {
+        self.shared().command_started = true;
+        self.changed.notify_all();
     }
 }
 

@@ -74,6 +74,15 @@ pub fn place(contenders: &[&KeyValue], me: &[u8], limit: u32) -> Place {
     }
 }
 
+/// Whether the slot is ours, now that the keys `deleted` are gone, for a
+/// waiter that listed `ahead` ahead of its own key and has watched since:
+/// keys only ever leave the queue ahead of a contender (a newcomer's
+/// create revision is higher), so what is left of `ahead` bounds it. A
+/// waiter woken by a holder's departure starts without reading again.
+pub fn holds_after(ahead: &[Vec<u8>], deleted: &[Vec<u8>], limit: u32) -> bool {
+    ahead.iter().filter(|key| !deleted.contains(key)).count() < limit as usize
+}
+
 /// What the limit record says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Recorded {
@@ -156,6 +165,19 @@ mod tests {
     }
 
     #[test]
+    fn a_waiter_holds_once_fewer_than_limit_of_those_it_listed_ahead_remain() {
+        let ahead = vec![b"p/1".to_vec(), b"p/2".to_vec()];
+        assert!(!holds_after(&ahead, &[], 2));
+        assert!(
+            !holds_after(&ahead, &[b"p/9".to_vec()], 2),
+            "one behind left"
+        );
+        assert!(holds_after(&ahead, &[b"p/2".to_vec()], 2));
+        assert!(!holds_after(&ahead, &[b"p/2".to_vec()], 1));
+        assert!(holds_after(&ahead, &[b"p/2".to_vec(), b"p/1".to_vec()], 1));
+    }
+
+    #[test]
     fn contender_keys_are_named_as_etcds_mutex_names_them() {
         assert_eq!(contender_key("jobs", 0x694d_7a8f), b"jobs/694d7a8f");
     }
@@ -215,6 +237,55 @@ mod properties {
                 watched.sort();
                 watched.dedup();
                 prop_assert_eq!(watched.len(), count);
+            }
+        }
+
+        /// A waiter that counts departures from what it listed ahead of it
+        /// never believes it holds before it does, whichever of the
+        /// departures it saw; one that saw them all (the first waiter
+        /// watches every deletion) knows it holds the moment it does.
+        #[test]
+        fn counting_departures_never_claims_a_slot_too_early(
+            limit in 1u32..5,
+            before in 1usize..10,
+            steps in proptest::collection::vec((any::<bool>(), 0usize..12, any::<bool>()), 0..40),
+        ) {
+            let kv = |revision: i64| KeyValue {
+                key: format!("p/{revision:x}").into_bytes(),
+                create_revision: revision,
+                mod_revision: revision,
+                value: Vec::new(),
+                lease: revision,
+            };
+            let mut live: Vec<KeyValue> = (1..=before as i64).map(kv).collect();
+            let me = kv(before as i64 + 1);
+            live.push(me.clone());
+            let listed = contenders(&live, b"p/.limit");
+            let ahead: Vec<Vec<u8>> = listed
+                .iter()
+                .take_while(|c| c.key != me.key)
+                .map(|c| c.key.clone())
+                .collect();
+            let (mut seen, mut every) = (Vec::new(), Vec::new());
+            let mut revision = before as i64 + 1;
+            for (arrive, pick, noticed) in steps {
+                let others: Vec<usize> = (0..live.len()).filter(|&i| live[i].key != me.key).collect();
+                if arrive || others.is_empty() {
+                    revision += 1;
+                    live.push(kv(revision));
+                } else {
+                    let gone = live.remove(others[pick % others.len()]);
+                    if noticed {
+                        seen.push(gone.key.clone());
+                    }
+                    every.push(gone.key);
+                }
+                let now = contenders(&live, b"p/.limit");
+                let holding = place(&now, &me.key, limit) == Place::Holding;
+                if holds_after(&ahead, &seen, limit) {
+                    prop_assert!(holding, "claimed a slot that is not free");
+                }
+                prop_assert_eq!(holds_after(&ahead, &every, limit), holding);
             }
         }
     }
