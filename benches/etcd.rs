@@ -324,38 +324,14 @@ struct Crowd {
 /// N contenders started at once on `limit` slots, each running `sleep`:
 /// the wall time against the ideal, and etcd's counters per contender.
 fn crowd(server: &Server, tool: Tool, n: usize, limit: usize, sleep: Duration) -> Crowd {
-    let name = format!("crowd-{limit}-{n}");
     let before = server.counters();
-    let started = Instant::now();
-    let children: Vec<Child> = (0..n)
-        .map(|_| {
-            command(
-                server,
-                tool,
-                &name,
-                limit,
-                &["sleep".to_string(), format!("{}", sleep.as_secs_f64())],
-            )
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap()
-        })
-        .collect();
-    for mut child in children {
-        assert!(
-            child.wait().unwrap().success(),
-            "{}: a contender failed",
-            tool.name()
-        );
-    }
-    let wall = started.elapsed();
-    let rounds = n.div_ceil(limit) as u32;
-    let ideal = sleep * rounds;
+    let make = |name: &str, limit: usize, run: &[String]| command(server, tool, name, limit, run);
+    let (wall, overhead_per_round) =
+        common::crowd(&make, &format!("crowd-{limit}-{n}"), n, limit, sleep);
     Crowd {
         wall,
-        ideal,
-        overhead_per_round: wall.saturating_sub(ideal) / rounds,
+        ideal: sleep * n.div_ceil(limit) as u32,
+        overhead_per_round,
         per_contender: server.counters().per(&before, n),
     }
 }

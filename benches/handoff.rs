@@ -14,12 +14,18 @@
 //!   PATH or at `CONSEM_BENCH_CONSUL_BIN`, else an in-process client that
 //!   behaves like it, tests/common/consul_lock.rs); runs of each against
 //!   their share of the contenders;
+//! - beside `consul lock -n`, the same measures for both on the same agent
+//!   (when a real agent is measured and a `consul` binary is found; consem
+//!   alone otherwise): uncontended wall and peak RSS, the handoff gap at
+//!   limit 1 with 12 waiters queued, a waiter's CPU, the overhead per round
+//!   of N=100 on limit 5; the ratios, and the goals judged on them;
 //! - the goals next to the figures.
 //!
 //! ```text
 //! cargo bench --bench handoff                                      # full run
 //! CONSEM_BENCH_QUICK=1 cargo bench --profile dev --bench handoff   # tiny sizes (CI)
 //! CONSEM_BENCH_ONLY=mixed cargo bench --bench handoff              # one section
+//! CONSEM_BENCH_ONLY=beside cargo bench --bench handoff             # (mixed, beside)
 //! CONSEM_BENCH_BIN=/path/to/older/consem cargo bench --bench handoff # another build
 //! ```
 //!
@@ -34,6 +40,9 @@ mod double;
 #[path = "../tests/common/consul_lock.rs"]
 mod consul_lock;
 
+#[allow(dead_code)] // each harness uses a part of it
+mod common;
+
 use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
@@ -45,6 +54,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use common::ms;
 use double::ConsulDouble;
 
 /// The consem binary cargo built for this target (with this target's profile).
@@ -61,7 +71,7 @@ fn consem_bin() -> String {
 const REAL_CONSUL_ENV: &str = "CONSEM_BENCH_CONSUL_ADDR";
 /// Set to 1 for tiny sizes (CI).
 const QUICK_ENV: &str = "CONSEM_BENCH_QUICK";
-/// Set to a section's name (`mixed`) to run that section alone.
+/// Set to a section's name (`mixed`, `beside`) to run that section alone.
 const ONLY_ENV: &str = "CONSEM_BENCH_ONLY";
 /// The `consul` binary whose `consul lock` the mixed section runs against a
 /// real agent; by default `consul` on PATH.
@@ -111,6 +121,18 @@ struct Sizes {
     mixed_limit: usize,
     mixed_child: Duration,
     mixed_for: Duration,
+    beside: BesideSizes,
+}
+
+/// The sizes of the side-by-side section.
+struct BesideSizes {
+    runs: usize,
+    waiters: usize,
+    rounds: usize,
+    child_sleep: Duration,
+    waiting: Duration,
+    /// N, the limit and each command's sleep of the crowd.
+    crowd: (usize, usize, Duration),
 }
 
 impl Sizes {
@@ -129,6 +151,14 @@ impl Sizes {
                 mixed_limit: 2,
                 mixed_child: Duration::from_millis(50),
                 mixed_for: Duration::from_secs(3),
+                beside: BesideSizes {
+                    runs: 3,
+                    waiters: 3,
+                    rounds: 1,
+                    child_sleep: Duration::from_millis(20),
+                    waiting: Duration::from_millis(500),
+                    crowd: (10, 5, Duration::from_millis(50)),
+                },
             }
         } else {
             Sizes {
@@ -156,6 +186,14 @@ impl Sizes {
                 mixed_limit: 2,
                 mixed_child: Duration::from_millis(100),
                 mixed_for: Duration::from_secs(40),
+                beside: BesideSizes {
+                    runs: 30,
+                    waiters: 12,
+                    rounds: 4,
+                    child_sleep: Duration::from_millis(50),
+                    waiting: Duration::from_secs(5),
+                    crowd: (100, 5, Duration::from_millis(200)),
+                },
             }
         }
     }
@@ -164,6 +202,9 @@ impl Sizes {
 fn main() {
     if let Ok(log) = std::env::var(CHILD_LOG_ENV) {
         fairness_child(&log);
+        return;
+    }
+    if common::run_child_mode() {
         return;
     }
     let quick = std::env::var(QUICK_ENV).is_ok_and(|v| !v.is_empty() && v != "0");
@@ -200,6 +241,13 @@ fn main() {
         print!("{out}");
         return;
     }
+    // Verdicts only mean something at full size with an optimized build.
+    let judged = !quick && !cfg!(debug_assertions);
+    if std::env::var(ONLY_ENV).is_ok_and(|only| only == "beside") {
+        out.push_str(&beside(&bench, &sizes.beside).table(judged));
+        print!("{out}");
+        return;
+    }
 
     let uncontended = uncontended(&bench, &sizes);
     out.push_str(&uncontended.table(&sizes));
@@ -217,8 +265,8 @@ fn main() {
     let mixed = mixed(&bench, &sizes);
     out.push_str(&mixed.table());
 
-    // Verdicts only mean something at full size with an optimized build.
-    let judged = !quick && !cfg!(debug_assertions);
+    out.push_str(&beside(&bench, &sizes.beside).table(judged));
+
     out.push_str(&goals(&uncontended, &handoffs, &fair, &mixed, judged));
     print!("{out}");
 }
@@ -1225,6 +1273,213 @@ fn goals(u: &Uncontended, handoffs: &[Handoff], f: &Fairness, m: &Mixed, judged:
 }
 
 // ---------------------------------------------------------------------------
+// Beside consul lock: the same measures for both tools
+// ---------------------------------------------------------------------------
+
+/// One tool's figures in the side-by-side section.
+struct Figures {
+    tool: String,
+    wall: Duration,
+    rss_mib: f64,
+    gap: Duration,
+    gap_p90: Duration,
+    waiter_cpu: Duration,
+    crowd_overhead: Duration,
+}
+
+struct Beside {
+    runs: usize,
+    waiters: usize,
+    rounds: usize,
+    crowd: (usize, usize, Duration),
+    spawn: Duration,
+    /// consem's, then consul lock's when it was measured.
+    figures: Vec<Figures>,
+    /// Why consul lock was not measured.
+    alone: Option<&'static str>,
+}
+
+/// `consul lock -n <limit> -shell=false <prefix> <command>` against `addr`,
+/// as consem's `run` is set up.
+fn consul_lock(
+    cli: &Path,
+    addr: &str,
+    prefix: &str,
+    limit: usize,
+    command: &[String],
+    log: &Path,
+) -> Command {
+    let mut cmd = Command::new(cli);
+    cmd.env("CONSUL_HTTP_ADDR", addr);
+    for name in CONSUL_ENV {
+        cmd.env_remove(name);
+    }
+    let log = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .expect("open the consul lock log");
+    cmd.args(["lock", "-n", &limit.to_string(), "-shell=false", prefix])
+        .args(command)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log);
+    cmd
+}
+
+/// The same measures for consem and, on a real agent with a `consul`
+/// binary at hand, for `consul lock -n`, one tool after the other, each
+/// under prefixes of its own.
+fn beside(bench: &Bench, sizes: &BesideSizes) -> Beside {
+    let consul = bench.consul();
+    let log = bench.path("beside.log");
+    let cli = match bench.target {
+        Target::Real(_) => consul_cli(),
+        Target::Double => None,
+    };
+    let alone = match (&bench.target, &cli) {
+        (Target::Double, _) => Some("the test double: consul lock needs a real agent"),
+        (Target::Real(_), None) => Some("no consul binary on PATH or at CONSEM_BENCH_CONSUL_BIN"),
+        _ => None,
+    };
+    let root = bench.prefix("beside");
+    let mut figures = Vec::new();
+    let tools: Vec<(&str, Option<&Path>)> = std::iter::once(("consem", None))
+        .chain(cli.as_deref().map(|cli| ("consul lock", Some(cli))))
+        .collect();
+    for (tool, cli) in tools {
+        eprintln!("beside: {tool}");
+        let make = |name: &str, limit: usize, run: &[String]| -> Command {
+            let prefix = format!("{root}/{}/{name}", tool.replace(' ', "-"));
+            match cli {
+                Some(cli) => consul_lock(cli, &consul.addr, &prefix, limit, run, &log),
+                None => {
+                    let run: Vec<&str> = run.iter().map(String::as_str).collect();
+                    consem(&consul.addr, &prefix, limit, &run, &log)
+                }
+            }
+        };
+        let (wall, _, rss_mib) = common::uncontended(&make, sizes.runs);
+        let mut gaps: Vec<Duration> = (0..sizes.rounds)
+            .flat_map(|round| {
+                common::handoff(
+                    &make,
+                    &bench.scratch,
+                    &format!("handoff-{round}"),
+                    sizes.waiters,
+                    sizes.child_sleep,
+                )
+            })
+            .collect();
+        gaps.sort();
+        let waiter_cpu = common::waiter_cpu(&make, "waiter-cpu", sizes.waiting);
+        let (n, limit, sleep) = sizes.crowd;
+        let (_, crowd_overhead) = common::crowd(&make, "crowd", n, limit, sleep);
+        figures.push(Figures {
+            tool: match cli {
+                Some(cli) => format!("consul lock ({})", cli.display()),
+                None => "consem".to_string(),
+            },
+            wall,
+            rss_mib,
+            gap: gaps[gaps.len() / 2],
+            gap_p90: common::percentile(&gaps, 0.9),
+            waiter_cpu,
+            crowd_overhead,
+        });
+    }
+    Beside {
+        runs: sizes.runs,
+        waiters: sizes.waiters,
+        rounds: sizes.rounds,
+        crowd: sizes.crowd,
+        spawn: common::spawn_cost(sizes.runs.min(50)),
+        figures,
+        alone,
+    }
+}
+
+impl Beside {
+    fn table(&self, judged: bool) -> String {
+        let (runs, waiters, rounds) = (self.runs, self.waiters, self.rounds);
+        let (n, limit, sleep) = self.crowd;
+        let mut t = String::from("## Beside consul lock\n\n");
+        if let Some(why) = self.alone {
+            t.push_str(&format!("consem alone: {why}.\n\n"));
+        }
+        t.push_str(&format!(
+            "(uncontended: {runs} runs of `true`, wall median and peak RSS; handoff gap: limit 1, \
+             {waiters} waiters queued, {rounds} round(s), one command's end to the next one's \
+             start as the commands log them (starting the command alone takes {:.2} ms); \
+             a waiter's CPU: every thread and helper, over its wait; crowd: N={n} started at \
+             once on limit {limit}, each command sleeping {:.0} ms, overhead per round beyond \
+             the sleeping)\n\n",
+            ms(self.spawn),
+            ms(sleep)
+        ));
+        t.push_str("| tool | uncontended wall | peak RSS | handoff gap median | p90 | waiter CPU | crowd overhead per round |\n");
+        t.push_str("|---|---|---|---|---|---|---|\n");
+        for f in &self.figures {
+            t.push_str(&format!(
+                "| {} | {:.2} ms | {:.2} MiB | {:.2} ms | {:.2} ms | {:.2} ms | {:.1} ms |\n",
+                f.tool,
+                ms(f.wall),
+                f.rss_mib,
+                ms(f.gap),
+                ms(f.gap_p90),
+                ms(f.waiter_cpu),
+                ms(f.crowd_overhead)
+            ));
+        }
+        let ours = &self.figures[0];
+        let verdict = |met: bool| match (judged, met) {
+            (false, _) => "not judged (quick mode or debug build)",
+            (true, true) => "met",
+            (true, false) => "NOT met",
+        };
+        t.push_str("\n| goal | consem / consul lock | verdict |\n|---|---|---|\n");
+        t.push_str(&format!(
+            "| peak RSS at most {GOAL_RSS_MIB:.0} MiB | {:.2} MiB | {} |\n",
+            ours.rss_mib,
+            verdict(ours.rss_mib <= GOAL_RSS_MIB)
+        ));
+        let Some(theirs) = self.figures.get(1) else {
+            t.push_str("| the ratios to consul lock | not measured | n/a |\n\n");
+            return t;
+        };
+        let ratio = |a: Duration, b: Duration| ms(a) / ms(b);
+        for (what, ours, theirs, most) in [
+            (
+                "handoff gap (median) at most 1/2 of consul lock's",
+                ours.gap,
+                theirs.gap,
+                0.5,
+            ),
+            (
+                "crowd overhead per round at most 1/20 of consul lock's",
+                ours.crowd_overhead,
+                theirs.crowd_overhead,
+                0.05,
+            ),
+            (
+                "uncontended wall at most 1/5 of consul lock's",
+                ours.wall,
+                theirs.wall,
+                0.2,
+            ),
+        ] {
+            let r = ratio(ours, theirs);
+            t.push_str(&format!("| {what} | {r:.3} | {} |\n", verdict(r <= most)));
+        }
+        t.push_str(&format!(
+            "| (a waiter's CPU, for reading) | {:.2} | |\n\n",
+            ratio(ours.waiter_cpu, theirs.waiter_cpu)
+        ));
+        t
+    }
+}
+
+// ---------------------------------------------------------------------------
 // Mixed clients: consem beside consul lock on one prefix
 // ---------------------------------------------------------------------------
 
@@ -1419,10 +1674,6 @@ fn mixed(bench: &Bench, sizes: &Sizes) -> Mixed {
 // ---------------------------------------------------------------------------
 // Small helpers
 // ---------------------------------------------------------------------------
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
-}
 
 /// Nearest-rank percentile (`q` in 0..=1).
 fn percentile(values: &[Duration], q: f64) -> Duration {

@@ -22,6 +22,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+#[allow(dead_code)] // each harness uses a part of it
 mod common;
 
 use common::{ms, percentile, yes};

@@ -150,34 +150,10 @@ fn command(server: &Server, tool: Tool, name: &str, limit: usize, run: &[String]
 /// the overhead per round beyond the sleeping, and the commands per
 /// contender.
 fn crowd(server: &Server, tool: Tool, n: usize, limit: usize, sleep: Duration) -> (Duration, f64) {
-    let name = format!("crowd-{n}-{}", tool.name().len());
     let before = server.commands();
-    let started = Instant::now();
-    let children: Vec<Child> = (0..n)
-        .map(|_| {
-            command(
-                server,
-                tool,
-                &name,
-                limit,
-                &["sleep".to_string(), format!("{}", sleep.as_secs_f64())],
-            )
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap()
-        })
-        .collect();
-    for mut child in children {
-        assert!(
-            child.wait().unwrap().success(),
-            "{}: a contender failed",
-            tool.name()
-        );
-    }
-    let drained = started.elapsed();
-    let rounds = n.div_ceil(limit) as u32;
-    let overhead = drained.saturating_sub(sleep * rounds) / rounds;
+    let make = |name: &str, limit: usize, run: &[String]| command(server, tool, name, limit, run);
+    let name = format!("crowd-{n}-{}", tool.name().len());
+    let (_, overhead) = common::crowd(&make, &name, n, limit, sleep);
     let commands = (server.commands() - before) as f64 / n as f64;
     (overhead, commands)
 }

@@ -147,6 +147,41 @@ pub fn handoff(
     gaps
 }
 
+/// N contenders started at once on `limit` slots named `name`, each
+/// running `sleep`: the wall time until the last is done, and the overhead
+/// per round beyond the sleeping (`N/limit` rounds, ideally).
+pub fn crowd(
+    make: &Make,
+    name: &str,
+    n: usize,
+    limit: usize,
+    sleep: Duration,
+) -> (Duration, Duration) {
+    let started = Instant::now();
+    let children: Vec<Child> = (0..n)
+        .map(|_| {
+            make(
+                name,
+                limit,
+                &["sleep".to_string(), format!("{}", sleep.as_secs_f64())],
+            )
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+        })
+        .collect();
+    for mut child in children {
+        assert!(
+            child.wait().unwrap().success(),
+            "{name}: a contender failed"
+        );
+    }
+    let wall = started.elapsed();
+    let rounds = n.div_ceil(limit) as u32;
+    (wall, wall.saturating_sub(sleep * rounds) / rounds)
+}
+
 /// What starting the child costs by itself: spawn it and wait.
 pub fn spawn_cost(runs: usize) -> Duration {
     let log = std::env::temp_dir().join(format!("consem-bench-spawn-{}", std::process::id()));
