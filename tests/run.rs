@@ -581,7 +581,14 @@ fn waiters_further_back_block_on_the_key_ahead_and_handoffs_stay_cheap() {
     let mut arrivals: Vec<String> = Vec::new();
     for position in 0..WAITERS {
         let known = contender_names();
-        let script = format!("echo {position} >> '{log}'");
+        // Each command runs until the test lets it go: the relay is made
+        // once the command has started, and a command that ended first
+        // would leave its wake-up to the release.
+        let script = format!(
+            "echo {position} >> '{log}'; touch '{}'; while [ ! -e '{}' ]; do sleep 0.02; done",
+            world.path(&format!("ready-{position}")),
+            world.path(&format!("go-{position}"))
+        );
         waiters.push(world.spawn(1, &[], &["sh", "-c", &script]));
         wait_until(PROMPT, "the waiter's contender key", || {
             world.contender_keys() == position + 2
@@ -604,6 +611,22 @@ fn waiters_further_back_block_on_the_key_ahead_and_handoffs_stay_cheap() {
     let before = double.requests().len();
     world.touch("go");
     assert_eq!(finish(holder).status.code(), Some(0));
+    let relayed = |name: &str| {
+        let path = format!("/v1/kv/{}", world.key(name));
+        double
+            .requests()
+            .iter()
+            .any(|r| r.method == "PUT" && r.path == path && r.query_value("cas").is_some())
+    };
+    for (position, name) in arrivals.iter().enumerate() {
+        wait_until(PROMPT, "the next command to start", || {
+            world.exists(&format!("ready-{position}"))
+        });
+        if position < WAITERS - 1 {
+            wait_until(PROMPT, "its relay write", || relayed(name));
+        }
+        world.touch(&format!("go-{position}"));
+    }
     for waiter in waiters {
         let output = finish(waiter);
         assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));

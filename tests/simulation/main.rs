@@ -103,6 +103,9 @@ enum Phase {
         session: String,
         work_left: u32,
         since: Millis,
+        /// The relay write owed to a waiter behind, made once the command
+        /// runs, as consem makes it.
+        relay: Option<Relay>,
     },
     Release {
         session: Option<String>,
@@ -111,6 +114,15 @@ enum Phase {
     },
     Done(Exit),
     Crashed,
+}
+
+/// A relay write not made yet: the fence it names, the CAS index, and the
+/// attempts left (consem tries `--monitor-retry` times more after a failure).
+#[derive(Debug, Clone, Copy)]
+struct Relay {
+    fence: u64,
+    cas: u64,
+    attempts_left: u32,
 }
 
 struct Client {
@@ -434,19 +446,6 @@ impl Sim {
                     },
                 )
             }
-            Call::Relay {
-                session,
-                fence,
-                cas,
-            } => {
-                // A peer that does not relay writes nothing.
-                let written = !self.clients[i].relays || {
-                    let key = format!("{DIR}{session}");
-                    let value = semaphore::holding_value(&value, *fence);
-                    self.consul.put_cas(&key, value, *cas, SEMAPHORE_FLAGS)
-                };
-                Answer::Relayed(written)
-            }
             Call::Wake { session, mark, cas } => {
                 if self.clients[i].relays {
                     let key = format!("{DIR}{session}");
@@ -558,7 +557,11 @@ impl Sim {
                             blocked_since,
                         }
                     }
-                    Step::Acquired { fence, key_index } => {
+                    Step::Acquired {
+                        fence,
+                        key_index,
+                        relay,
+                    } => {
                         self.stats.acquisitions += 1;
                         let session = contender.session().unwrap().to_string();
                         self.log(|| format!("client {i}: acquired, runs its command"));
@@ -573,6 +576,11 @@ impl Sim {
                             session,
                             work_left: 1 + self.rng.below(20) as u32,
                             since: self.consul.now(),
+                            relay: relay.then_some(Relay {
+                                fence,
+                                cas: key_index,
+                                attempts_left: MONITOR_RETRY + 1,
+                            }),
                         }
                     }
                     Step::Hidden { session } => {
@@ -608,7 +616,8 @@ impl Sim {
                 session,
                 work_left,
                 since,
-            } => self.hold_step(i, watches, session, work_left, since)?,
+                relay,
+            } => self.hold_step(i, watches, session, work_left, since, relay)?,
             Phase::Release {
                 session,
                 stage,
@@ -627,12 +636,41 @@ impl Sim {
         session: String,
         work_left: u32,
         since: Millis,
+        relay: Option<Relay>,
     ) -> Result<Phase, Violation> {
         let release = |exit| Phase::Release {
             session: Some(session.clone()),
             stage: ReleaseStage::HandOff,
             exit,
         };
+        if let Some(owed) = relay {
+            // The command runs; the relay write comes first of the holder's
+            // requests, retried after a failure, dropped once our key changed.
+            let relay = if self.faults && self.rng.chance(30) {
+                self.stats.failed_calls += 1;
+                self.log(|| format!("client {i}: relay fails (5xx)"));
+                (owed.attempts_left > 1).then_some(Relay {
+                    attempts_left: owed.attempts_left - 1,
+                    ..owed
+                })
+            } else {
+                if self.clients[i].relays {
+                    let key = format!("{DIR}{session}");
+                    let value = format!(r#"{{"{RELAYS_FIELD}":true}}"#).into_bytes();
+                    let value = semaphore::holding_value(&value, owed.fence);
+                    let written = self.consul.put_cas(&key, value, owed.cas, SEMAPHORE_FLAGS);
+                    self.log(|| format!("client {i}: relays (written: {written})"));
+                }
+                None
+            };
+            return Ok(Phase::Hold {
+                watches,
+                session,
+                work_left,
+                since,
+                relay,
+            });
+        }
         let due: Vec<usize> = (0..2)
             .filter(|&w| {
                 let Call::Get { name, block_on, .. } = watches[w].watcher.call() else {
@@ -653,6 +691,7 @@ impl Sim {
                 session,
                 work_left: work_left - 1,
                 since,
+                relay,
             });
         }
         let w = due[self.rng.below(due.len() as u64) as usize];
@@ -670,6 +709,7 @@ impl Sim {
                     session,
                     work_left,
                     since,
+                    relay,
                 },
                 Err(_) => {
                     self.stats.losses_noticed += 1;
@@ -697,6 +737,7 @@ impl Sim {
                         session,
                         work_left,
                         since,
+                        relay,
                     }
                 }
                 Err(loss) => {

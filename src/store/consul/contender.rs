@@ -37,19 +37,6 @@ pub enum Call {
     /// shows as dead, before a write prunes it: a listing may leave out a key
     /// the token cannot read without saying so, a direct read answers 403.
     CheckHolder { name: String },
-    /// Rewrite our contender key with a value that names the slot
-    /// (`fence`), which wakes the waiter that blocks on it
-    /// ([`WaitOn::Key`]). The value must change: Consul (1.6 and later) does
-    /// not move the index of a write that changes nothing. The write is a
-    /// CAS on the key's ModifyIndex as the confirming read showed it (a CAS
-    /// keeps the key's session): if an operator deleted or released the key
-    /// since, and others pruned us, an acquire would bring the key back and
-    /// the command would start without a slot; the CAS fails instead.
-    Relay {
-        session: String,
-        fence: u64,
-        cas: u64,
-    },
     /// Rewrite our contender key while we wait (CAS, as for a relay), so
     /// that a waiter blocked on it wakes: a consem contender that arrived
     /// after us was handed a slot by a holder that could not see us (an ACL
@@ -71,8 +58,6 @@ pub enum Answer {
     /// The answer to [`Call::Get`]: at most one entry.
     Key(Listing),
     LockWritten(bool),
-    /// The answer to [`Call::Relay`]: whether the CAS wrote the key.
-    Relayed(bool),
     /// The answer to [`Call::Wake`], written or not: either way we read again.
     Woken,
     /// The answer to [`Call::CheckHolder`]: at most one entry, or `None`
@@ -85,10 +70,20 @@ pub enum Answer {
 pub enum Step {
     Call(Call),
     /// The slot is ours. `fence` is `.lock`'s ModifyIndex and `key_index`
-    /// our contender key's, where watching them starts.
+    /// our contender key's, where watching them starts. `relay`: a waiter
+    /// may block on our key alone ([`WaitOn::Key`]), so once the command
+    /// has started, the holder rewrites it with a value that names the slot
+    /// (`semaphore::holding_value`), which wakes that waiter. The value
+    /// must change: Consul (1.6 and later) does not move the index of a
+    /// write that changes nothing. The write is a CAS on `key_index` (a CAS
+    /// keeps the key's session): if an operator deleted or released the key
+    /// since, an acquire would bring it back; the CAS fails instead, and
+    /// the watch of our key reports the loss. Made after the start, it
+    /// keeps its round trip out of the handoff.
     Acquired {
         fence: u64,
         key_index: u64,
+        relay: bool,
     },
     /// `--try` found every slot taken.
     NoSlot,
@@ -133,12 +128,13 @@ pub struct Contender {
     /// The index to block on; 0 reads at once.
     index: u64,
     /// After a won CAS, or a stale read that shows us holding, the next read
-    /// is consistent: the fence and the watch start from the truth.
+    /// is consistent: the fence and the watch start from the truth. Set
+    /// too while a consistent read is answered: blocking reads are
+    /// consistent, so a waiter woken by a departure that frees its slot
+    /// takes it without a second read.
     confirm: bool,
     /// The last wait picture noted, so that only changes are noted.
     last_picture: Option<WaitPicture>,
-    /// The slot is confirmed ours; reported once the relay is written.
-    relaying: Option<Step>,
     /// The listing a take was decided on, while the holders it prunes are
     /// checked one by one ([`Call::CheckHolder`]).
     checking: Option<Box<Snapshot>>,
@@ -168,7 +164,6 @@ impl Contender {
             index: 0,
             confirm: false,
             last_picture: None,
-            relaying: None,
             checking: None,
             gone: BTreeSet::new(),
             gone_at: 0,
@@ -198,8 +193,7 @@ impl Contender {
 
     /// The call to make after the previous one failed (no answer, or a
     /// transient error). Reads start over from index 0, since the agent may
-    /// have restarted; a CAS whose answer was lost is settled by a read (a
-    /// relay's by a confirming read, which relays again if it must).
+    /// have restarted; a CAS whose answer was lost is settled by a read.
     pub fn after_failure(&mut self) -> Call {
         self.pending = match &self.pending {
             Call::List { consistency, .. } => {
@@ -214,10 +208,6 @@ impl Contender {
                 self.index = 0;
                 self.read()
             }
-            Call::Relay { .. } => match self.confirm_again() {
-                Step::Call(read) => read,
-                _ => unreachable!("confirming again is a read"),
-            },
             other => other.clone(),
         };
         self.pending.clone()
@@ -245,12 +235,6 @@ impl Contender {
                 consistency: Consistency::Default,
                 block_on: 0,
             }),
-            Answer::Relayed(true) => self
-                .relaying
-                .take()
-                .expect("a relay is only written for a confirmed slot"),
-            // Our key changed since the confirming read: look again.
-            Answer::Relayed(false) => self.confirm_again(),
             // Our own write moved the index: this read answers at once.
             Answer::Woken => {
                 self.woken_for.extend(self.waking.drain(..));
@@ -287,6 +271,13 @@ impl Contender {
             self.gone_at = listing.index;
         }
         self.came_back_before = self.came_back.take();
+        if let Call::List {
+            consistency: Consistency::Consistent,
+            ..
+        } = self.pending
+        {
+            self.confirm = true;
+        }
         self.on_snapshot(Snapshot::from_entries(listing.entries))
     }
 
@@ -344,18 +335,14 @@ impl Contender {
                     .contenders
                     .get(&session)
                     .map_or(0, |key| key.modify_index);
-                let acquired = Step::Acquired { fence, key_index };
-                // Anyone waiting behind us may block on our key alone: wake it.
+                // Anyone waiting behind us may block on our key alone.
                 let record = snapshot.lock_record(self.limit).ok().flatten();
-                if record.is_some_and(|r| semaphore::waiters_behind(&snapshot, &r, &session)) {
-                    self.relaying = Some(acquired);
-                    Step::Call(Call::Relay {
-                        session,
-                        fence,
-                        cas: key_index,
-                    })
-                } else {
-                    acquired
+                let relay =
+                    record.is_some_and(|r| semaphore::waiters_behind(&snapshot, &r, &session));
+                Step::Acquired {
+                    fence,
+                    key_index,
+                    relay,
                 }
             }
             Decision::Holding => {
@@ -428,18 +415,12 @@ impl Contender {
         }
     }
 
-    /// A consistent read without blocking, that decides again whether the
-    /// slot is ours.
-    fn confirm_again(&mut self) -> Step {
-        self.relaying = None;
-        self.confirm = true;
-        self.index = 0;
-        Step::Call(self.read())
-    }
-
+    /// The next listing: consistent to confirm a slot, and when it blocks
+    /// (the wake-up of a waiter whose slot a departure freed then tells it
+    /// enough).
     fn read(&self) -> Call {
         Call::List {
-            consistency: if self.confirm {
+            consistency: if self.confirm || self.index > 0 {
                 Consistency::Consistent
             } else {
                 Consistency::Default
@@ -709,7 +690,8 @@ mod tests {
             c.on_answer(confirmed),
             Step::Acquired {
                 fence: 11,
-                key_index: 5
+                key_index: 5,
+                relay: false
             }
         );
     }
@@ -729,7 +711,7 @@ mod tests {
             )
         };
         let wait = Step::Call(Call::List {
-            consistency: Consistency::Default,
+            consistency: Consistency::Consistent,
             block_on: 20,
         });
         assert_eq!(c.on_answer(full()), wait);
@@ -809,7 +791,8 @@ mod tests {
             c.on_answer(won()),
             Step::Acquired {
                 fence: 11,
-                key_index: 5
+                key_index: 5,
+                relay: false
             }
         );
     }
@@ -854,7 +837,7 @@ mod tests {
     }
 
     #[test]
-    fn relays_to_a_waiter_behind_once_the_slot_is_confirmed() {
+    fn owes_a_waiter_behind_the_relay_once_the_slot_is_confirmed() {
         let mut c = joined(Contend::Wait);
         c.on_answer(Answer::KeyAcquired(Acquire::Held));
         let waiter = relaying_entry(OTHER, 6);
@@ -863,50 +846,75 @@ mod tests {
         let confirmed = listing(12, vec![contender_entry(ME), waiter, lock_entry(&[ME], 11)]);
         assert_eq!(
             c.on_answer(confirmed),
-            Step::Call(Call::Relay {
-                session: ME.into(),
-                fence: 11,
-                cas: 5
-            })
-        );
-        assert_eq!(
-            c.on_answer(Answer::Relayed(true)),
             Step::Acquired {
                 fence: 11,
-                key_index: 5
+                key_index: 5,
+                relay: true
             }
         );
     }
 
     #[test]
-    fn a_relay_that_fails_or_loses_its_key_confirms_again() {
+    fn a_waiter_woken_into_a_free_slot_takes_it_without_reading_again() {
         let mut c = joined(Contend::Wait);
         c.on_answer(Answer::KeyAcquired(Acquire::Held));
-        let waiter = relaying_entry(OTHER, 6);
-        c.on_answer(listing(10, vec![contender_entry(ME), waiter.clone()]));
-        c.on_answer(Answer::LockWritten(true));
-        let confirmed = listing(
-            12,
-            vec![contender_entry(ME), waiter.clone(), lock_entry(&[ME], 11)],
+        let full = listing(
+            20,
+            vec![
+                contender_entry(ME),
+                relaying_entry(OTHER, 3),
+                lock_entry(&[OTHER], 9),
+            ],
         );
-        c.on_answer(confirmed.clone());
-        let confirm = Call::List {
-            consistency: Consistency::Consistent,
-            block_on: 0,
-        };
-        // The answer is lost: the write may or may not have landed.
-        assert_eq!(c.after_failure(), confirm);
-        assert!(matches!(
-            c.on_answer(confirmed),
-            Step::Call(Call::Relay { .. })
-        ));
-        // The key changed since the confirming read (an operator deleted or
-        // released it): the slot is not reported; a new read decides.
-        assert_eq!(c.on_answer(Answer::Relayed(false)), Step::Call(confirm));
-        let gone = listing(14, vec![waiter, lock_entry(&[], 13)]);
+        // Blocking on the prefix: a consistent read.
         assert_eq!(
-            c.on_answer(gone),
-            Step::Call(Call::AcquireKey { session: ME.into() })
+            c.on_answer(full),
+            Step::Call(Call::List {
+                consistency: Consistency::Consistent,
+                block_on: 20,
+            })
+        );
+        // The holder leaving handed its slot to us in `.lock`.
+        let handed = listing(22, vec![contender_entry(ME), lock_entry(&[ME], 21)]);
+        assert_eq!(
+            c.on_answer(handed),
+            Step::Acquired {
+                fence: 21,
+                key_index: 5,
+                relay: false
+            }
+        );
+    }
+
+    #[test]
+    fn a_default_read_that_shows_us_holding_is_confirmed() {
+        let mut c = joined(Contend::Wait);
+        c.on_answer(Answer::KeyAcquired(Acquire::Held));
+        let waiter = relaying_entry(OTHER, 3);
+        // Woken by the key ahead: a default read of the prefix.
+        c.on_answer(listing(
+            20,
+            vec![waiter.clone(), contender_entry(ME), lock_entry(&[OTHER], 9)],
+        ));
+        assert_eq!(
+            c.on_answer(Answer::Key(Listing {
+                index: 21,
+                entries: vec![]
+            })),
+            Step::Call(Call::List {
+                consistency: Consistency::Default,
+                block_on: 0,
+            })
+        );
+        assert_eq!(
+            c.on_answer(listing(
+                22,
+                vec![contender_entry(ME), lock_entry(&[ME], 21)]
+            )),
+            Step::Call(Call::List {
+                consistency: Consistency::Consistent,
+                block_on: 0,
+            })
         );
     }
 
@@ -1037,7 +1045,7 @@ mod tests {
         assert_eq!(
             c.on_answer(Answer::Woken),
             Step::Call(Call::List {
-                consistency: Consistency::Default,
+                consistency: Consistency::Consistent,
                 block_on: 10
             })
         );
@@ -1045,7 +1053,7 @@ mod tests {
         assert_eq!(
             c.on_answer(listing(11, seen())),
             Step::Call(Call::List {
-                consistency: Consistency::Default,
+                consistency: Consistency::Consistent,
                 block_on: 11
             })
         );

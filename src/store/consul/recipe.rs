@@ -71,6 +71,8 @@ struct Shared {
     /// A session create went out and got no answer: it may have created a
     /// session that nobody renews or destroys.
     create_unanswered: bool,
+    /// The command has started: the holder's first requests wait for it.
+    command_started: bool,
 }
 
 /// A semaphore on one Consul prefix, for one run.
@@ -169,7 +171,7 @@ impl ConsulSemaphore {
             }
         };
         match acquired {
-            Ok((fence, key_index)) => {
+            Ok((fence, key_index, relay)) => {
                 self.shared().fence = Some(fence);
                 report::event(
                     "acquired",
@@ -192,6 +194,14 @@ impl ConsulSemaphore {
                 let Some(session) = self.shared().session.clone() else {
                     return;
                 };
+                // Starting the command comes first: the watches and the
+                // relay wait for it, so as not to compete with it.
+                {
+                    let period = lease::renew_period(self.settings.ttl);
+                    let _ = self.changed.wait_timeout_while(self.shared(), period, |s| {
+                        !s.command_started && !s.closing
+                    });
+                }
                 let (limit, retry) = (self.settings.limit, self.settings.monitor_retry);
                 let key = Watcher::new(&session, limit, Watched::Key, key_index, retry);
                 let this = Arc::clone(&self);
@@ -203,6 +213,9 @@ impl ConsulSemaphore {
                         this.watch(key, &key_notify);
                     })
                     .expect("cannot start the watch thread");
+                if relay {
+                    self.relay(&session, fence, key_index);
+                }
                 self.watch(
                     Watcher::new(&session, limit, Watched::Lock, fence, retry),
                     &notify,
@@ -258,9 +271,30 @@ impl ConsulSemaphore {
         }
     }
 
+    /// The relay write of [`Step::Acquired`]: until it lands, the waiter
+    /// behind sleeps, so a failure is retried, `--monitor-retry` times.
+    /// A CAS that finds our key changed is the watch's news, not ours.
+    fn relay(&self, session: &str, fence: u64, key_index: u64) {
+        let value = semaphore::holding_value(&self.settings.contender_value, fence);
+        let mut pause = FIRST_BACKOFF;
+        for _ in 0..=self.settings.monitor_retry {
+            match self.rewrite_own_key(session, value.clone(), key_index) {
+                None | Some(Ok(_)) => return,
+                Some(Err(error)) => {
+                    report::event("relay-retry", &[("error", &error)]);
+                    if self.pause(pause) {
+                        return;
+                    }
+                    pause = (pause * 2).min(MAX_BACKOFF);
+                }
+            }
+        }
+    }
+
     /// Runs the [`Contender`] until a slot is ours. Returns the fence (where
-    /// watching `.lock` starts) and our key's index (where watching it starts).
-    fn acquire(self: &Arc<Self>, mode: Contend) -> Result<(u64, u64), Stop> {
+    /// watching `.lock` starts), our key's index (where watching it starts)
+    /// and whether a waiter behind is owed the relay write.
+    fn acquire(self: &Arc<Self>, mode: Contend) -> Result<(u64, u64, bool), Stop> {
         let mut contender = Contender::new(self.settings.limit, mode);
         let mut outage = Outage::new(self.settings.ttl);
         let mut call = contender.start();
@@ -313,7 +347,11 @@ impl ConsulSemaphore {
             }
             call = match step {
                 Step::Call(next) => next,
-                Step::Acquired { fence, key_index } => return Ok((fence, key_index)),
+                Step::Acquired {
+                    fence,
+                    key_index,
+                    relay,
+                } => return Ok((fence, key_index, relay)),
                 Step::NoSlot => return Err(Stop::NoSlot),
                 Step::Conflict(conflict) => {
                     return Err(Stop::Failed(StoreError::Conflict(format!(
@@ -386,15 +424,6 @@ impl ConsulSemaphore {
                 },
             ),
             Call::Get { .. } => Some(self.read(call).map(Answer::Key)),
-            Call::Relay {
-                session,
-                fence,
-                cas,
-            } => {
-                let value = semaphore::holding_value(&self.settings.contender_value, *fence);
-                self.rewrite_own_key(session, value, *cas)
-                    .map(|r| r.map(Answer::Relayed))
-            }
             Call::Wake { session, mark, cas } => {
                 let value = semaphore::woken_value(&self.settings.contender_value, *mark);
                 self.rewrite_own_key(session, value, *cas)
@@ -882,6 +911,11 @@ impl SlotBackend for ConsulSemaphore {
 
     fn frees_slot_at_death(&self) -> bool {
         false
+    }
+
+    fn command_started(&self) {
+        self.shared().command_started = true;
+        self.changed.notify_all();
     }
 
     fn child_env(&self) -> Vec<(String, String)> {
