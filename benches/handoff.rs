@@ -1471,9 +1471,12 @@ impl Beside {
             let r = ratio(ours, theirs);
             t.push_str(&format!("| {what} | {r:.3} | {} |\n", verdict(r <= most)));
         }
+        // A consul lock waiter sleeps in one blocking query: its CPU can
+        // be nil, and a ratio to it says nothing.
         t.push_str(&format!(
-            "| (a waiter's CPU, for reading) | {:.2} | |\n\n",
-            ratio(ours.waiter_cpu, theirs.waiter_cpu)
+            "| (a waiter's CPU, for reading) | {:.2} ms against {:.2} ms | |\n\n",
+            ms(ours.waiter_cpu),
+            ms(theirs.waiter_cpu)
         ));
         t
     }
