@@ -373,7 +373,18 @@ impl Drop for Bench {
 /// `consem run --prefix <prefix> --limit <limit> -- <command>` against
 /// `addr`, stdin and stdout to /dev/null, stderr appended to `log`.
 fn consem(addr: &str, prefix: &str, limit: usize, command: &[&str], log: &Path) -> Command {
-    let mut cmd = Command::new(consem_bin());
+    let mut cmd = consul_client(Path::new(&consem_bin()), addr, log);
+    cmd.args(["run", "--prefix", prefix, "--limit", &limit.to_string()])
+        .arg("--")
+        .args(command);
+    cmd
+}
+
+/// `program` as a client of the agent at `addr`, whatever the caller's
+/// shell sets for the consul CLI; stdin and stdout to /dev/null, stderr
+/// appended to `log`.
+fn consul_client(program: &Path, addr: &str, log: &Path) -> Command {
+    let mut cmd = Command::new(program);
     cmd.env("CONSUL_HTTP_ADDR", addr);
     for name in CONSUL_ENV {
         cmd.env_remove(name);
@@ -382,13 +393,8 @@ fn consem(addr: &str, prefix: &str, limit: usize, command: &[&str], log: &Path) 
         .create(true)
         .append(true)
         .open(log)
-        .expect("open the consem log");
-    cmd.args(["run", "--prefix", prefix, "--limit", &limit.to_string()])
-        .arg("--")
-        .args(command)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log);
+        .expect("open the clients' log");
+    cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
     cmd
 }
 
@@ -1309,21 +1315,9 @@ fn consul_lock(
     command: &[String],
     log: &Path,
 ) -> Command {
-    let mut cmd = Command::new(cli);
-    cmd.env("CONSUL_HTTP_ADDR", addr);
-    for name in CONSUL_ENV {
-        cmd.env_remove(name);
-    }
-    let log = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .expect("open the consul lock log");
+    let mut cmd = consul_client(cli, addr, log);
     cmd.args(["lock", "-n", &limit.to_string(), "-shell=false", prefix])
-        .args(command)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log);
+        .args(command);
     cmd
 }
 
