@@ -8,6 +8,7 @@ pub mod consul;
 pub mod etcd;
 pub mod lease;
 pub mod local;
+pub mod outage;
 pub mod redis;
 pub mod resolver;
 pub mod tls;

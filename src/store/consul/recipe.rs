@@ -21,6 +21,7 @@ use crate::store::consul::contender::{
 };
 use crate::store::consul::semaphore::{self, Loss, ReleaseStep, Snapshot, SEMAPHORE_FLAGS};
 use crate::store::lease::{self, lease_end};
+use crate::store::outage::{Outage, FIRST_BACKOFF, MAX_BACKOFF};
 use crate::store::{
     Contend, ContenderInfo, Holder, Notify, Progress, SlotBackend, SlotEvent, StoreError,
 };
@@ -28,12 +29,6 @@ use crate::store::{
 /// How long one blocking query may wait on the server. The caller's deadline
 /// and signals do not depend on it (release wakes the query by writing).
 const BLOCKING_WAIT: Duration = Duration::from_secs(60);
-
-/// First pause after a failed call; doubles up to [`MAX_BACKOFF`], so that an
-/// error loop never spins. The cap is short because the queue moves only
-/// when its first waiter reads: the waiters behind it block on its key.
-const FIRST_BACKOFF: Duration = Duration::from_millis(200);
-const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 /// Pause between renewal attempts after a failed one.
 const RENEW_RETRY: Duration = Duration::from_secs(1);
@@ -308,7 +303,7 @@ impl ConsulSemaphore {
                     answer
                 }
                 Err(error) => {
-                    outage.failed(self, error)?;
+                    on_failure(&mut outage, self, error)?;
                     call = contender.after_failure();
                     continue;
                 }
@@ -693,64 +688,36 @@ impl Drop for PanicReport {
     }
 }
 
-/// Tracks consecutive failures while joining or waiting: the first contact
-/// fails at once (a wrong address should say so now), later outages are
-/// retried with backoff for up to one session TTL, after which the session
-/// is gone anyway.
-struct Outage {
-    ttl: Duration,
-    ever_reached: bool,
-    since: Option<Instant>,
-    backoff: Duration,
-}
-
-impl Outage {
-    fn new(ttl: Duration) -> Outage {
-        Outage {
-            ttl,
-            ever_reached: false,
-            since: None,
-            backoff: FIRST_BACKOFF,
-        }
-    }
-
-    fn recovered(&mut self) {
-        self.ever_reached = true;
-        self.since = None;
-        self.backoff = FIRST_BACKOFF;
-    }
-
-    /// Waits before the next attempt, or ends the run.
-    fn failed(&mut self, semaphore: &ConsulSemaphore, error: ConsulError) -> Result<(), Stop> {
-        let give_up = |e: ConsulError| {
-            match e {
+/// Waits before the next attempt after a failure while joining or
+/// waiting, or ends the run.
+fn on_failure(
+    outage: &mut Outage,
+    semaphore: &ConsulSemaphore,
+    error: ConsulError,
+) -> Result<(), Stop> {
+    let give_up = |e: ConsulError| {
+        match e {
             ConsulError::Denied(why) => Stop::Failed(StoreError::Denied(format!(
                 "permission denied: {why}; see README, \"Production clusters\", for the policy consem needs"
             ))),
             other => Stop::Failed(StoreError::Unavailable(other.to_string())),
         }
-        };
-        if let ConsulError::Denied(_) = error {
-            semaphore.shared().denied = true;
-        }
-        let retryable = matches!(
-            error,
-            ConsulError::Transient(_) | ConsulError::Unanswered(_)
-        );
-        if !retryable || !self.ever_reached {
-            return Err(give_up(error));
-        }
-        let since = *self.since.get_or_insert_with(Instant::now);
-        if since.elapsed() > self.ttl {
-            return Err(give_up(error));
-        }
-        report::event("retry", &[("error", &error)]);
-        if semaphore.pause(self.backoff) {
-            return Err(Stop::Closing);
-        }
-        self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
-        Ok(())
+    };
+    if let ConsulError::Denied(_) = error {
+        semaphore.shared().denied = true;
     }
+    let retryable = matches!(
+        error,
+        ConsulError::Transient(_) | ConsulError::Unanswered(_)
+    );
+    let Some(pause) = outage.retry_after().filter(|_| retryable) else {
+        return Err(give_up(error));
+    };
+    report::event("retry", &[("error", &error)]);
+    if semaphore.pause(pause) {
+        return Err(Stop::Closing);
+    }
+    Ok(())
 }
 
 impl SlotBackend for ConsulSemaphore {

@@ -238,8 +238,6 @@ pub enum Watched {
 pub struct Changes {
     /// The keys deleted, in order.
     pub deleted: Vec<Vec<u8>>,
-    /// Whether a key was written.
-    pub written: bool,
     /// The revision of the last event: a watch that goes on starts after
     /// it (the response's own revision can be later than events etcd
     /// holds back for the next response).
@@ -263,7 +261,6 @@ impl Changes {
                 .filter(|e| e.kind == "DELETE")
                 .map(|e| e.kv.key.clone())
                 .collect(),
-            written: events.iter().any(|e| e.kind != "DELETE"),
             through: events.iter().map(|e| e.kv.mod_revision).max().unwrap_or(0),
         }
     }
@@ -798,6 +795,25 @@ fn classify(status: http::StatusCode, body: &str, endpoint: &str) -> Failure {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_watch_response_tells_the_keys_deleted_and_where_to_go_on() {
+        // As the gateway writes it: a put's type is left out.
+        let events: Vec<Event> = serde_json::from_str(&format!(
+            r#"[{{"kv":{{"key":"{}","mod_revision":"7"}}}},
+                {{"type":"DELETE","kv":{{"key":"{}","mod_revision":"9"}}}}]"#,
+            b64(b"p/1"),
+            b64(b"p/2")
+        ))
+        .unwrap();
+        assert_eq!(
+            Changes::of(&events),
+            Changes {
+                deleted: vec![b"p/2".to_vec()],
+                through: 9
+            }
+        );
+    }
 
     #[test]
     fn a_prefix_range_ends_after_its_last_byte() {

@@ -18,10 +18,11 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use client::{Client, Compare, EtcdError, Op, WatchRequest, Watched};
+use client::{Client, Compare, EtcdError, Op, TxnReply, WatchRequest, Watched};
 use queue::Place;
 
 use super::lease;
+use super::outage::{Outage, FIRST_BACKOFF, MAX_BACKOFF};
 use super::tls::TlsSettings;
 use super::{Contend, ContenderInfo, Holder, Notify, Progress, SlotBackend, SlotEvent, StoreError};
 use crate::report;
@@ -34,8 +35,6 @@ pub const MAX_LIMIT: u32 = 1024;
 const TTL_RANGE: (Duration, Duration) = (Duration::from_secs(2), Duration::from_secs(86_400));
 const DEFAULT_TTL: Duration = Duration::from_secs(15);
 const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:2379";
-const FIRST_BACKOFF: Duration = Duration::from_millis(200);
-const MAX_BACKOFF: Duration = Duration::from_secs(1);
 /// After a keep-alive that failed while holding, the first wait before the
 /// next; it doubles up to `MAX_BACKOFF`, so that `--monitor-retry` failures
 /// span a restart of etcd rather than a moment.
@@ -219,8 +218,8 @@ struct Shared {
 /// Where a waiter waits, and from which revision.
 struct Wait {
     request_key: Vec<u8>,
+    /// `Some`: the whole prefix, for deletions only (the first waiter).
     end: Option<Vec<u8>>,
-    deletions_only: bool,
     from: i64,
     /// The keys ahead of ours in the last listing.
     ahead: Vec<Vec<u8>>,
@@ -229,50 +228,21 @@ struct Wait {
     deleted: Vec<Vec<u8>>,
 }
 
-/// Failures of the store while contending, and when to give up.
-struct Outage {
-    ttl: Duration,
-    ever_reached: bool,
-    since: Option<Instant>,
-    backoff: Duration,
-}
-
-impl Outage {
-    fn new(ttl: Duration) -> Outage {
-        Outage {
-            ttl,
-            ever_reached: false,
-            since: None,
-            backoff: FIRST_BACKOFF,
-        }
-    }
-
-    fn recovered(&mut self) {
-        self.ever_reached = true;
-        self.since = None;
-        self.backoff = FIRST_BACKOFF;
-    }
-
-    /// How long to wait before trying again, or the error that ends the
-    /// run: at once if etcd was never reached or the failure is not one to
-    /// retry; after an outage longer than the TTL otherwise.
-    fn failed(&mut self, error: EtcdError) -> Result<Duration, StoreError> {
-        match error {
-            EtcdError::Denied(why) => Err(StoreError::Denied(why)),
-            EtcdError::Failed(why) => Err(StoreError::Unavailable(why)),
-            EtcdError::LeaseGone => Err(StoreError::Unavailable(
-                "etcd dropped our lease while we joined".into(),
-            )),
-            EtcdError::Transient(why) => {
-                let since = *self.since.get_or_insert_with(Instant::now);
-                if !self.ever_reached || since.elapsed() > self.ttl {
-                    return Err(StoreError::Unavailable(why));
-                }
-                report::event("retry", &[("error", &why)]);
-                let pause = self.backoff;
-                self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
-                Ok(pause)
-            }
+/// What ends the run on a failure while contending, or how long to pause
+/// before trying again.
+fn on_failure(outage: &mut Outage, error: EtcdError) -> Result<Duration, StoreError> {
+    match error {
+        EtcdError::Denied(why) => Err(StoreError::Denied(why)),
+        EtcdError::Failed(why) => Err(StoreError::Unavailable(why)),
+        EtcdError::LeaseGone => Err(StoreError::Unavailable(
+            "etcd dropped our lease while we joined".into(),
+        )),
+        EtcdError::Transient(why) => {
+            let pause = outage
+                .retry_after()
+                .ok_or(StoreError::Unavailable(why.clone()))?;
+            report::event("retry", &[("error", &why)]);
+            Ok(pause)
         }
     }
 }
@@ -388,13 +358,28 @@ impl EtcdSemaphore {
                     return Ok(Err(EtcdError::LeaseGone));
                 }
                 Err(error) => {
-                    let pause = outage.failed(error)?;
+                    let pause = on_failure(outage, error)?;
                     if self.pause(pause) {
                         return Err(Stop::Closing);
                     }
                 }
             }
         }
+    }
+
+    /// A transaction of the join, until it answers (within the outage
+    /// policy), as a write that release waits for.
+    fn joining_txn(
+        &self,
+        outage: &mut Outage,
+        compare: &[Compare],
+        success: &[Op],
+        failure: &[Op],
+    ) -> Result<Result<TxnReply, EtcdError>, Stop> {
+        self.retrying(outage, || {
+            self.writing(|| self.client.txn(compare, success, failure))
+                .unwrap_or_else(|_| Err(EtcdError::Transient("closing".into())))
+        })
     }
 
     fn grant(&self, outage: &mut Outage) -> Result<(i64, Instant), Stop> {
@@ -417,7 +402,7 @@ impl EtcdSemaphore {
                     return Ok((lease, sent));
                 }
                 Err(error) => {
-                    let pause = outage.failed(error)?;
+                    let pause = on_failure(outage, error)?;
                     if self.pause(pause) {
                         return Err(Stop::Closing);
                     }
@@ -430,23 +415,25 @@ impl EtcdSemaphore {
     fn join(&self, lease: i64, outage: &mut Outage) -> Result<Joined, Stop> {
         let key = self.key(lease);
         let limit = self.limit.to_string();
+        // Writes the limit record and our key, and lists the prefix.
+        let record_and_key = [
+            Op::Put(&self.limit_key, limit.as_bytes(), 0),
+            Op::Put(&key, &self.info, lease),
+            Op::List(&self.range.0, &self.range.1),
+        ];
         loop {
-            let tried = self.retrying(outage, || {
-                self.writing(|| {
-                    self.client.txn(
-                        &[
-                            Compare::Created(&key, 0),
-                            Compare::Value(&self.limit_key, limit.as_bytes()),
-                        ],
-                        &[
-                            Op::Put(&key, &self.info, lease),
-                            Op::List(&self.range.0, &self.range.1),
-                        ],
-                        &[Op::Get(&self.limit_key), Op::Get(&key)],
-                    )
-                })
-                .unwrap_or_else(|_| Err(EtcdError::Transient("closing".into())))
-            })?;
+            let tried = self.joining_txn(
+                outage,
+                &[
+                    Compare::Created(&key, 0),
+                    Compare::Value(&self.limit_key, limit.as_bytes()),
+                ],
+                &[
+                    Op::Put(&key, &self.info, lease),
+                    Op::List(&self.range.0, &self.range.1),
+                ],
+                &[Op::Get(&self.limit_key), Op::Get(&key)],
+            )?;
             let reply = match tried {
                 Ok(reply) => reply,
                 Err(_) => return Ok(Joined::LeaseGone),
@@ -466,23 +453,15 @@ impl EtcdSemaphore {
             } else {
                 // No record: the first contender writes it, with its key,
                 // if the prefix is empty.
-                let created = self.retrying(outage, || {
-                    self.writing(|| {
-                        self.client.txn(
-                            &[
-                                Compare::Created(&self.limit_key, 0),
-                                Compare::NoKeyIn(&self.range.0, &self.range.1),
-                            ],
-                            &[
-                                Op::Put(&self.limit_key, limit.as_bytes(), 0),
-                                Op::Put(&key, &self.info, lease),
-                                Op::List(&self.range.0, &self.range.1),
-                            ],
-                            &[],
-                        )
-                    })
-                    .unwrap_or_else(|_| Err(EtcdError::Transient("closing".into())))
-                })?;
+                let created = self.joining_txn(
+                    outage,
+                    &[
+                        Compare::Created(&self.limit_key, 0),
+                        Compare::NoKeyIn(&self.range.0, &self.range.1),
+                    ],
+                    &record_and_key,
+                    &[],
+                )?;
                 match created {
                     Ok(reply) if reply.succeeded => {
                         return Ok(Joined::At(reply.header.revision, Some(reply.listing(2))))
@@ -522,27 +501,15 @@ impl EtcdSemaphore {
                     }
                 }
             }
-            let replaced = self.retrying(outage, || {
-                self.writing(|| {
-                    self.client.txn(
-                        &[
-                            Compare::UnchangedSince(
-                                &self.range.0,
-                                &self.range.1,
-                                listing.header.revision,
-                            ),
-                            Compare::Created(&key, 0),
-                        ],
-                        &[
-                            Op::Put(&self.limit_key, limit.as_bytes(), 0),
-                            Op::Put(&key, &self.info, lease),
-                            Op::List(&self.range.0, &self.range.1),
-                        ],
-                        &[],
-                    )
-                })
-                .unwrap_or_else(|_| Err(EtcdError::Transient("closing".into())))
-            })?;
+            let replaced = self.joining_txn(
+                outage,
+                &[
+                    Compare::UnchangedSince(&self.range.0, &self.range.1, listing.header.revision),
+                    Compare::Created(&key, 0),
+                ],
+                &record_and_key,
+                &[],
+            )?;
             match replaced {
                 Ok(reply) if reply.succeeded => {
                     if record.is_some() {
@@ -617,7 +584,7 @@ impl EtcdSemaphore {
                         key: &waiting.request_key,
                         end: waiting.end.as_deref(),
                         start_revision: waiting.from,
-                        deletions_only: waiting.deletions_only,
+                        deletions_only: waiting.end.is_some(),
                     };
                     let watched =
                         self.retrying(&mut outage, || self.client.watch(&request, left))?;
@@ -693,7 +660,6 @@ impl EtcdSemaphore {
                     Place::First => Some(Wait {
                         request_key: self.range.0.clone(),
                         end: Some(self.range.1.clone()),
-                        deletions_only: true,
                         from,
                         ahead: ahead(),
                         deleted: Vec::new(),
@@ -703,7 +669,6 @@ impl EtcdSemaphore {
                     } => Some(Wait {
                         request_key: just_ahead.clone(),
                         end: None,
-                        deletions_only: false,
                         from,
                         ahead: ahead(),
                         deleted: Vec::new(),

@@ -1,0 +1,88 @@
+//! Failures of a store while a contender joins or waits, and when to give
+//! up: the first contact fails at once (a wrong address should say so
+//! now); later outages are retried with a pause that doubles, for up to
+//! one TTL, after which the session or lease is gone anyway.
+
+use std::time::{Duration, Instant};
+
+/// First pause after a failed call; doubles up to [`MAX_BACKOFF`], so that
+/// an error loop never spins. The cap is short because the queue moves
+/// only when its first waiter reads: the waiters behind it wait on it.
+pub const FIRST_BACKOFF: Duration = Duration::from_millis(200);
+pub const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+pub struct Outage {
+    ttl: Duration,
+    ever_reached: bool,
+    since: Option<Instant>,
+    backoff: Duration,
+}
+
+impl Outage {
+    pub fn new(ttl: Duration) -> Outage {
+        Outage {
+            ttl,
+            ever_reached: false,
+            since: None,
+            backoff: FIRST_BACKOFF,
+        }
+    }
+
+    /// A call went through.
+    pub fn recovered(&mut self) {
+        self.ever_reached = true;
+        self.since = None;
+        self.backoff = FIRST_BACKOFF;
+    }
+
+    /// After a failure worth retrying: how long to pause before the next
+    /// attempt, or `None` to give up (the store was never reached, or has
+    /// been failing for longer than the TTL).
+    pub fn retry_after(&mut self) -> Option<Duration> {
+        self.retry_at(Instant::now())
+    }
+
+    /// [`Outage::retry_after`], for a failure at `now`.
+    fn retry_at(&mut self, now: Instant) -> Option<Duration> {
+        let since = *self.since.get_or_insert(now);
+        if !self.ever_reached || now.duration_since(since) > self.ttl {
+            return None;
+        }
+        let pause = self.backoff;
+        self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+        Some(pause)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_contact_fails_at_once_later_ones_back_off_to_a_second() {
+        let mut outage = Outage::new(Duration::from_secs(60));
+        assert_eq!(outage.retry_after(), None, "never reached");
+        outage.recovered();
+        let pauses: Vec<_> = (0..5).map(|_| outage.retry_after().unwrap()).collect();
+        assert_eq!(
+            pauses,
+            [200, 400, 800, 1000, 1000].map(Duration::from_millis)
+        );
+        outage.recovered();
+        assert_eq!(outage.retry_after(), Some(FIRST_BACKOFF));
+    }
+
+    #[test]
+    fn an_outage_longer_than_the_ttl_ends_the_run() {
+        let ttl = Duration::from_secs(15);
+        let mut outage = Outage::new(ttl);
+        outage.recovered();
+        let began = Instant::now();
+        assert!(outage.retry_at(began).is_some());
+        assert!(outage.retry_at(began + ttl).is_some(), "one TTL in");
+        assert_eq!(
+            outage.retry_at(began + ttl + Duration::from_millis(1)),
+            None
+        );
+    }
+}
