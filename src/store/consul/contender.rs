@@ -151,6 +151,9 @@ pub struct Contender {
     /// left it out; `came_back_before`, the same for the listing before.
     came_back: Option<String>,
     came_back_before: Option<String>,
+    /// Our key was gone and we took it again: until a listing shows us out
+    /// of `.lock`, being in it is no slot (see [`Contender::on_snapshot`]).
+    rejoined: bool,
     pending: Call,
     notes: Vec<Note>,
 }
@@ -171,6 +174,7 @@ impl Contender {
             waking: Vec::new(),
             came_back: None,
             came_back_before: None,
+            rejoined: false,
             pending: Call::CreateSession,
             notes: Vec::new(),
         }
@@ -328,7 +332,23 @@ impl Contender {
             Ok(decision) => decision,
             Err(conflict) => return Step::Conflict(conflict),
         };
+        self.rejoined &= matches!(decision, Decision::Holding | Decision::SessionLost);
         match decision {
+            Decision::Holding if self.rejoined => {
+                // While our key was gone, another contender may have read
+                // it gone and be about to prune us from `.lock` with a CAS
+                // on `.lock` as it stands: our command would then run
+                // uncounted. Leaving `.lock` makes that CAS fail; then we
+                // queue again, in our key's place.
+                let Ok(Some(mut record)) = snapshot.lock_record(self.limit) else {
+                    unreachable!("holding means .lock names us");
+                };
+                record.holders.retain(|h| *h != session);
+                Step::Call(Call::PutLock {
+                    value: semaphore::encode_lock(&record),
+                    cas: snapshot.lock.as_ref().map_or(0, |lock| lock.modify_index),
+                })
+            }
             Decision::Holding if self.confirm => {
                 let fence = snapshot.lock.as_ref().map_or(0, |lock| lock.modify_index);
                 let key_index = snapshot
@@ -353,6 +373,7 @@ impl Contender {
             Decision::SessionLost => {
                 // Reuse the session while Consul still knows it.
                 self.notes.push(Note::Rejoining);
+                self.rejoined = true;
                 self.index = 0;
                 self.confirm = false;
                 Step::Call(Call::AcquireKey { session })
@@ -813,6 +834,50 @@ mod tests {
             Step::Call(Call::CreateSession)
         );
         assert_eq!(c.session(), None);
+    }
+
+    #[test]
+    fn a_rejoined_contender_leaves_lock_before_it_counts_a_slot_there() {
+        let mut c = joined(Contend::Wait);
+        c.on_answer(Answer::KeyAcquired(Acquire::Held));
+        // A holder handed us its slot, then an operator released our key:
+        // another contender may read it gone and prune us from `.lock`.
+        let mut released = contender_entry(ME);
+        released.session = None;
+        let handed = listing(30, vec![released, lock_entry(&[ME], 21)]);
+        assert_eq!(
+            c.on_answer(handed),
+            Step::Call(Call::AcquireKey { session: ME.into() })
+        );
+        c.on_answer(Answer::KeyAcquired(Acquire::Held));
+        // Back in our key, still named in `.lock`: not a slot yet. We
+        // leave `.lock`, so that a prune planned on the old `.lock` fails.
+        let named = vec![contender_entry(ME), lock_entry(&[ME], 21)];
+        let Step::Call(Call::PutLock { value, cas }) = c.on_answer(listing(32, named.clone()))
+        else {
+            panic!("a rejoined contender took the slot .lock names it in");
+        };
+        assert_eq!(cas, 21);
+        assert!(!semaphore::decode_lock(&value).unwrap().holds(ME));
+        // That write lost to another: read again, still not a slot.
+        c.on_answer(Answer::LockWritten(false));
+        assert!(matches!(
+            c.on_answer(listing(33, named)),
+            Step::Call(Call::PutLock { .. })
+        ));
+        // Out of `.lock`: we queue as anyone, and take the free slot.
+        c.on_answer(Answer::LockWritten(true));
+        let out = listing(34, vec![contender_entry(ME), lock_entry(&[], 34)]);
+        assert!(matches!(
+            c.on_answer(out),
+            Step::Call(Call::PutLock { cas: 34, .. })
+        ));
+        c.on_answer(Answer::LockWritten(true));
+        let ours = vec![contender_entry(ME), lock_entry(&[ME], 35)];
+        assert!(matches!(
+            c.on_answer(listing(36, ours)),
+            Step::Acquired { fence: 35, .. }
+        ));
     }
 
     #[test]

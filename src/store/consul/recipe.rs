@@ -655,7 +655,10 @@ impl ConsulSemaphore {
                 let others = record.holders.iter().filter(|h| *h != session).cloned();
                 snapshot.hidden.extend(others);
             } else {
-                client.reveal_hidden(prefix, &record, &mut snapshot)?;
+                // Our own key is gone once the session is: no need to read it.
+                let mut others = record;
+                others.holders.retain(|h| h != session);
+                client.reveal_hidden(prefix, &others, &mut snapshot)?;
             }
         }
         Ok(snapshot)
