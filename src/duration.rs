@@ -75,7 +75,9 @@ pub fn to_go(duration: Duration) -> String {
     format!("{}ms", duration.as_millis())
 }
 
-/// Formats a duration for people: `15s`, `1m30s`, `250ms`.
+/// Formats a duration for people, to the millisecond, in the form `parse`
+/// reads: `15s`, `1m30s`, `250ms`, `1.5s` (so that `--ttl 1500ms` is not
+/// echoed back as a value the operator did not give).
 pub fn human(duration: Duration) -> String {
     let millis = duration.as_millis();
     if millis < 1000 {
@@ -83,6 +85,7 @@ pub fn human(duration: Duration) -> String {
     }
     let seconds = duration.as_secs();
     let (h, m, s) = (seconds / 3600, seconds / 60 % 60, seconds % 60);
+    let fraction = duration.subsec_millis();
     let mut out = String::new();
     if h > 0 {
         out.push_str(&format!("{h}h"));
@@ -90,7 +93,10 @@ pub fn human(duration: Duration) -> String {
     if m > 0 {
         out.push_str(&format!("{m}m"));
     }
-    if s > 0 || out.is_empty() {
+    if fraction > 0 {
+        let digits = format!("{fraction:03}");
+        out.push_str(&format!("{s}.{}s", digits.trim_end_matches('0')));
+    } else if s > 0 || out.is_empty() {
         out.push_str(&format!("{s}s"));
     }
     out
@@ -129,5 +135,18 @@ mod tests {
         assert_eq!(human(Duration::from_secs(90)), "1m30s");
         assert_eq!(human(Duration::from_millis(250)), "250ms");
         assert_eq!(human(Duration::from_secs(3600)), "1h");
+        assert_eq!(human(Duration::from_millis(1500)), "1.5s");
+        assert_eq!(human(Duration::from_millis(1999)), "1.999s");
+        assert_eq!(human(Duration::from_millis(60_050)), "1m0.05s");
+        assert_eq!(human(Duration::from_micros(2_000_900)), "2s");
+    }
+
+    proptest::proptest! {
+        /// What is shown reads back as the duration, to the millisecond.
+        #[test]
+        fn what_is_shown_reads_back(millis in 0u64..400_000_000) {
+            let shown = human(Duration::from_millis(millis));
+            proptest::prop_assert_eq!(parse(&shown), Ok(Duration::from_millis(millis)), "{}", shown);
+        }
     }
 }

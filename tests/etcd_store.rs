@@ -727,6 +727,23 @@ fn etcds_checks_the_server_certificate_against_the_given_ca() {
     assert_eq!(etcd.leases(), Vec::<String>::new());
 }
 
+/// `etcds://` to a member without TLS is refused in one line that names
+/// `etcd://`, and the command does not run.
+#[test]
+fn etcds_to_a_plain_member_points_to_etcd() {
+    let world = World::on_the_double("etcds-to-plain");
+    let etcd = EtcdServer::start(&world.dir.join("etcd"));
+    let store = etcd.url().replacen("etcd://", "etcds://", 1);
+    let refused = output_of(run_on(&world, &store, 1, &[], &["echo", "ran"]));
+    let text = stderr(&refused);
+    assert_eq!(refused.status.code(), Some(69), "{text}");
+    assert_eq!(text.lines().count(), 1, "{text}");
+    assert!(text.contains("use etcd:// in --store"), "{text}");
+    assert!(refused.stdout.is_empty(), "the command ran");
+    assert_eq!(etcd.keys(&world.prefix), Vec::<String>::new());
+    assert_eq!(etcd.leases(), Vec::<String>::new());
+}
+
 /// A member that asks for a client certificate gets the one of `--cert`
 /// and `--key`, or ETCDCTL_CERT and ETCDCTL_KEY; without one, consem is
 /// refused in one line, and the command does not run.

@@ -478,6 +478,27 @@ fn rediss_checks_the_server_certificate_against_the_trusted_roots() {
     );
 }
 
+/// `rediss://` to a server without TLS: it never answers the handshake;
+/// refused in one line that names `redis://`, and nothing left behind.
+#[test]
+fn rediss_to_a_plain_server_points_to_redis() {
+    let world = World::redis("rediss-to-plain");
+    let plain = world.redis.as_ref().unwrap().url();
+    let store = plain.replacen("redis://", "rediss://", 1);
+    let mut command = world.consem_command();
+    command
+        .args(["run", "--prefix", &world.prefix, "--limit", "1"])
+        .args(["--store", &store, "--", "echo", "ran"])
+        .stdin(Stdio::null());
+    let output = command.output().unwrap();
+    let text = stderr(&output);
+    assert_eq!(output.status.code(), Some(69), "{text}");
+    assert_eq!(text.lines().count(), 1, "{text}");
+    assert!(text.contains("use redis://"), "{text}");
+    assert!(output.stdout.is_empty(), "the command ran");
+    world.assert_clean();
+}
+
 #[test]
 fn waiters_retry_while_redis_is_gone_then_give_up() {
     let mut world = World::redis("gone-waiting");

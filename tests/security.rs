@@ -336,6 +336,21 @@ fn plain_http_to_an_https_agent_exits_69() {
     unreachable(&world, command);
 }
 
+#[test]
+fn https_to_a_plain_agent_exits_69_pointing_to_http() {
+    let world = plain_world("https-to-http");
+    let mut command = world.consem(1, &[], &HELLO);
+    command.env(
+        "CONSUL_HTTP_ADDR",
+        format!("https://{}", world.consul.addr()),
+    );
+    let line = unreachable(&world, command);
+    assert!(
+        line.contains("did not answer in TLS") && line.contains("an http:// address"),
+        "{line}"
+    );
+}
+
 // ---------------------------------------------------------------------------
 // Bad TLS settings: exit 2 before any request, naming the file
 // ---------------------------------------------------------------------------

@@ -174,7 +174,10 @@ pub fn network_cause(error: &str) -> String {
     }
     let text = if let Some(why) = text.strip_prefix("failed to lookup address information: ") {
         format!("cannot resolve the host name ({why})")
-    } else if text.starts_with("timeout: ") {
+    } else if text.starts_with("timeout: ")
+        // A read timeout on a socket (EAGAIN), as std reports it.
+        || text == "Resource temporarily unavailable"
+    {
         "no answer in time".to_string()
     } else {
         text.to_string()
@@ -393,5 +396,9 @@ mod tests {
             "TLS handshake failed"
         );
         assert_eq!(network_cause("timeout: global"), "no answer in time");
+        assert_eq!(
+            network_cause("Resource temporarily unavailable (os error 11)"),
+            "no answer in time"
+        );
     }
 }

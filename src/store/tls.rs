@@ -21,6 +21,8 @@ pub struct Names {
     pub address: &'static str,
     /// The server name setting, where the store has one.
     pub server_name: Option<&'static str>,
+    /// How to reach the server without TLS.
+    pub plain: &'static str,
 }
 
 /// TLS settings, as given (`--ca-file`, `CONSUL_CACERT`, ...).
@@ -184,7 +186,8 @@ pub fn explain(
                 ) =>
             {
                 return Some(format!(
-                    "{server} closed the connection ({io}); if {client_cert_hint}"
+                    "{server} closed the connection during the TLS handshake ({io}): if it serves plain HTTP, {}; if {client_cert_hint}",
+                    names.plain
                 ));
             }
             None => return None,
@@ -212,6 +215,12 @@ pub fn explain(
         Tls::AlertReceived(
             AlertDescription::CertificateRequired | AlertDescription::HandshakeFailure | AlertDescription::BadCertificate,
         ) => format!("{server} refused the TLS handshake; {client_cert_hint}"),
+        // The first bytes back were no TLS record: a plain HTTP server's
+        // "400 Bad Request".
+        Tls::InvalidMessage(_) => format!(
+            "{server} did not answer in TLS ({tls}): if it serves plain HTTP, {}",
+            names.plain
+        ),
         other => format!("TLS failed: {other}"),
     })
 }

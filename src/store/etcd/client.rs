@@ -33,6 +33,7 @@ pub const TLS_NAMES: tls::Names = tls::Names {
     client_key: "--key/ETCDCTL_KEY",
     address: "--store",
     server_name: None,
+    plain: "use etcd:// in --store",
 };
 
 /// How a call failed, sorted by what can be done about it.

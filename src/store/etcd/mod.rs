@@ -1050,9 +1050,12 @@ mod tests {
             Given::default(),
             env(&[]),
             1,
-            Some(Duration::from_secs(1)),
+            Some(Duration::from_millis(1500)),
             None,
         );
-        assert!(ttl.unwrap_err().contains("use 2s to 24h"));
+        assert_eq!(
+            ttl.unwrap_err(),
+            "--ttl 1.5s is outside what the etcd store takes: use 2s to 24h"
+        );
     }
 }

@@ -47,6 +47,11 @@ pub struct Settings {
 }
 
 impl Settings {
+    /// Whether the store was given as `rediss://`.
+    fn tls(&self) -> bool {
+        matches!(self.connection.addr(), redis::ConnectionAddr::TcpTls { .. })
+    }
+
     /// Reads `redis://[user[:password]@]host[:port][/db]`, or `rediss://`
     /// for TLS (the server's certificate checked against the system's
     /// roots, or the file `SSL_CERT_FILE` names, as OpenSSL has it); the
@@ -150,7 +155,8 @@ enum Failure {
     Final(StoreError),
 }
 
-fn classify(error: RedisError, shown: &str) -> Failure {
+fn classify(error: RedisError, settings: &Settings) -> Failure {
+    let shown = &settings.shown;
     let code = error.code().map(str::to_string);
     let detail = error.detail().unwrap_or_default().to_string();
     match code.as_deref() {
@@ -177,8 +183,13 @@ fn classify(error: RedisError, shown: &str) -> Failure {
             )))
         }
         _ if error.is_io_error() || error.is_timeout() || error.is_connection_refusal() => {
+            let hint = if settings.tls() {
+                "is redis-server running, with TLS on that port? for one without TLS, use redis://"
+            } else {
+                "is redis-server running? check --store"
+            };
             Failure::Transient(format!(
-                "cannot reach Redis at {shown}: {} (is redis-server running? check --store)",
+                "cannot reach Redis at {shown}: {} ({hint})",
                 crate::store::network_cause(&error.to_string())
             ))
         }
@@ -361,7 +372,7 @@ impl RedisSemaphore {
         let period = lease::renew_period(ttl);
         // The list we are woken through; a BLPOP waits at most a period.
         let mut connection = connect(&self.settings, period + CALL_TIMEOUT).map_err(|e| {
-            match classify(e, shown) {
+            match classify(e, &self.settings) {
                 Failure::Transient(why) | Failure::Final(StoreError::Unavailable(why)) => {
                     StoreError::Unavailable(why)
                 }
@@ -386,7 +397,7 @@ impl RedisSemaphore {
                         StoreError::Unavailable(format!("Redis at {shown} gave {why}"))
                     })?
                 }
-                Err(error) => match classify(error, shown) {
+                Err(error) => match classify(error, &self.settings) {
                     Failure::Final(error) => {
                         // A script refused for want of permission never
                         // ran: release has nothing to undo.
@@ -520,7 +531,7 @@ impl RedisSemaphore {
                     self.keys.holders
                 ))
                 }
-                Err(error) => match classify(error, shown) {
+                Err(error) => match classify(error, &self.settings) {
                     Failure::Final(error) => return Some(error.to_string()),
                     Failure::Transient(why) => {
                         failures += 1;
@@ -653,7 +664,7 @@ impl RedisAdmin {
     }
 
     fn failure(&self, error: RedisError) -> StoreError {
-        match classify(error, &self.settings.shown) {
+        match classify(error, &self.settings) {
             Failure::Transient(why) => StoreError::Unavailable(why),
             Failure::Final(error) => error,
         }
