@@ -526,6 +526,88 @@ fn a_token_without_key_write_exits_77_naming_it() {
     assert_clean(&world);
 }
 
+/// The token may write contender keys (session IDs start with a hex digit)
+/// but not `.lock`: refused at the first CAS, 77, naming the key.
+#[test]
+fn a_token_denied_the_lock_key_exits_77_naming_it() {
+    let world = acl_world("acl-no-lock-write", |prefix| {
+        Acl::new().token(
+            TOKEN,
+            Rights {
+                session_write: true,
+                key_read: vec![prefix.to_string()],
+                key_write: "0123456789abcdef"
+                    .chars()
+                    .map(|digit| format!("{prefix}/{digit}"))
+                    .collect(),
+            },
+        )
+    });
+    let text = denied(consem_with_token(&world, TOKEN, &HELLO));
+    assert!(text.contains(".lock"), "{text}");
+    assert_clean(&world);
+}
+
+/// A token that may neither read nor write `.lock` while a consem with
+/// another token holds the slot: the listing leaves `.lock` out (with a
+/// header or, as agents before 1.11 do, silently), so the slot looks
+/// promised to the contender ahead. The run says 77 at once, not 75 at
+/// `--timeout` (nor 77 only once the slot is free), and the holder runs on.
+#[test]
+fn a_token_that_cannot_see_the_lock_key_exits_77_while_waiting() {
+    for filtering in BOTH_FILTERINGS {
+        let world = acl_world("acl-hidden-lock", |_| Acl::new());
+        let rights = Rights {
+            session_write: true,
+            key_read: every_key_but(&world.prefix, ".lock"),
+            key_write: every_key_but(&world.prefix, ".lock"),
+        };
+        assert!(!rights.can_read(&world.key(".lock")));
+        let acl = Acl::new()
+            .token(TOKEN, rights)
+            .token(HELPER_TOKEN, Rights::all());
+        double(&world).enable_acls(match filtering {
+            Filtering::Announced => acl,
+            Filtering::Silent => acl.silent_filtering(),
+        });
+        let holder = world
+            .consem(
+                1,
+                &["--token", HELPER_TOKEN],
+                &strs(&world.held_until("ready", "go", 0)),
+            )
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_until(PROMPT, "the holder's command to start", || {
+            world.exists("ready")
+        });
+        let before = keys(&world);
+        // Waiting out the timeout would be 75.
+        let text = denied(world.consem(1, &["--token", TOKEN, "--timeout", "60s"], &HELLO));
+        assert!(
+            text.contains(&format!("key:write on {}/.lock", world.prefix))
+                || text.contains("left keys out"),
+            "{filtering:?}: {text}"
+        );
+        assert_eq!(
+            keys(&world),
+            before,
+            "{filtering:?}: the holder's state changed"
+        );
+        world.touch("go");
+        let output = finish(holder);
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{filtering:?}: {}",
+            stderr(&output)
+        );
+        assert_clean(&world);
+    }
+}
+
 #[test]
 fn a_refused_acquire_says_only_the_error() {
     let world = acl_world("acl-one-line", |prefix| {

@@ -119,6 +119,11 @@ pub struct WaitPicture {
     pub ahead: usize,
 }
 
+/// A CAS index no key reaches: the agent checks the token's right to
+/// write before it compares indexes, so a write on it answers 403 or
+/// false, and changes nothing.
+pub const UNMATCHED_CAS: u64 = u64::MAX;
+
 /// Joins the semaphore and takes a slot.
 #[derive(Debug, Clone)]
 pub struct Contender {
@@ -154,6 +159,9 @@ pub struct Contender {
     /// Our key was gone and we took it again: until a listing shows us out
     /// of `.lock`, being in it is no slot (see [`Contender::on_snapshot`]).
     rejoined: bool,
+    /// Whether we asked, once, whether the token may write `.lock`
+    /// ([`UNMATCHED_CAS`]).
+    lock_probed: bool,
     pending: Call,
     notes: Vec<Note>,
 }
@@ -175,6 +183,7 @@ impl Contender {
             came_back: None,
             came_back_before: None,
             rejoined: false,
+            lock_probed: false,
             pending: Call::CreateSession,
             notes: Vec::new(),
         }
@@ -395,6 +404,18 @@ impl Contender {
                         session,
                         mark: self.index,
                         cas: key.modify_index,
+                    });
+                }
+                if snapshot.lock.is_none() && !self.lock_probed {
+                    // Contenders ahead and no `.lock`: it may be there but
+                    // hidden, since agents leave out of a listing what the
+                    // token may not read, and such a token may not write
+                    // it either. Asked now, not once the slot is free (or
+                    // `--timeout` ran out), the agent says 403 at once.
+                    self.lock_probed = true;
+                    return Step::Call(Call::PutLock {
+                        value: semaphore::encode_lock(&semaphore::LockRecord::new(self.limit)),
+                        cas: UNMATCHED_CAS,
                     });
                 }
                 let picture = wait_picture(&snapshot, &holders, &session);
@@ -834,6 +855,36 @@ mod tests {
             Step::Call(Call::CreateSession)
         );
         assert_eq!(c.session(), None);
+    }
+
+    #[test]
+    fn a_waiter_that_sees_no_lock_asks_once_whether_it_may_write_it() {
+        let mut c = joined(Contend::Wait);
+        c.on_answer(Answer::KeyAcquired(Acquire::Held));
+        // OTHER, a consem, arrived first; `.lock` is not in the listing
+        // (one the token may not read, or one on its way).
+        let mut ahead = contender_entry(OTHER);
+        ahead.create_index = 4;
+        ahead.value = format!(r#"{{"{}":true}}"#, semaphore::RELAYS_FIELD).into_bytes();
+        let seen = vec![ahead, contender_entry(ME)];
+        let Step::Call(Call::PutLock { value, cas }) = c.on_answer(listing(8, seen.clone())) else {
+            panic!("no probe of .lock");
+        };
+        assert_eq!(cas, UNMATCHED_CAS);
+        assert_eq!(
+            semaphore::decode_lock(&value).unwrap().holders,
+            Vec::<String>::new()
+        );
+        // The agent let it through (and wrote nothing): we wait as before,
+        // and ask no more.
+        assert!(matches!(
+            c.on_answer(Answer::LockWritten(false)),
+            Step::Call(Call::List { block_on: 8, .. })
+        ));
+        assert!(matches!(
+            c.on_answer(listing(8, seen)),
+            Step::Call(Call::List { .. } | Call::Get { .. })
+        ));
     }
 
     #[test]
