@@ -506,46 +506,40 @@ fn a_token_without_session_write_exits_77_naming_it() {
     assert_clean(&world);
 }
 
+/// A token that may write no key, or every key but `.lock` (session IDs
+/// start with a hex digit): refused at the first write it lacks, 77, naming
+/// the key.
 #[test]
 fn a_token_without_key_write_exits_77_naming_it() {
-    let world = acl_world("acl-no-key-write", |prefix| {
-        Acl::new().token(
-            TOKEN,
-            Rights {
-                session_write: true,
-                key_read: vec![prefix.to_string()],
-                key_write: vec![],
-            },
-        )
-    });
-    let text = denied(consem_with_token(&world, TOKEN, &HELLO));
-    assert!(
-        text.contains(&format!("key:write on {}/", world.prefix)),
-        "{text}"
-    );
-    assert_clean(&world);
-}
-
-/// The token may write contender keys (session IDs start with a hex digit)
-/// but not `.lock`: refused at the first CAS, 77, naming the key.
-#[test]
-fn a_token_denied_the_lock_key_exits_77_naming_it() {
-    let world = acl_world("acl-no-lock-write", |prefix| {
-        Acl::new().token(
-            TOKEN,
-            Rights {
-                session_write: true,
-                key_read: vec![prefix.to_string()],
-                key_write: "0123456789abcdef"
-                    .chars()
-                    .map(|digit| format!("{prefix}/{digit}"))
-                    .collect(),
-            },
-        )
-    });
-    let text = denied(consem_with_token(&world, TOKEN, &HELLO));
-    assert!(text.contains(".lock"), "{text}");
-    assert_clean(&world);
+    let no_keys = |_: &str| Vec::new();
+    let all_but_lock = |prefix: &str| {
+        "0123456789abcdef"
+            .chars()
+            .map(|digit| format!("{prefix}/{digit}"))
+            .collect()
+    };
+    let cases: [(&str, &dyn Fn(&str) -> Vec<String>, &str); 2] = [
+        ("acl-no-key-write", &no_keys, "/"),
+        ("acl-no-lock-write", &all_but_lock, "/.lock"),
+    ];
+    for (name, writable, named) in cases {
+        let world = acl_world(name, |prefix| {
+            Acl::new().token(
+                TOKEN,
+                Rights {
+                    session_write: true,
+                    key_read: vec![prefix.to_string()],
+                    key_write: writable(prefix),
+                },
+            )
+        });
+        let text = denied(consem_with_token(&world, TOKEN, &HELLO));
+        assert!(
+            text.contains(&format!("key:write on {}{named}", world.prefix)),
+            "{name}: {text}"
+        );
+        assert_clean(&world);
+    }
 }
 
 /// A token that may neither read nor write `.lock` while a consem with
