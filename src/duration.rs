@@ -70,22 +70,23 @@ pub fn parse(text: &str) -> Result<Duration, String> {
 const MAX_SECONDS: f64 = 10.0 * 365.0 * 86_400.0;
 
 /// Formats a duration for Consul's API (a Go duration string) in whole
-/// milliseconds, which every Consul version accepts.
+/// milliseconds, which every Consul version accepts, rounded up: a session
+/// then lives at least as long as consem counts on.
 pub fn to_go(duration: Duration) -> String {
-    format!("{}ms", duration.as_millis())
+    format!("{}ms", duration.as_nanos().div_ceil(1_000_000))
 }
 
-/// Formats a duration for people, to the millisecond, in the form `parse`
-/// reads: `15s`, `1m30s`, `250ms`, `1.5s` (so that `--ttl 1500ms` is not
-/// echoed back as a value the operator did not give).
+/// Formats a duration for people, exactly, in the form `parse` reads:
+/// `15s`, `1m30s`, `250ms`, `1.5s`, `0.1ms` (so that a value is never
+/// echoed back as one the operator did not give, nor a limit as the value
+/// it refuses).
 pub fn human(duration: Duration) -> String {
-    let millis = duration.as_millis();
-    if millis < 1000 {
-        return format!("{millis}ms");
-    }
     let seconds = duration.as_secs();
+    let nanos = duration.subsec_nanos();
+    if seconds == 0 {
+        return format!("{}ms", decimal(nanos / 1_000_000, nanos % 1_000_000, 6));
+    }
     let (h, m, s) = (seconds / 3600, seconds / 60 % 60, seconds % 60);
-    let fraction = duration.subsec_millis();
     let mut out = String::new();
     if h > 0 {
         out.push_str(&format!("{h}h"));
@@ -93,13 +94,20 @@ pub fn human(duration: Duration) -> String {
     if m > 0 {
         out.push_str(&format!("{m}m"));
     }
-    if fraction > 0 {
-        let digits = format!("{fraction:03}");
-        out.push_str(&format!("{s}.{}s", digits.trim_end_matches('0')));
-    } else if s > 0 || out.is_empty() {
-        out.push_str(&format!("{s}s"));
+    if s > 0 || nanos > 0 || out.is_empty() {
+        out.push_str(&format!("{}s", decimal(s as u32, nanos, 9)));
     }
     out
+}
+
+/// `whole.fraction`, the fraction `digits` long before its trailing zeros
+/// go.
+fn decimal(whole: u32, fraction: u32, digits: usize) -> String {
+    if fraction == 0 {
+        return whole.to_string();
+    }
+    let fraction = format!("{fraction:0digits$}");
+    format!("{whole}.{}", fraction.trim_end_matches('0'))
 }
 
 #[cfg(test)]
@@ -132,13 +140,19 @@ mod tests {
     #[test]
     fn formats_for_consul_and_people() {
         assert_eq!(to_go(Duration::from_secs(15)), "15000ms");
+        assert_eq!(to_go(Duration::from_micros(10_000_500)), "10001ms");
         assert_eq!(human(Duration::from_secs(90)), "1m30s");
         assert_eq!(human(Duration::from_millis(250)), "250ms");
         assert_eq!(human(Duration::from_secs(3600)), "1h");
         assert_eq!(human(Duration::from_millis(1500)), "1.5s");
         assert_eq!(human(Duration::from_millis(1999)), "1.999s");
         assert_eq!(human(Duration::from_millis(60_050)), "1m0.05s");
-        assert_eq!(human(Duration::from_micros(2_000_900)), "2s");
+        assert_eq!(human(Duration::from_micros(2_000_900)), "2.0009s");
+        assert_eq!(human(Duration::from_nanos(6_500_100_000)), "6.5001s");
+        assert_eq!(human(Duration::from_micros(100)), "0.1ms");
+        assert_eq!(human(Duration::from_nanos(1)), "0.000001ms");
+        assert_eq!(human(Duration::from_micros(86_400_000_500)), "24h0.0005s");
+        assert_eq!(human(Duration::ZERO), "0ms");
     }
 
     proptest::proptest! {

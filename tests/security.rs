@@ -511,18 +511,20 @@ fn a_token_without_session_write_exits_77_naming_it() {
 /// the key.
 #[test]
 fn a_token_without_key_write_exits_77_naming_it() {
-    let no_keys = |_: &str| Vec::new();
-    let all_but_lock = |prefix: &str| {
-        "0123456789abcdef"
-            .chars()
-            .map(|digit| format!("{prefix}/{digit}"))
-            .collect()
-    };
-    let cases: [(&str, &dyn Fn(&str) -> Vec<String>, &str); 2] = [
-        ("acl-no-key-write", &no_keys, "/"),
-        ("acl-no-lock-write", &all_but_lock, "/.lock"),
-    ];
-    for (name, writable, named) in cases {
+    // Whether the token may write every key but `.lock`, else none.
+    for (name, all_but_lock, named) in [
+        ("acl-no-key-write", false, "/"),
+        ("acl-no-lock-write", true, "/.lock"),
+    ] {
+        let writable = |prefix: &str| -> Vec<String> {
+            match all_but_lock {
+                true => "0123456789abcdef"
+                    .chars()
+                    .map(|digit| format!("{prefix}/{digit}"))
+                    .collect(),
+                false => Vec::new(),
+            }
+        };
         let world = acl_world(name, |prefix| {
             Acl::new().token(
                 TOKEN,
@@ -542,21 +544,33 @@ fn a_token_without_key_write_exits_77_naming_it() {
     }
 }
 
-/// A token that may neither read nor write `.lock` while a consem with
-/// another token holds the slot: the listing leaves `.lock` out (with a
-/// header or, as agents before 1.11 do, silently), so the slot looks
-/// promised to the contender ahead. The run says 77 at once, not 75 at
-/// `--timeout` (nor 77 only once the slot is free), and the holder runs on.
+/// A token that may not write `.lock` while a consem with another token
+/// holds the slot: the holder could hand it the slot by naming it in
+/// `.lock`, and the run would learn only at release that it cannot leave
+/// it. A token that may not read `.lock` either sees none (the listing
+/// leaves it out, with a header or, as agents before 1.11 do, silently),
+/// so the slot looks promised to the contender ahead. Each run says 77 as
+/// it queues, not 75 at `--timeout` nor later, and the holder runs on.
 #[test]
-fn a_token_that_cannot_see_the_lock_key_exits_77_while_waiting() {
-    for filtering in BOTH_FILTERINGS {
+fn a_token_that_may_not_write_the_lock_key_exits_77_while_waiting() {
+    let cases = [
+        (Filtering::Announced, false),
+        (Filtering::Silent, false),
+        (Filtering::Silent, true),
+    ];
+    for (filtering, reads_lock) in cases {
         let world = acl_world("acl-hidden-lock", |_| Acl::new());
         let rights = Rights {
             session_write: true,
-            key_read: every_key_but(&world.prefix, ".lock"),
+            key_read: if reads_lock {
+                vec![world.prefix.clone()]
+            } else {
+                every_key_but(&world.prefix, ".lock")
+            },
             key_write: every_key_but(&world.prefix, ".lock"),
         };
-        assert!(!rights.can_read(&world.key(".lock")));
+        assert_eq!(rights.can_read(&world.key(".lock")), reads_lock);
+        assert!(!rights.can_write(&world.key(".lock")));
         let acl = Acl::new()
             .token(TOKEN, rights)
             .token(HELPER_TOKEN, Rights::all());

@@ -18,7 +18,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
 use consem::store::consul::client::{Acquire, Listing};
-use consem::store::consul::contender::{Answer, Call, Contender, Step, Watched, Watcher};
+use consem::store::consul::contender::{
+    Answer, Call, Contender, Step, Watched, Watcher, UNMATCHED_CAS,
+};
 use consem::store::consul::semaphore::{
     self, Decision, ReleaseStep, Snapshot, LOCK_KEY_NAME, RELAYS_FIELD, SEMAPHORE_FLAGS,
 };
@@ -470,6 +472,16 @@ impl Sim {
                 let (index, entry) = self.consul.get(DIR, &format!("{DIR}{name}"));
                 let entries = entry.into_iter().collect();
                 Answer::Key(Listing { index, entries })
+            }
+            // The simulated agent has no ACLs: a CAS on an index no key
+            // reaches writes nothing.
+            Call::ProbeLock { value } => {
+                let key = format!("{DIR}{LOCK_KEY_NAME}");
+                let written =
+                    self.consul
+                        .put_cas(&key, value.clone(), UNMATCHED_CAS, SEMAPHORE_FLAGS);
+                assert!(!written, "a probe of .lock wrote it");
+                Answer::LockProbed
             }
             Call::PutLock { value, cas } => {
                 let key = format!("{DIR}{LOCK_KEY_NAME}");

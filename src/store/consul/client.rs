@@ -727,7 +727,7 @@ const TLS_NAMES: tls::Names = tls::Names {
     client_key: "--client-key/CONSUL_CLIENT_KEY",
     address: "--http-addr",
     server_name: Some("--tls-server-name/CONSUL_TLS_SERVER_NAME"),
-    plain: "give --http-addr an http:// address (and unset CONSUL_HTTP_SSL)",
+    plain: "give --http-addr an http:// address (with CONSUL_HTTP_SSL, if set, false)",
 };
 
 /// Size of each connection's read and write buffers.

@@ -33,6 +33,10 @@ pub enum Call {
     },
     /// Write `.lock` with `?cas=`.
     PutLock { value: Vec<u8>, cas: u64 },
+    /// Ask whether the token may write `.lock`, writing nothing: a CAS on
+    /// [`UNMATCHED_CAS`] (with `value`, a `.lock` without holders). Only a
+    /// 403 is an answer; anything else means "go on".
+    ProbeLock { value: Vec<u8> },
     /// Read the contender key `<prefix>/<name>` of a holder that the listing
     /// shows as dead, before a write prunes it: a listing may leave out a key
     /// the token cannot read without saying so, a direct read answers 403.
@@ -58,6 +62,8 @@ pub enum Answer {
     /// The answer to [`Call::Get`]: at most one entry.
     Key(Listing),
     LockWritten(bool),
+    /// The answer to [`Call::ProbeLock`] that was no 403.
+    LockProbed,
     /// The answer to [`Call::Wake`], written or not: either way we read again.
     Woken,
     /// The answer to [`Call::CheckHolder`]: at most one entry, or `None`
@@ -119,10 +125,11 @@ pub struct WaitPicture {
     pub ahead: usize,
 }
 
-/// A CAS index no key reaches: the agent checks the token's right to
-/// write before it compares indexes, so a write on it answers 403 or
-/// false, and changes nothing.
-pub const UNMATCHED_CAS: u64 = u64::MAX;
+/// A CAS index no key reaches (Consul's indexes count raft entries), within
+/// what both signed and unsigned 64-bit parsers read: the agent checks the
+/// token's right to write before it compares indexes, so a write on it
+/// answers 403 or false, and changes nothing.
+pub const UNMATCHED_CAS: u64 = i64::MAX as u64;
 
 /// Joins the semaphore and takes a slot.
 #[derive(Debug, Clone)]
@@ -160,8 +167,9 @@ pub struct Contender {
     /// of `.lock`, being in it is no slot (see [`Contender::on_snapshot`]).
     rejoined: bool,
     /// Whether we asked, once, whether the token may write `.lock`
-    /// ([`UNMATCHED_CAS`]).
+    /// ([`Call::ProbeLock`]), and the wait that follows the answer.
     lock_probed: bool,
+    after_probe: Option<Call>,
     pending: Call,
     notes: Vec<Note>,
 }
@@ -184,6 +192,7 @@ impl Contender {
             came_back_before: None,
             rejoined: false,
             lock_probed: false,
+            after_probe: None,
             pending: Call::CreateSession,
             notes: Vec::new(),
         }
@@ -216,7 +225,10 @@ impl Contender {
                     block_on: 0,
                 }
             }
-            Call::Get { .. } | Call::PutLock { .. } | Call::Wake { .. } => {
+            Call::Get { .. }
+            | Call::PutLock { .. }
+            | Call::ProbeLock { .. }
+            | Call::Wake { .. } => {
                 self.waking.clear();
                 self.index = 0;
                 self.read()
@@ -264,6 +276,10 @@ impl Contender {
             // read: blocking on it answers at once, yet cannot spin if a
             // listing hides `.lock` from us.
             Answer::LockWritten(false) => Step::Call(self.read()),
+            // Nothing was written: we wait as decided before we asked.
+            Answer::LockProbed => {
+                Step::Call(self.after_probe.take().unwrap_or_else(|| self.read()))
+            }
         };
         if let Step::Call(call) = &step {
             self.pending = call.clone();
@@ -406,31 +422,34 @@ impl Contender {
                         cas: key.modify_index,
                     });
                 }
-                if snapshot.lock.is_none() && !self.lock_probed {
-                    // Contenders ahead and no `.lock`: it may be there but
-                    // hidden, since agents leave out of a listing what the
-                    // token may not read, and such a token may not write
-                    // it either. Asked now, not once the slot is free (or
-                    // `--timeout` ran out), the agent says 403 at once.
-                    self.lock_probed = true;
-                    return Step::Call(Call::PutLock {
-                        value: semaphore::encode_lock(&semaphore::LockRecord::new(self.limit)),
-                        cas: UNMATCHED_CAS,
-                    });
-                }
                 let picture = wait_picture(&snapshot, &holders, &session);
                 if self.last_picture.as_ref() != Some(&picture) {
                     self.last_picture = Some(picture.clone());
                     self.notes.push(Note::Waiting(picture));
                 }
-                match wait_on {
-                    WaitOn::Prefix => Step::Call(self.read()),
-                    WaitOn::Key(name) => Step::Call(Call::Get {
+                let wait = match wait_on {
+                    WaitOn::Prefix => self.read(),
+                    WaitOn::Key(name) => Call::Get {
                         name,
                         consistency: Consistency::Default,
                         block_on: self.index,
-                    }),
+                    },
+                };
+                if self.lock_probed {
+                    return Step::Call(wait);
                 }
+                // A waiter's first write of `.lock` may come only when the
+                // slot is free, or never: a holder may hand it the slot by
+                // naming it there. A token that may not write `.lock` (nor
+                // read it: agents leave it out of the listing) would learn
+                // it only at its turn, at `--timeout` (75), or at release,
+                // leaving itself in `.lock`. Asked now, the agent says 403
+                // at once; then we wait as decided.
+                self.lock_probed = true;
+                self.after_probe = Some(wait);
+                Step::Call(Call::ProbeLock {
+                    value: semaphore::encode_lock(&semaphore::LockRecord::new(self.limit)),
+                })
             }
             Decision::Take { value, cas } => {
                 // Taking the slot writes `.lock` without the holders that
@@ -607,6 +626,16 @@ mod tests {
         Answer::Listing(Listing { index, entries })
     }
 
+    /// `step` is the once-only probe of `.lock` ([`Call::ProbeLock`]): the
+    /// step after its answer.
+    fn probed(c: &mut Contender, step: Step) -> Step {
+        assert!(
+            matches!(step, Step::Call(Call::ProbeLock { .. })),
+            "{step:?}"
+        );
+        c.on_answer(Answer::LockProbed)
+    }
+
     fn joined(mode: Contend) -> Contender {
         let mut contender = Contender::new(1, mode);
         assert_eq!(contender.start(), Call::CreateSession);
@@ -756,7 +785,8 @@ mod tests {
             consistency: Consistency::Consistent,
             block_on: 20,
         });
-        assert_eq!(c.on_answer(full()), wait);
+        let first = c.on_answer(full());
+        assert_eq!(probed(&mut c, first), wait);
         assert_eq!(
             c.take_notes(),
             vec![Note::Waiting(WaitPicture {
@@ -858,7 +888,7 @@ mod tests {
     }
 
     #[test]
-    fn a_waiter_that_sees_no_lock_asks_once_whether_it_may_write_it() {
+    fn a_waiter_asks_once_whether_it_may_write_lock() {
         let mut c = joined(Contend::Wait);
         c.on_answer(Answer::KeyAcquired(Acquire::Held));
         // OTHER, a consem, arrived first; `.lock` is not in the listing
@@ -867,18 +897,14 @@ mod tests {
         ahead.create_index = 4;
         ahead.value = format!(r#"{{"{}":true}}"#, semaphore::RELAYS_FIELD).into_bytes();
         let seen = vec![ahead, contender_entry(ME)];
-        let Step::Call(Call::PutLock { value, cas }) = c.on_answer(listing(8, seen.clone())) else {
+        let Step::Call(Call::ProbeLock { value }) = c.on_answer(listing(8, seen.clone())) else {
             panic!("no probe of .lock");
         };
-        assert_eq!(cas, UNMATCHED_CAS);
-        assert_eq!(
-            semaphore::decode_lock(&value).unwrap().holders,
-            Vec::<String>::new()
-        );
-        // The agent let it through (and wrote nothing): we wait as before,
-        // and ask no more.
+        let probed = semaphore::decode_lock(&value).unwrap();
+        assert_eq!(probed.holders, Vec::<String>::new());
+        // No 403 (and nothing written): we wait as before, and ask no more.
         assert!(matches!(
-            c.on_answer(Answer::LockWritten(false)),
+            c.on_answer(Answer::LockProbed),
             Step::Call(Call::List { block_on: 8, .. })
         ));
         assert!(matches!(
@@ -983,8 +1009,9 @@ mod tests {
             ],
         );
         // Blocking on the prefix: a consistent read.
+        let first = c.on_answer(full);
         assert_eq!(
-            c.on_answer(full),
+            probed(&mut c, first),
             Step::Call(Call::List {
                 consistency: Consistency::Consistent,
                 block_on: 20,
@@ -1051,8 +1078,9 @@ mod tests {
                 lock_entry(&[OTHER], 9),
             ],
         );
+        let first = c.on_answer(queue);
         assert_eq!(
-            c.on_answer(queue),
+            probed(&mut c, first),
             Step::Call(Call::Get {
                 name: THIRD.into(),
                 consistency: Consistency::Default,
@@ -1166,8 +1194,9 @@ mod tests {
             })
         );
         // Once per holder: the same picture again is an ordinary wait.
+        let again = c.on_answer(listing(11, seen()));
         assert_eq!(
-            c.on_answer(listing(11, seen())),
+            probed(&mut c, again),
             Step::Call(Call::List {
                 consistency: Consistency::Consistent,
                 block_on: 11

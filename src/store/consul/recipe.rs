@@ -17,7 +17,7 @@ use crate::store::consul::client::{
     Client, Consistency, ConsulError, Listing, Renewal, SessionSpec,
 };
 use crate::store::consul::contender::{
-    Answer, Call, Contender, Note, Step, WaitPicture, Watched, Watcher,
+    Answer, Call, Contender, Note, Step, WaitPicture, Watched, Watcher, UNMATCHED_CAS,
 };
 use crate::store::consul::semaphore::{self, Loss, ReleaseStep, Snapshot, SEMAPHORE_FLAGS};
 use crate::store::lease::{self, lease_end};
@@ -423,6 +423,22 @@ impl ConsulSemaphore {
                 let value = semaphore::woken_value(&self.settings.contender_value, *mark);
                 self.rewrite_own_key(session, value, *cas)
                     .map(|r| r.map(|_| Answer::Woken))
+            }
+            Call::ProbeLock { value } => {
+                let key = self.key(semaphore::LOCK_KEY_NAME);
+                self.guarded(
+                    || {
+                        self.client
+                            .put_cas(&key, value.clone(), UNMATCHED_CAS, SEMAPHORE_FLAGS)
+                    },
+                    |_, _| {},
+                )
+                .map(|r| match r {
+                    Err(ConsulError::Denied(why)) => Err(ConsulError::Denied(why)),
+                    // A proxy that refuses the index, or a failure now: the
+                    // slot's own writes will tell.
+                    Ok(_) | Err(_) => Ok(Answer::LockProbed),
+                })
             }
             Call::PutLock { value, cas } => {
                 let key = self.key(semaphore::LOCK_KEY_NAME);
