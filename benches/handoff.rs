@@ -1362,6 +1362,7 @@ fn beside(bench: &Bench, sizes: &BesideSizes) -> Beside {
                     &format!("handoff-{round}"),
                     sizes.waiters,
                     sizes.child_sleep,
+                    None,
                 )
             })
             .collect();

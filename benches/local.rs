@@ -197,7 +197,14 @@ fn main() {
             bench.command(tool, name, limit, command)
         };
         let name = format!("handoff-{}", tool.name().len());
-        let gap = common::handoff(&make, &bench.dir, &name, sizes.waiters, sizes.child_sleep);
+        let gap = common::handoff(
+            &make,
+            &bench.dir,
+            &name,
+            sizes.waiters,
+            sizes.child_sleep,
+            None,
+        );
         println!(
             "| {} | {:.2} ms | {:.2} ms | {:.2} ms |",
             tool.name(),

@@ -224,7 +224,7 @@ fn main() {
         let make =
             |name: &str, limit: usize, run: &[String]| command(&server, tool, name, limit, run);
         let name = format!("handoff-{}", tool.name().len());
-        let gap = common::handoff(&make, &dir, &name, waiters, child_sleep);
+        let gap = common::handoff(&make, &dir, &name, waiters, child_sleep, None);
         println!(
             "| {} | {:.2} ms | {:.2} ms | {:.2} ms |",
             tool.name(),

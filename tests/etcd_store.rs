@@ -297,6 +297,51 @@ fn the_first_waiter_takes_a_slot_only_when_a_holder_leaves() {
     world.assert_clean();
 }
 
+/// etcd serves a watch that starts at or below its revision late (it
+/// catches such watches up every 100 ms, holding back every change
+/// meanwhile): the next waiter in line, which must see a departure at once,
+/// learns so from the watch's created answer and reads again.
+#[test]
+fn a_watch_from_a_revision_etcd_has_passed_is_reported_late() {
+    use consem::store::etcd::client::{Client, Connection, WatchRequest, Watched};
+    let world = World::etcd("late-watch");
+    let etcd = world.etcd.as_ref().unwrap();
+    let client = Client::new(Connection {
+        endpoints: vec![etcd.endpoint()],
+        user: None,
+        tls: Default::default(),
+    })
+    .unwrap();
+    let (key, end) = (world.prefix.as_bytes(), format!("{}0", world.prefix));
+    let revision = || client.range(key, end.as_bytes()).unwrap().header.revision;
+    let read_at = revision();
+    etcd.put(&format!("{}/changed", world.prefix), "after the read");
+    let watch = |live_only| WatchRequest {
+        key,
+        end: Some(end.as_bytes()),
+        start_revision: read_at + 1,
+        deletions_only: false,
+        live_only,
+    };
+    let wait = Duration::from_secs(5);
+    assert!(matches!(client.watch(&watch(true), wait), Ok(Watched::Late)));
+    // Asked for any watch, the same one gets the change, late or not.
+    assert!(matches!(
+        client.watch(&watch(false), wait),
+        Ok(Watched::Changed(_))
+    ));
+    // From past etcd's revision: live, and quiet while nothing changes.
+    let now = WatchRequest {
+        start_revision: revision() + 1,
+        ..watch(true)
+    };
+    assert!(matches!(
+        client.watch(&now, Duration::from_millis(300)),
+        Ok(Watched::Quiet)
+    ));
+    etcd.delete(&format!("{}/changed", world.prefix));
+}
+
 /// The fence is the contender key's create revision, which etcd keeps on
 /// disk: it grows from one run to the next, across a restart of the
 /// server too.

@@ -9,6 +9,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 /// Set in the child mode: the harness's binary is also the command it runs.
 pub const CHILD_LOG_ENV: &str = "CONSEM_BENCH_CHILD_LOG";
 pub const CHILD_SLEEP_ENV: &str = "CONSEM_BENCH_CHILD_SLEEP_MS";
+/// A file the command waits for after its sleep, before it logs its end:
+/// the harness makes it once the waiters have queued.
+pub const CHILD_GO_ENV: &str = "CONSEM_BENCH_CHILD_GO";
 
 /// Makes the command that runs `command` under one of `limit` slots named
 /// `name`, with one tool or another.
@@ -42,6 +45,11 @@ fn child(log: &str) {
         .unwrap_or(0);
     let start = now_ns();
     std::thread::sleep(Duration::from_millis(sleep));
+    if let Some(go) = std::env::var_os(CHILD_GO_ENV) {
+        while !Path::new(&go).exists() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
     let end = now_ns();
     use std::io::Write as _;
     let mut file = std::fs::OpenOptions::new()
@@ -101,31 +109,80 @@ pub fn run_measured(mut cmd: Command) -> (i32, f64) {
     (code, usage.ru_maxrss as f64 / 1024.0)
 }
 
+/// How many contenders a store shows queued under a name (with their key,
+/// and waiting on it): lets the holder end only once every waiter has
+/// queued and gone quiet, so that no gap includes a waiter's own start.
+pub type Queued<'a> = dyn Fn(&str) -> usize + 'a;
+
 /// A holder and `waiters` waiters, each running this binary in child mode
 /// for `child_sleep`; returns the sorted gaps between one's end and the
-/// next one's start.
+/// next one's start. Without `queued`, the waiters start 20 ms after the
+/// holder and the first gaps may include their start.
 pub fn handoff(
     make: &Make,
     dir: &Path,
     name: &str,
     waiters: usize,
     child_sleep: Duration,
+    queued: Option<&Queued>,
 ) -> Vec<Duration> {
     let log = dir.join(format!("{name}.log"));
+    let go = dir.join(format!("{name}.go"));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let until_queued = |queued: &Queued, n: usize| {
+        while queued(name) < n {
+            assert!(
+                Instant::now() < deadline,
+                "{name}: {n} contenders never queued"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
     let spawn = |i: usize| -> Child {
         let mut cmd = make(name, 1, &self_command());
         cmd.env(CHILD_LOG_ENV, &log)
             .env(CHILD_SLEEP_ENV, child_sleep.as_millis().to_string())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
+        if i == 0 && queued.is_some() {
+            cmd.env(CHILD_GO_ENV, &go);
+        }
         let child = cmd.spawn().unwrap();
         // Let the holder start before the waiters queue.
         if i == 0 {
-            std::thread::sleep(Duration::from_millis(20));
+            match queued {
+                Some(queued) => until_queued(queued, 1),
+                None => std::thread::sleep(Duration::from_millis(20)),
+            }
         }
         child
     };
     let children: Vec<Child> = (0..=waiters).map(spawn).collect();
+    if let Some(queued) = queued {
+        until_queued(queued, waiters + 1);
+        // Quiet: the waiters together used under a millisecond of CPU in
+        // the last 10 ms (a queued one sleeps; one still starting does not).
+        let waiters_cpu = || {
+            children[1..]
+                .iter()
+                .map(|c| tree_cpu(c.id()))
+                .sum::<Duration>()
+        };
+        let mut before = waiters_cpu();
+        loop {
+            assert!(
+                Instant::now() < deadline,
+                "{name}: the waiters never went quiet"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+            let now = waiters_cpu();
+            if now.saturating_sub(before) < Duration::from_millis(1) {
+                break;
+            }
+            before = now;
+        }
+        std::fs::write(&go, "").unwrap();
+    }
     for mut child in children {
         let status = child.wait().unwrap();
         assert!(status.success(), "{name}: a contender failed");

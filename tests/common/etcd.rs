@@ -463,6 +463,12 @@ impl EtcdServer {
         self.etcdctl_ok(&["lease", "revoke", lease]);
     }
 
+    /// `etcdctl put <key> <value>`.
+    pub fn put(&self, key: &str, value: &str) {
+        let put = self.etcdctl_ok(&["put", key, value]);
+        assert_eq!(put.trim(), "OK", "etcdctl put {key}");
+    }
+
     /// `etcdctl del <key>`, which must delete it.
     pub fn delete(&self, key: &str) {
         let deleted = self.etcdctl_ok(&["del", key]);

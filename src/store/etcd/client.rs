@@ -232,6 +232,17 @@ pub enum Watched {
     /// etcd ended the watch (its start was compacted away, or it was
     /// cancelled): read again.
     Ended,
+    /// Changes came between the read and the watch, so etcd would serve it
+    /// late (asked for with `live_only`): read again.
+    Late,
+}
+
+/// Whether etcd serves a watch from `start_revision`, created at
+/// `created_at` (the revision in its created answer), late: only one that
+/// starts past etcd's revision joins the watches told of each change as it
+/// is made; the others wait for etcd's catch-up, every 100 ms.
+pub fn served_late(start_revision: i64, created_at: i64) -> bool {
+    start_revision <= created_at
 }
 
 /// The events of one watch response.
@@ -275,6 +286,11 @@ pub struct WatchRequest<'a> {
     pub start_revision: i64,
     /// Only deletions (a departure), not writes.
     pub deletions_only: bool,
+    /// Only a watch etcd serves as changes happen: one whose start etcd has
+    /// already reached when it creates it is caught up by etcd's own
+    /// schedule (every 100 ms), with every change meanwhile held back; for
+    /// such a watch the call returns [`Watched::Late`] instead.
+    pub live_only: bool,
 }
 
 #[derive(Serialize)]
@@ -719,6 +735,17 @@ impl Client {
                 }
             }
             let frame: Value = serde_json::from_str(&line).unwrap_or_default();
+            if request.live_only {
+                let flag = |name: &str| frame.pointer(name).and_then(Value::as_bool) == Some(true);
+                let created_at = (flag("/result/created") && !flag("/result/canceled"))
+                    .then(|| frame.pointer("/result/header/revision"))
+                    .flatten()
+                    .and_then(Value::as_str)
+                    .and_then(|revision| revision.parse().ok());
+                if created_at.is_some_and(|at| served_late(request.start_revision, at)) {
+                    return Ok(Watched::Late);
+                }
+            }
             let Some(result) = frame.get("result") else {
                 if let Some(error) = frame.get("error") {
                     return Err(EtcdError::Transient(format!(
@@ -796,6 +823,13 @@ fn classify(status: http::StatusCode, body: &str, endpoint: &str) -> Failure {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_watch_is_live_only_when_it_starts_past_etcds_revision() {
+        assert!(!served_late(11, 10));
+        assert!(served_late(10, 10));
+        assert!(served_late(3, 10));
+    }
 
     #[test]
     fn a_watch_response_tells_the_keys_deleted_and_where_to_go_on() {

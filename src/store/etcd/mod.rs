@@ -43,6 +43,11 @@ const RENEW_RETRY: Duration = Duration::from_millis(500);
 /// sent again, to another member, while the lease still has room (a leader
 /// election takes about a second with etcd's defaults).
 const RENEW_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long the next waiter in line keeps asking for a watch etcd serves as
+/// changes happen, and how long it pauses between tries: past etcd's own
+/// catch-up period (100 ms) a late watch is no later than trying again.
+const LIVE_WATCH_TRIES_FOR: Duration = Duration::from_millis(100);
+const LIVE_WATCH_PAUSE: Duration = Duration::from_millis(10);
 
 /// What the etcd store needs beyond the store-neutral options.
 #[derive(Debug, Clone)]
@@ -562,6 +567,8 @@ impl EtcdSemaphore {
             self.shared().fence = Some(fence);
             let key = self.key(id);
             let mut wait: Option<Wait> = None;
+            // Since when the watches etcd would serve late (a busy prefix).
+            let mut late_since: Option<Instant> = None;
             loop {
                 if renewed.elapsed() >= period {
                     let sent = Instant::now();
@@ -580,16 +587,31 @@ impl EtcdSemaphore {
                 }
                 if let Some(waiting) = &mut wait {
                     let left = period.saturating_sub(renewed.elapsed());
+                    // The next in line may get the slot any moment: a late
+                    // watch would hold that back up to 100 ms. Further back,
+                    // etcd catches up long before the turn comes.
+                    let next_in_line = waiting.end.is_some();
                     let request = WatchRequest {
                         key: &waiting.request_key,
                         end: waiting.end.as_deref(),
                         start_revision: waiting.from,
-                        deletions_only: waiting.end.is_some(),
+                        deletions_only: next_in_line,
+                        live_only: next_in_line
+                            && late_since
+                                .is_none_or(|since| since.elapsed() < LIVE_WATCH_TRIES_FOR),
                     };
                     let watched =
                         self.retrying(&mut outage, || self.client.watch(&request, left))?;
                     if self.shared().closing {
                         return Err(Stop::Closing);
+                    }
+                    if let Ok(Watched::Late) = watched {
+                        late_since.get_or_insert_with(Instant::now);
+                        if self.pause(LIVE_WATCH_PAUSE) {
+                            return Err(Stop::Closing);
+                        }
+                    } else {
+                        late_since = None;
                     }
                     match watched {
                         // Renew, then watch on from the same revision.
@@ -798,6 +820,7 @@ impl EtcdSemaphore {
                 end: None,
                 start_revision: from,
                 deletions_only: false,
+                live_only: false,
             };
             let watched = self.client.watch(&request, left);
             // Our own release: it deleted the key.
@@ -806,11 +829,12 @@ impl EtcdSemaphore {
             }
             match watched {
                 Ok(Watched::Quiet) => {}
-                Ok(Watched::Changed(_) | Watched::Ended) => match self.client.range(&key, &[]) {
-                    Ok(reply) => {
-                        if reply.kvs.is_empty() {
-                            // The lease tells who took the key away.
-                            return Some(match self.client.keep_alive(lease_id, RENEW_TIMEOUT) {
+                Ok(Watched::Changed(_) | Watched::Ended | Watched::Late) => {
+                    match self.client.range(&key, &[]) {
+                        Ok(reply) => {
+                            if reply.kvs.is_empty() {
+                                // The lease tells who took the key away.
+                                return Some(match self.client.keep_alive(lease_id, RENEW_TIMEOUT) {
                                 Err(EtcdError::LeaseGone) => format!(
                                     "our lease {lease_id:x} was revoked (consem release, etcdctl lease revoke) or expired, and our key {shown_key} with it"
                                 ),
@@ -818,11 +842,12 @@ impl EtcdSemaphore {
                                     "our key {shown_key} was deleted while our lease lives (by hand, etcdctl del)"
                                 ),
                             });
+                            }
+                            from = reply.header.revision + 1;
                         }
-                        from = reply.header.revision + 1;
+                        Err(_) => renew_now = true,
                     }
-                    Err(_) => renew_now = true,
-                },
+                }
                 Err(_) => {
                     // Renewing tells whether etcd is there, and counts.
                     renew_now = true;
