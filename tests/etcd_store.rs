@@ -324,7 +324,10 @@ fn a_watch_from_a_revision_etcd_has_passed_is_reported_late() {
         live_only,
     };
     let wait = Duration::from_secs(5);
-    assert!(matches!(client.watch(&watch(true), wait), Ok(Watched::Late)));
+    assert!(matches!(
+        client.watch(&watch(true), wait),
+        Ok(Watched::Late)
+    ));
     // Asked for any watch, the same one gets the change, late or not.
     assert!(matches!(
         client.watch(&watch(false), wait),
