@@ -567,7 +567,8 @@ impl EtcdSemaphore {
             self.shared().fence = Some(fence);
             let key = self.key(id);
             let mut wait: Option<Wait> = None;
-            // Since when the watches etcd would serve late (a busy prefix).
+            // Since when the watches etcd would serve late: writes came
+            // between read and watch (anywhere in etcd: its revision is global).
             let mut late_since: Option<Instant> = None;
             loop {
                 if renewed.elapsed() >= period {
