@@ -311,7 +311,12 @@ pub struct Connection {
 
 /// A client of one cluster. Its calls may come from several threads.
 pub struct Client {
+    /// Unary calls. A watch never gives its connection back to the pool,
+    /// so watches have their own agent: otherwise a watch takes the
+    /// connection the last call left, and a holder's release must open
+    /// another (about 0.4 ms of a 3 ms handoff).
     agent: ureq::Agent,
+    watch_agent: ureq::Agent,
     connection: Connection,
     /// The endpoint calls go to; moves on when one fails.
     current: AtomicUsize,
@@ -333,12 +338,17 @@ impl Client {
         if connection.endpoints.iter().any(|e| e.starts_with("https:")) {
             builder = builder.tls_config(connection.tls.load(&TLS_NAMES)?);
         }
-        Ok(Client {
-            agent: ureq::Agent::with_parts(
-                builder.build(),
+        let config = builder.build();
+        let agent = |config| {
+            ureq::Agent::with_parts(
+                config,
                 ureq::unversioned::transport::DefaultConnector::new(),
                 crate::store::resolver::DirectResolver { pinned: None },
-            ),
+            )
+        };
+        Ok(Client {
+            watch_agent: agent(config.clone()),
+            agent: agent(config),
             connection,
             current: AtomicUsize::new(0),
             token: Mutex::new(None),
@@ -420,7 +430,11 @@ impl Client {
                         "cannot build a request to {url}: {e}"
                     )))
                 })?
-                .with_agent(&self.agent)
+                .with_agent(if watching {
+                    &self.watch_agent
+                } else {
+                    &self.agent
+                })
                 .configure()
                 .timeout_global(Some(timeout))
                 .build()
