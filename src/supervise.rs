@@ -163,12 +163,16 @@ pub fn run(backend: Arc<dyn SlotBackend>, plan: &Plan) -> Outcome {
 /// when consem dies (at once where the slot is free the moment consem
 /// dies, else within the kill grace).
 fn start_watchdog(backend: &dyn SlotBackend, plan: &Plan) -> std::io::Result<Watchdog> {
-    let orphan_grace = if backend.frees_slot_at_death() {
+    Watchdog::start(plan.kill_grace, orphan_grace(backend, plan))
+}
+
+/// What the watchdog allows the command once consem is gone.
+fn orphan_grace(backend: &dyn SlotBackend, plan: &Plan) -> Duration {
+    if backend.frees_slot_at_death() {
         Duration::ZERO
     } else {
         plan.kill_grace
-    };
-    Watchdog::start(plan.kill_grace, orphan_grace)
+    }
 }
 
 fn forward_signals(mut signals: Signals, events: Sender<Event>) {
@@ -368,12 +372,15 @@ fn run_child(
         if !watchdog.alive() && sys::group_exists(group) {
             // Killed (by hand, the OOM killer): without it, a frozen or
             // killed consem would leave the command running past the lease.
-            match start_watchdog(backend, plan) {
+            match Watchdog::start_guarding(
+                plan.kill_grace,
+                orphan_grace(backend, plan),
+                group,
+                lease.until,
+            ) {
                 Ok(fresh) => {
                     report::warning("the watchdog that guards the lease was gone; started another");
                     watchdog = fresh;
-                    watchdog.guard(group);
-                    watchdog.set_deadline(lease.until);
                 }
                 Err(error) => {
                     lost = Some(format!(

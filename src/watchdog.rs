@@ -57,6 +57,25 @@ fn now_ns() -> u64 {
         .saturating_add(time.tv_nsec as u64)
 }
 
+/// A message to the watchdog: what, and its value.
+fn message(what: u64, value: u64) -> [u8; 16] {
+    let mut message = [0u8; 16];
+    message[..8].copy_from_slice(&what.to_ne_bytes());
+    message[8..].copy_from_slice(&value.to_ne_bytes());
+    message
+}
+
+/// `deadline` on the watchdog's clock (`None`: while consem lives).
+fn deadline_ns(deadline: Option<Instant>) -> u64 {
+    match deadline {
+        None => NO_DEADLINE,
+        Some(deadline) => {
+            let left = deadline.saturating_duration_since(Instant::now());
+            now_ns().saturating_add(left.as_nanos().min(u128::from(u64::MAX)) as u64)
+        }
+    }
+}
+
 /// consem's end of the watchdog.
 pub struct Watchdog {
     pid: libc::pid_t,
@@ -67,12 +86,50 @@ impl Watchdog {
     /// Forks the watchdog. `grace` is the time between SIGTERM and SIGKILL;
     /// `orphan_grace` what it allows the group once consem is gone.
     pub fn start(grace: Duration, orphan_grace: Duration) -> io::Result<Watchdog> {
+        Watchdog::fork(grace, orphan_grace, &[])
+    }
+
+    /// Forks a watchdog that guards `group`, whose lease runs until
+    /// `deadline`, from its first instant: told after the fork, it would
+    /// guard nothing if consem died in between.
+    pub fn start_guarding(
+        grace: Duration,
+        orphan_grace: Duration,
+        group: u32,
+        deadline: Option<Instant>,
+    ) -> io::Result<Watchdog> {
+        Watchdog::fork(
+            grace,
+            orphan_grace,
+            &[
+                message(SET_GROUP, u64::from(group)),
+                message(SET_DEADLINE, deadline_ns(deadline)),
+            ],
+        )
+    }
+
+    /// Forks the watchdog with `told` already in its pipe.
+    fn fork(grace: Duration, orphan_grace: Duration, told: &[[u8; 16]]) -> io::Result<Watchdog> {
         let mut fds = [0; 2];
         // SAFETY: pipe2 writes two descriptors into the array we own.
         if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
             return Err(io::Error::last_os_error());
         }
         let [read_end, write_end] = fds;
+        for message in told {
+            // SAFETY: writes a buffer we own to the pipe we just made; a
+            // few messages fit in an empty pipe, so it cannot block.
+            let written = unsafe { libc::write(write_end, message.as_ptr().cast(), message.len()) };
+            if written != message.len() as isize {
+                let error = io::Error::last_os_error();
+                // SAFETY: both descriptors are ours and open.
+                unsafe {
+                    libc::close(read_end);
+                    libc::close(write_end);
+                }
+                return Err(error);
+            }
+        }
         let grace = grace.as_nanos().min(u128::from(u64::MAX)) as u64;
         let orphan_grace = orphan_grace.as_nanos().min(u128::from(u64::MAX)) as u64;
         // SAFETY: the child only makes system calls (see `watch`).
@@ -100,12 +157,9 @@ impl Watchdog {
     }
 
     fn send(&mut self, what: u64, value: u64) {
-        let mut message = [0u8; 16];
-        message[..8].copy_from_slice(&what.to_ne_bytes());
-        message[8..].copy_from_slice(&value.to_ne_bytes());
         // One write of at most PIPE_BUF bytes is atomic. A watchdog that is
         // gone (killed by hand) leaves consem to enforce the lease alone.
-        let _ = self.pipe.write_all(&message);
+        let _ = self.pipe.write_all(&message(what, value));
     }
 
     /// The command's process group, once it runs.
@@ -115,14 +169,7 @@ impl Watchdog {
 
     /// The lease runs until `deadline` (`None`: while consem lives).
     pub fn set_deadline(&mut self, deadline: Option<Instant>) {
-        let value = match deadline {
-            None => NO_DEADLINE,
-            Some(deadline) => {
-                let left = deadline.saturating_duration_since(Instant::now());
-                now_ns().saturating_add(left.as_nanos().min(u128::from(u64::MAX)) as u64)
-            }
-        };
-        self.send(SET_DEADLINE, value);
+        self.send(SET_DEADLINE, deadline_ns(deadline));
     }
 
     /// Whether the watchdog still runs (reaping it if it ended).
