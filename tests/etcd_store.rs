@@ -297,14 +297,15 @@ fn the_first_waiter_takes_a_slot_only_when_a_holder_leaves() {
     world.assert_clean();
 }
 
-/// etcd serves a watch that starts at or below its revision late (it
+/// etcd serves a watch that starts at a revision it has passed late (it
 /// catches such watches up every 100 ms, holding back every change
-/// meanwhile): the next waiter in line, which must see a departure at once,
-/// learns so from the watch's created answer and reads again.
+/// meanwhile), and on a busy etcd every read is soon passed. So a watch
+/// starts where etcd stands when it creates it, and says where: what
+/// changed between a read and then, the caller reads.
 #[test]
-fn a_watch_from_a_revision_etcd_has_passed_is_reported_late() {
-    use consem::store::etcd::client::{Client, Connection, WatchRequest, Watched};
-    let world = World::etcd("late-watch");
+fn a_watch_starts_where_etcd_stands_and_is_served_live() {
+    use consem::store::etcd::client::{Changes, Client, Connection, WatchRequest, Watched};
+    let world = World::etcd("live-watch");
     let etcd = world.etcd.as_ref().unwrap();
     let client = Client::new(Connection {
         endpoints: vec![etcd.endpoint()],
@@ -315,34 +316,52 @@ fn a_watch_from_a_revision_etcd_has_passed_is_reported_late() {
     let (key, end) = (world.prefix.as_bytes(), format!("{}0", world.prefix));
     let revision = || client.range(key, end.as_bytes()).unwrap().header.revision;
     let read_at = revision();
-    etcd.put(&format!("{}/changed", world.prefix), "after the read");
-    let watch = |live_only| WatchRequest {
+    let name = format!("{}/changed", world.prefix);
+    etcd.put(&name, "after the read");
+    let request = WatchRequest {
         key,
         end: Some(end.as_bytes()),
-        start_revision: read_at + 1,
         deletions_only: false,
-        live_only,
     };
     let wait = Duration::from_secs(5);
-    assert!(matches!(
-        client.watch(&watch(true), wait),
-        Ok(Watched::Late)
-    ));
-    // Asked for any watch, the same one gets the change, late or not.
-    assert!(matches!(
-        client.watch(&watch(false), wait),
-        Ok(Watched::Changed(_))
-    ));
-    // From past etcd's revision: live, and quiet while nothing changes.
-    let now = WatchRequest {
-        start_revision: revision() + 1,
-        ..watch(true)
-    };
-    assert!(matches!(
-        client.watch(&now, Duration::from_millis(300)),
+    let mut watch = client.watch(&request, wait).unwrap().expect("a watch");
+    assert_eq!(
+        watch.created_at,
+        read_at + 1,
+        "it starts past the write that came after the read"
+    );
+    assert_eq!(
+        etcd.metric("etcd_debugging_mvcc_slow_watcher_total"),
+        0.0,
+        "etcd serves it live"
+    );
+    etcd.put(&name, "after the watch");
+    assert_eq!(
+        client.next_change(&mut watch, read_at + 1),
+        Ok(Watched::Changed(Changes {
+            deleted: vec![],
+            through: read_at + 2
+        }))
+    );
+    // A change the caller has read already is skipped.
+    etcd.put(&name, "read");
+    etcd.delete(&name);
+    assert_eq!(
+        client.next_change(&mut watch, read_at + 3),
+        Ok(Watched::Changed(Changes {
+            deleted: vec![name.clone().into_bytes()],
+            through: read_at + 4
+        }))
+    );
+    let mut quiet = client
+        .watch(&request, Duration::from_millis(300))
+        .unwrap()
+        .expect("a watch");
+    assert_eq!(quiet.created_at, read_at + 4);
+    assert_eq!(
+        client.next_change(&mut quiet, read_at + 4),
         Ok(Watched::Quiet)
-    ));
-    etcd.delete(&format!("{}/changed", world.prefix));
+    );
 }
 
 /// The fence is the contender key's create revision, which etcd keeps on

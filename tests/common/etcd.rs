@@ -356,6 +356,24 @@ impl EtcdServer {
             .unwrap_or_else(|e| panic!("POST {}{path} {body}: {e}", self.endpoint()))
     }
 
+    /// A gauge or counter from etcd's `/metrics`.
+    pub fn metric(&self, name: &str) -> f64 {
+        let url = format!("{}/metrics", self.endpoint());
+        let text = self
+            .access()
+            .agent()
+            .get(&url)
+            .call()
+            .and_then(|mut response| response.body_mut().read_to_string())
+            .unwrap_or_else(|e| panic!("GET {url}: {e}"));
+        text.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("etcd's /metrics has no {name}"))
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
     /// Every key under `<prefix>/`, in key order.
     pub fn entries(&self, prefix: &str) -> Vec<EtcdEntry> {
         let answer = self.call(

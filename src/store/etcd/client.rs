@@ -6,7 +6,7 @@
 use std::io::BufRead as _;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use serde::{Deserialize, Deserializer, Serialize};
@@ -222,6 +222,10 @@ impl Op<'_> {
     }
 }
 
+/// The shortest wait worth opening a watch for: with less left before the
+/// next keep-alive, renew first.
+pub const SHORTEST_WATCH: Duration = Duration::from_millis(50);
+
 /// What a watch saw.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Watched {
@@ -229,20 +233,9 @@ pub enum Watched {
     Changed(Changes),
     /// Nothing changed within the wait.
     Quiet,
-    /// etcd ended the watch (its start was compacted away, or it was
-    /// cancelled): read again.
+    /// etcd ended the watch (cancelled, or the member went away): read
+    /// again.
     Ended,
-    /// Changes came between the read and the watch, so etcd would serve it
-    /// late (asked for with `live_only`): read again.
-    Late,
-}
-
-/// Whether etcd serves a watch from `start_revision`, created at
-/// `created_at` (the revision in its created answer), late: only one that
-/// starts past etcd's revision joins the watches told of each change as it
-/// is made; the others wait for etcd's catch-up, every 100 ms.
-pub fn served_late(start_revision: i64, created_at: i64) -> bool {
-    start_revision <= created_at
 }
 
 /// The events of one watch response.
@@ -250,9 +243,7 @@ pub fn served_late(start_revision: i64, created_at: i64) -> bool {
 pub struct Changes {
     /// The keys deleted, in order.
     pub deleted: Vec<Vec<u8>>,
-    /// The revision of the last event: a watch that goes on starts after
-    /// it (the response's own revision can be later than events etcd
-    /// holds back for the next response).
+    /// The revision of the last event.
     pub through: i64,
 }
 
@@ -266,15 +257,21 @@ struct Event {
 }
 
 impl Changes {
-    fn of(events: &[Event]) -> Changes {
-        Changes {
+    /// The changes among `events` made after revision `after`; `None` if
+    /// there are none.
+    fn of(events: &[Event], after: i64) -> Option<Changes> {
+        let events: Vec<&Event> = events
+            .iter()
+            .filter(|e| e.kv.mod_revision > after)
+            .collect();
+        Some(Changes {
             deleted: events
                 .iter()
                 .filter(|e| e.kind == "DELETE")
                 .map(|e| e.kv.key.clone())
                 .collect(),
-            through: events.iter().map(|e| e.kv.mod_revision).max().unwrap_or(0),
-        }
+            through: events.iter().map(|e| e.kv.mod_revision).max()?,
+        })
     }
 }
 
@@ -283,14 +280,22 @@ pub struct WatchRequest<'a> {
     pub key: &'a [u8],
     /// `Some`: every key in `[key, end)`.
     pub end: Option<&'a [u8]>,
-    pub start_revision: i64,
     /// Only deletions (a departure), not writes.
     pub deletions_only: bool,
-    /// Only a watch etcd serves as changes happen: one whose start etcd has
-    /// already reached when it creates it is caught up by etcd's own
-    /// schedule (every 100 ms), with every change meanwhile held back; for
-    /// such a watch the call returns [`Watched::Late`] instead.
-    pub live_only: bool,
+}
+
+/// A watch etcd has created. It starts where etcd stood then, so that etcd
+/// serves it live: a watch that starts at a revision etcd has passed is
+/// caught up only by a loop that runs every 100 ms, with every change held
+/// back until then (`mvcc/watchable_store.go`), and on a busy etcd every
+/// read is soon passed. What changed between a read and `created_at` is
+/// the caller's to read again.
+pub struct Watch {
+    lines: std::io::BufReader<ureq::BodyReader<'static>>,
+    deadline: Instant,
+    /// etcd's revision when it created the watch: the watch tells every
+    /// change after it.
+    pub created_at: i64,
 }
 
 #[derive(Serialize)]
@@ -701,24 +706,25 @@ impl Client {
         )
     }
 
-    /// Watches from `start_revision` for at most `wait`: returns at the
-    /// first change, or when the wait is over.
-    pub fn watch(&self, request: &WatchRequest, wait: Duration) -> Result<Watched, EtcdError> {
-        let mut create = json!({
-            "key": b64(request.key),
-            "start_revision": request.start_revision.to_string(),
-        });
+    /// Opens a watch of every change from now on, for at most `wait`;
+    /// `None` if the wait ended first, or is too short to open one in (the
+    /// caller renews first).
+    pub fn watch(
+        &self,
+        request: &WatchRequest,
+        wait: Duration,
+    ) -> Result<Option<Watch>, EtcdError> {
+        let mut create = json!({ "key": b64(request.key) });
         if let Some(end) = request.end {
             create["range_end"] = json!(b64(end));
         }
         if request.deletions_only {
             create["filters"] = json!(["NOPUT"]);
         }
-        // Too short a wait to open a watch in: the caller renews first.
-        if wait < Duration::from_millis(50) {
-            return Ok(Watched::Quiet);
+        if wait < SHORTEST_WATCH {
+            return Ok(None);
         }
-        let deadline = std::time::Instant::now() + wait;
+        let deadline = Instant::now() + wait;
         let response = match self.send_or_time_out(
             "/v3/watch",
             &json!({ "create_request": create }),
@@ -726,47 +732,49 @@ impl Client {
             true,
         ) {
             Ok(response) => response,
-            Err(None) => return Ok(Watched::Quiet),
+            Err(None) => return Ok(None),
             Err(Some(error)) => return Err(error),
         };
-        let mut lines = std::io::BufReader::new(response.into_body().into_reader());
-        let mut line = String::new();
+        let mut watch = Watch {
+            lines: std::io::BufReader::new(response.into_body().into_reader()),
+            deadline,
+            created_at: 0,
+        };
         loop {
-            line.clear();
-            match lines.read_line(&mut line) {
-                Ok(0) => return Ok(Watched::Ended),
-                Ok(_) => {}
-                // The request's time is up: nothing happened.
-                Err(_) if std::time::Instant::now() >= deadline => return Ok(Watched::Quiet),
-                Err(e) => {
-                    // A member that died under the watch: the next call
-                    // goes to another.
-                    self.fail_over(self.endpoint().0);
-                    return Err(EtcdError::Transient(format!(
-                        "lost the watch on etcd: {}",
-                        crate::store::network_cause(&e.to_string())
-                    )));
-                }
+            let Some(result) = self.next_frame(&mut watch)? else {
+                return Ok(None);
+            };
+            if result.get("canceled").and_then(Value::as_bool) == Some(true) {
+                return Err(EtcdError::Transient(format!(
+                    "etcd refused the watch: {}",
+                    result
+                        .get("cancel_reason")
+                        .and_then(Value::as_str)
+                        .unwrap_or("no reason given")
+                )));
             }
-            let frame: Value = serde_json::from_str(&line).unwrap_or_default();
-            if request.live_only {
-                let flag = |name: &str| frame.pointer(name).and_then(Value::as_bool) == Some(true);
-                let created_at = (flag("/result/created") && !flag("/result/canceled"))
-                    .then(|| frame.pointer("/result/header/revision"))
-                    .flatten()
+            if result.get("created").and_then(Value::as_bool) == Some(true) {
+                watch.created_at = result
+                    .pointer("/header/revision")
                     .and_then(Value::as_str)
-                    .and_then(|revision| revision.parse().ok());
-                if created_at.is_some_and(|at| served_late(request.start_revision, at)) {
-                    return Ok(Watched::Late);
-                }
+                    .and_then(|revision| revision.parse().ok())
+                    .ok_or_else(|| {
+                        EtcdError::Failed(format!(
+                            "etcd at {} created a watch without saying its revision",
+                            self.endpoint().1
+                        ))
+                    })?;
+                return Ok(Some(watch));
             }
-            let Some(result) = frame.get("result") else {
-                if let Some(error) = frame.get("error") {
-                    return Err(EtcdError::Transient(format!(
-                        "etcd ended the watch: {error}"
-                    )));
-                }
-                continue;
+        }
+    }
+
+    /// Waits on `watch` for the first change after revision `after`, until
+    /// the watch's wait is over.
+    pub fn next_change(&self, watch: &mut Watch, after: i64) -> Result<Watched, EtcdError> {
+        loop {
+            let Some(result) = self.next_frame(watch)? else {
+                return Ok(Watched::Quiet);
             };
             if result.get("canceled").and_then(Value::as_bool) == Some(true)
                 || result.get("compact_revision").is_some()
@@ -778,13 +786,52 @@ impl Client {
                 .filter(|e| e.as_array().is_some_and(|e| !e.is_empty()))
             {
                 // Events that do not read as events: read the keys again.
-                return Ok(match Vec::<Event>::deserialize(events) {
-                    Ok(events) => Watched::Changed(Changes::of(&events)),
-                    Err(_) => Watched::Ended,
-                });
+                match Vec::<Event>::deserialize(events) {
+                    Ok(events) => {
+                        if let Some(changes) = Changes::of(&events, after) {
+                            return Ok(Watched::Changed(changes));
+                        }
+                    }
+                    Err(_) => return Ok(Watched::Ended),
+                }
             }
-            if std::time::Instant::now() >= deadline {
-                return Ok(Watched::Quiet);
+        }
+    }
+
+    /// The `result` of the watch's next frame; `None` once its wait is
+    /// over (an ended stream is `Ended`, through an empty canceled frame).
+    fn next_frame(&self, watch: &mut Watch) -> Result<Option<Value>, EtcdError> {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            match watch.lines.read_line(&mut line) {
+                Ok(0) => return Ok(Some(json!({ "canceled": true }))),
+                Ok(_) => {}
+                // The request's time is up: nothing happened.
+                Err(_) if Instant::now() >= watch.deadline => return Ok(None),
+                Err(e) => {
+                    // A member that died under the watch: the next call
+                    // goes to another.
+                    self.fail_over(self.endpoint().0);
+                    return Err(EtcdError::Transient(format!(
+                        "lost the watch on etcd: {}",
+                        crate::store::network_cause(&e.to_string())
+                    )));
+                }
+            }
+            let frame: Value = serde_json::from_str(&line).unwrap_or_default();
+            match frame.get("result") {
+                Some(result) => return Ok(Some(result.clone())),
+                None => {
+                    if let Some(error) = frame.get("error") {
+                        return Err(EtcdError::Transient(format!(
+                            "etcd ended the watch: {error}"
+                        )));
+                    }
+                }
+            }
+            if Instant::now() >= watch.deadline {
+                return Ok(None);
             }
         }
     }
@@ -839,13 +886,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_watch_is_live_only_when_it_starts_past_etcds_revision() {
-        assert!(!served_late(11, 10));
-        assert!(served_late(10, 10));
-        assert!(served_late(3, 10));
-    }
-
-    #[test]
     fn a_watch_response_tells_the_keys_deleted_and_where_to_go_on() {
         // As the gateway writes it: a put's type is left out.
         let events: Vec<Event> = serde_json::from_str(&format!(
@@ -856,11 +896,28 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(
-            Changes::of(&events),
-            Changes {
+            Changes::of(&events, 0),
+            Some(Changes {
                 deleted: vec![b"p/2".to_vec()],
                 through: 9
-            }
+            })
+        );
+        // What a read at revision 7 showed already is no change.
+        assert_eq!(
+            Changes::of(&events, 7),
+            Some(Changes {
+                deleted: vec![b"p/2".to_vec()],
+                through: 9
+            })
+        );
+        assert_eq!(Changes::of(&events, 9), None);
+        let put_only = &events[..1];
+        assert_eq!(
+            Changes::of(put_only, 6),
+            Some(Changes {
+                deleted: vec![],
+                through: 7
+            })
         );
     }
 

@@ -43,11 +43,6 @@ const RENEW_RETRY: Duration = Duration::from_millis(500);
 /// sent again, to another member, while the lease still has room (a leader
 /// election takes about a second with etcd's defaults).
 const RENEW_TIMEOUT: Duration = Duration::from_secs(1);
-/// How long the next waiter in line keeps asking for a watch etcd serves as
-/// changes happen, and how long it pauses between tries: past etcd's own
-/// catch-up period (100 ms) a late watch is no later than trying again.
-const LIVE_WATCH_TRIES_FOR: Duration = Duration::from_millis(100);
-const LIVE_WATCH_PAUSE: Duration = Duration::from_millis(10);
 
 /// What the etcd store needs beyond the store-neutral options.
 #[derive(Debug, Clone)]
@@ -220,17 +215,20 @@ struct Shared {
     command_started: bool,
 }
 
-/// Where a waiter waits, and from which revision.
+/// Where a waiter waits, and what it has seen.
 struct Wait {
     request_key: Vec<u8>,
     /// `Some`: the whole prefix, for deletions only (the first waiter).
     end: Option<Vec<u8>>,
-    from: i64,
+    /// The revision the waiter has seen through: its listing's, then the
+    /// last event's.
+    seen: i64,
     /// The keys ahead of ours in the last listing.
     ahead: Vec<Vec<u8>>,
     /// Those of them, and others, seen deleted since: every one, for a
     /// watch of the whole prefix (`end`).
     deleted: Vec<Vec<u8>>,
+    watch: Option<client::Watch>,
 }
 
 /// What ends the run on a failure while contending, or how long to pause
@@ -543,8 +541,9 @@ impl EtcdSemaphore {
     }
 
     /// Contends until the slot is ours: the fence, when the lease was last
-    /// renewed, the revision to watch our key from, and whether a waiter
-    /// may be watching our key (it is owed the relay write).
+    /// renewed, the revision through which our key is known to be there,
+    /// and whether a waiter may be watching our key (it is owed the relay
+    /// write).
     fn acquire(&self, mode: Contend, notify: &Notify) -> Result<(i64, Instant, i64, bool), Stop> {
         let ttl = self.settings.ttl;
         let period = lease::renew_period(ttl);
@@ -567,11 +566,8 @@ impl EtcdSemaphore {
             self.shared().fence = Some(fence);
             let key = self.key(id);
             let mut wait: Option<Wait> = None;
-            // Since when the watches etcd would serve late: writes came
-            // between read and watch (anywhere in etcd: its revision is global).
-            let mut late_since: Option<Instant> = None;
             loop {
-                if renewed.elapsed() >= period {
+                if period.saturating_sub(renewed.elapsed()) < client::SHORTEST_WATCH {
                     let sent = Instant::now();
                     match self.retrying(&mut outage, || self.client.keep_alive(id, period))? {
                         Ok(()) => {
@@ -587,53 +583,67 @@ impl EtcdSemaphore {
                     lease = Some((id, renewed));
                 }
                 if let Some(waiting) = &mut wait {
-                    let left = period.saturating_sub(renewed.elapsed());
-                    // The next in line may get the slot any moment: a late
-                    // watch would hold that back up to 100 ms. Further back,
-                    // etcd catches up long before the turn comes.
-                    let next_in_line = waiting.end.is_some();
-                    let request = WatchRequest {
-                        key: &waiting.request_key,
-                        end: waiting.end.as_deref(),
-                        start_revision: waiting.from,
-                        deletions_only: next_in_line,
-                        live_only: next_in_line
-                            && late_since
-                                .is_none_or(|since| since.elapsed() < LIVE_WATCH_TRIES_FOR),
+                    let watch = match &mut waiting.watch {
+                        Some(watch) => watch,
+                        None => {
+                            let left = period.saturating_sub(renewed.elapsed());
+                            let request = WatchRequest {
+                                key: &waiting.request_key,
+                                end: waiting.end.as_deref(),
+                                deletions_only: waiting.end.is_some(),
+                            };
+                            match self
+                                .retrying(&mut outage, || self.client.watch(&request, left))?
+                            {
+                                Ok(Some(watch)) => waiting.watch.insert(watch),
+                                // The wait ended first: renew.
+                                _ => continue,
+                            }
+                        }
                     };
-                    let watched =
-                        self.retrying(&mut outage, || self.client.watch(&request, left))?;
-                    if self.shared().closing {
-                        return Err(Stop::Closing);
-                    }
-                    if let Ok(Watched::Late) = watched {
-                        late_since.get_or_insert_with(Instant::now);
-                        if self.pause(LIVE_WATCH_PAUSE) {
+                    // A watch tells what changed after etcd created it;
+                    // what changed between our read and then, we read.
+                    if watch.created_at <= waiting.seen {
+                        let watched = self.client.next_change(watch, waiting.seen);
+                        if self.shared().closing {
                             return Err(Stop::Closing);
                         }
-                    } else {
-                        late_since = None;
-                    }
-                    match watched {
-                        // Renew, then watch on from the same revision.
-                        Ok(Watched::Quiet) => continue,
-                        Ok(Watched::Changed(changes)) if !changes.deleted.contains(&key) => {
-                            waiting.from = changes.through + 1;
-                            waiting.deleted.extend(changes.deleted);
-                            // Departures alone can tell that the slot is
-                            // ours: the next command starts without another
-                            // read. Whoever joined since may watch our key.
-                            if queue::holds_after(&waiting.ahead, &waiting.deleted, self.limit) {
-                                return Ok((fence, renewed, waiting.from, true));
-                            }
-                            // The first waiter sees every departure: one
-                            // from behind it changes nothing.
-                            if waiting.end.is_some() {
+                        match watched {
+                            Err(error) => {
+                                waiting.watch = None;
+                                let pause = on_failure(&mut outage, error)?;
+                                if self.pause(pause) {
+                                    return Err(Stop::Closing);
+                                }
                                 continue;
                             }
+                            // Renew, then watch again.
+                            Ok(Watched::Quiet) => {
+                                outage.recovered();
+                                waiting.watch = None;
+                                continue;
+                            }
+                            Ok(Watched::Changed(changes)) if !changes.deleted.contains(&key) => {
+                                outage.recovered();
+                                waiting.seen = changes.through;
+                                waiting.deleted.extend(changes.deleted);
+                                // Departures alone can tell that the slot is
+                                // ours: the next command starts without another
+                                // read. Whoever joined since may watch our key.
+                                if queue::holds_after(&waiting.ahead, &waiting.deleted, self.limit)
+                                {
+                                    return Ok((fence, renewed, waiting.seen, true));
+                                }
+                                // The first waiter sees every departure: one
+                                // from behind it changes nothing.
+                                if waiting.end.is_some() {
+                                    continue;
+                                }
+                            }
+                            // Our key went, or etcd ended the watch: read.
+                            Ok(_) => outage.recovered(),
                         }
-                        // Our key went, the watch ended or failed: read.
-                        _ => {}
+                        waiting.watch = None;
                     }
                 }
                 let listing = match joined.take() {
@@ -655,22 +665,15 @@ impl EtcdSemaphore {
                     ))));
                 }
                 let place = queue::place(&contenders, &key, self.limit);
-                let from = listing.header.revision + 1;
-                let ahead = || {
-                    contenders
-                        .iter()
-                        .take_while(|kv| kv.key != key)
-                        .map(|kv| kv.key.clone())
-                        .collect()
-                };
-                wait = match &place {
+                let seen = listing.header.revision;
+                let (request_key, end) = match &place {
                     Place::Holding => {
                         // A linearizable read showed our key among the
                         // first `limit`: the slot is ours. A waiter that
                         // read before us, and may watch our key, is behind
                         // us in this listing.
                         let behind = contenders.last().is_some_and(|last| last.key != key);
-                        return Ok((fence, renewed, from, behind));
+                        return Ok((fence, renewed, seen, behind));
                     }
                     Place::Gone => {
                         report::event("rejoin", &[("why", &"our key was deleted")]);
@@ -680,23 +683,30 @@ impl EtcdSemaphore {
                         notify(SlotEvent::NoSlot);
                         return Err(Stop::Closing);
                     }
-                    Place::First => Some(Wait {
-                        request_key: self.range.0.clone(),
-                        end: Some(self.range.1.clone()),
-                        from,
-                        ahead: ahead(),
-                        deleted: Vec::new(),
-                    }),
+                    Place::First => (self.range.0.clone(), Some(self.range.1.clone())),
                     Place::Behind {
                         ahead: just_ahead, ..
-                    } => Some(Wait {
-                        request_key: just_ahead.clone(),
-                        end: None,
-                        from,
-                        ahead: ahead(),
-                        deleted: Vec::new(),
-                    }),
+                    } => (just_ahead.clone(), None),
                 };
+                // A watch of the same keys, made before this read, goes on
+                // from it.
+                let watch = wait
+                    .take()
+                    .filter(|w| w.request_key == request_key && w.end == end)
+                    .and_then(|w| w.watch)
+                    .filter(|watch| watch.created_at <= seen);
+                wait = Some(Wait {
+                    request_key,
+                    end,
+                    seen,
+                    ahead: contenders
+                        .iter()
+                        .take_while(|kv| kv.key != key)
+                        .map(|kv| kv.key.clone())
+                        .collect(),
+                    deleted: Vec::new(),
+                    watch,
+                });
                 let picture = Progress {
                     limit: self.limit,
                     holders: contenders
@@ -734,7 +744,7 @@ impl EtcdSemaphore {
         lease_id: i64,
         fence: i64,
         mut renewed: Instant,
-        mut from: i64,
+        mut seen: i64,
         mut relay_owed: bool,
         notify: &Notify,
     ) -> Option<String> {
@@ -766,7 +776,7 @@ impl EtcdSemaphore {
                 ) {
                     Ok(reply) if reply.succeeded => {
                         relay_owed = false;
-                        from = reply.header.revision + 1;
+                        seen = reply.header.revision;
                     }
                     Ok(_) => {
                         return Some(format!(
@@ -776,7 +786,7 @@ impl EtcdSemaphore {
                     Err(_) => renew_now = true,
                 }
             }
-            if renew_now || renewed.elapsed() >= period {
+            if renew_now || period.saturating_sub(renewed.elapsed()) < client::SHORTEST_WATCH {
                 let sent = Instant::now();
                 match self.client.keep_alive(lease_id, period.min(RENEW_TIMEOUT)) {
                     Ok(()) => {
@@ -819,44 +829,67 @@ impl EtcdSemaphore {
             let request = WatchRequest {
                 key: &key,
                 end: None,
-                start_revision: from,
                 deletions_only: false,
-                live_only: false,
             };
-            let watched = self.client.watch(&request, left);
-            // Our own release: it deleted the key.
-            if self.shared().closing {
-                return None;
-            }
-            match watched {
-                Ok(Watched::Quiet) => {}
-                Ok(Watched::Changed(_) | Watched::Ended | Watched::Late) => {
-                    match self.client.range(&key, &[]) {
-                        Ok(reply) => {
-                            if reply.kvs.is_empty() {
-                                // The lease tells who took the key away.
-                                return Some(match self.client.keep_alive(lease_id, RENEW_TIMEOUT) {
-                                Err(EtcdError::LeaseGone) => format!(
-                                    "our lease {lease_id:x} was revoked (consem release, etcdctl lease revoke) or expired, and our key {shown_key} with it"
-                                ),
-                                _ => format!(
-                                    "our key {shown_key} was deleted while our lease lives (by hand, etcdctl del)"
-                                ),
-                            });
-                            }
-                            from = reply.header.revision + 1;
-                        }
-                        Err(_) => renew_now = true,
-                    }
-                }
+            let mut watch = match self.client.watch(&request, left) {
+                Ok(Some(watch)) => watch,
+                Ok(None) => continue,
                 Err(_) => {
                     // Renewing tells whether etcd is there, and counts.
                     renew_now = true;
                     if self.pause(FIRST_BACKOFF) {
                         return None;
                     }
+                    continue;
+                }
+            };
+            // What changed between what we saw and the watch's start, we
+            // read.
+            let mut check = watch.created_at > seen;
+            loop {
+                if check {
+                    match self.client.range(&key, &[]) {
+                        Ok(reply) if reply.kvs.is_empty() => {
+                            return Some(self.why_gone(lease_id, &shown_key))
+                        }
+                        Ok(reply) => seen = reply.header.revision,
+                        Err(_) => {
+                            renew_now = true;
+                            break;
+                        }
+                    }
+                }
+                let watched = self.client.next_change(&mut watch, seen);
+                // Our own release: it deleted the key.
+                if self.shared().closing {
+                    return None;
+                }
+                match watched {
+                    Ok(Watched::Changed(_)) => check = true,
+                    // Renew, or watch again: what changed meanwhile is read
+                    // then.
+                    Ok(Watched::Quiet | Watched::Ended) => break,
+                    Err(_) => {
+                        renew_now = true;
+                        if self.pause(FIRST_BACKOFF) {
+                            return None;
+                        }
+                        break;
+                    }
                 }
             }
+        }
+    }
+
+    /// Why our key is gone: the lease tells who took it away.
+    fn why_gone(&self, lease_id: i64, shown_key: &str) -> String {
+        match self.client.keep_alive(lease_id, RENEW_TIMEOUT) {
+            Err(EtcdError::LeaseGone) => format!(
+                "our lease {lease_id:x} was revoked (consem release, etcdctl lease revoke) or expired, and our key {shown_key} with it"
+            ),
+            _ => format!(
+                "our key {shown_key} was deleted while our lease lives (by hand, etcdctl del)"
+            ),
         }
     }
 }
@@ -866,7 +899,7 @@ impl SlotBackend for EtcdSemaphore {
         thread::Builder::new()
             .name("consem-contend".into())
             .spawn(move || match self.acquire(mode, &notify) {
-                Ok((fence, renewed, from, relay_owed)) => {
+                Ok((fence, renewed, seen, relay_owed)) => {
                     report::event("acquired", &[("prefix", &self.prefix), ("fence", &fence)]);
                     notify(SlotEvent::Acquired {
                         fence: fence as u64,
@@ -876,7 +909,7 @@ impl SlotBackend for EtcdSemaphore {
                     });
                     let lease = self.shared().lease.unwrap_or_default();
                     if let Some(reason) =
-                        self.hold(lease, fence, renewed, from, relay_owed, &notify)
+                        self.hold(lease, fence, renewed, seen, relay_owed, &notify)
                     {
                         if !self.shared().closing {
                             notify(SlotEvent::Lost(reason));
