@@ -6,7 +6,8 @@
 //! - uncontended: wall time (median) and peak RSS of a run of `true`, and
 //!   the etcd requests it takes;
 //! - handoff gap at limit 1 with 12 waiters queued (8 rounds, the tools in
-//!   turn), median, mean and p90;
+//!   turn), median, mean and p90; and the same while another client writes
+//!   to etcd as fast as it can (a busy etcd, whose revision never rests);
 //! - a waiter's CPU over 5 s of waiting;
 //! - crowds: overhead per round at N=20 and N=100 contenders on limit 5
 //!   (each runs 200 ms; consem only, `etcdctl lock` has no limit), and at
@@ -36,6 +37,8 @@ use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
@@ -189,23 +192,7 @@ impl Server {
     /// The body of a plain HTTP request on the client port, if it answers
     /// 200.
     fn request(&self, method: &str, path: &str, body: &str) -> Option<String> {
-        let addr = SocketAddr::from(([127, 0, 0, 1], self.port));
-        let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
-        stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .ok()?;
-        write!(
-            stream,
-            "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1:{}\r\nContent-Length: {}\r\n\r\n{body}",
-            self.port,
-            body.len()
-        )
-        .ok()?;
-        let mut text = String::new();
-        stream.read_to_string(&mut text).ok()?;
-        let (head, body) = text.split_once("\r\n\r\n")?;
-        let status = head.lines().next()?.split(' ').nth(1)?;
-        (status == "200").then(|| body.to_string())
+        request(self.port, method, path, body)
     }
 
     /// etcd's gRPC counters so far, by method: messages received (a unary
@@ -339,6 +326,122 @@ fn command(server: &Server, tool: Tool, name: &str, limit: usize, run: &[String]
         }
     }
     cmd
+}
+
+/// The body of a plain HTTP request to etcd's client port, if it answers
+/// 200.
+fn request(port: u16, method: &str, path: &str, body: &str) -> Option<String> {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .ok()?;
+    write!(
+        stream,
+        "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1:{}\r\nContent-Length: {}\r\n\r\n{body}",
+        port,
+        body.len()
+    )
+    .ok()?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let status = head.lines().next()?.split(' ').nth(1)?;
+    (status == "200").then(|| body.to_string())
+}
+
+/// Another client of etcd writing one key as fast as it can, one write
+/// after another: each write moves etcd's revision, which is global, as a
+/// busy production etcd's moves. Its key is under neither tool's root.
+struct Busy {
+    stop: Arc<AtomicBool>,
+    writer: std::thread::JoinHandle<usize>,
+    started: Instant,
+}
+
+impl Busy {
+    fn start(port: u16) -> Busy {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = Arc::clone(&stop);
+        let b64 = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
+        let writer = std::thread::spawn(move || {
+            let mut writes = 0;
+            while !stopped.load(Ordering::Relaxed) {
+                let body = format!(
+                    r#"{{"key":"{}","value":"{}"}}"#,
+                    b64(b"bench-busy/other"),
+                    b64(writes.to_string().as_bytes())
+                );
+                request(port, "POST", "/v3/kv/put", &body).expect("etcd's put did not answer");
+                writes += 1;
+            }
+            writes
+        });
+        Busy {
+            stop,
+            writer,
+            started: Instant::now(),
+        }
+    }
+
+    /// Stops the writer; its writes per second.
+    fn stop(self) -> f64 {
+        self.stop.store(true, Ordering::Relaxed);
+        let writes = self.writer.join().unwrap();
+        writes as f64 / self.started.elapsed().as_secs_f64()
+    }
+}
+
+/// Handoff rounds of both tools under `label`, the tools in turn (and
+/// which goes first), so that what the machine does meanwhile weighs on
+/// both alike; prints a row per tool.
+fn handoffs(
+    server: &Server,
+    tools: &[Tool],
+    dir: &Path,
+    label: &str,
+    (waiters, rounds, child_sleep): (usize, usize, Duration),
+) -> Vec<Gaps> {
+    println!("| tool | median | mean | p90 | max |");
+    println!("|---|---|---|---|---|");
+    let mut gap_lists: Vec<Vec<Duration>> = vec![Vec::new(); tools.len()];
+    for round in 0..rounds {
+        for turn in 0..tools.len() {
+            let which = (turn + round) % tools.len();
+            let tool = tools[which];
+            let make =
+                |name: &str, limit: usize, run: &[String]| command(server, tool, name, limit, run);
+            let name = format!("{label}-{round}-{}", tool.root());
+            let queued = |name: &str| server.contenders(tool, name);
+            gap_lists[which].extend(common::handoff(
+                &make,
+                dir,
+                &name,
+                waiters,
+                child_sleep,
+                Some(&queued),
+            ));
+        }
+    }
+    let mut gaps = Vec::new();
+    for (&tool, gap) in tools.iter().zip(&mut gap_lists) {
+        gap.sort();
+        let handoff = Gaps {
+            median: gap[gap.len() / 2],
+            mean: gap.iter().sum::<Duration>() / gap.len() as u32,
+            p90: percentile(gap, 0.9),
+        };
+        println!(
+            "| {} | {:.2} ms | {:.2} ms | {:.2} ms | {:.2} ms |",
+            tool.name(),
+            ms(handoff.median),
+            ms(handoff.mean),
+            ms(handoff.p90),
+            ms(*gap.last().unwrap())
+        );
+        gaps.push(handoff);
+    }
+    gaps
 }
 
 /// One tool's handoff gaps: the median is the typical handoff, the mean
@@ -516,56 +619,24 @@ fn main() {
         ms(child_sleep),
         handoff_rounds * waiters
     );
-    println!("| tool | median | mean | p90 | max |");
-    println!("|---|---|---|---|---|");
-    // Rounds alternate between the tools (and which goes first), so that
-    // what the machine does meanwhile weighs on both alike.
-    let mut gap_lists: Vec<Vec<Duration>> = vec![Vec::new(); tools.len()];
-    for round in 0..handoff_rounds {
-        for turn in 0..tools.len() {
-            let which = (turn + round) % tools.len();
-            let tool = tools[which];
-            let make =
-                |name: &str, limit: usize, run: &[String]| command(&server, tool, name, limit, run);
-            let name = format!("handoff-{round}-{}", tool.root());
-            let queued = |name: &str| server.contenders(tool, name);
-            gap_lists[which].extend(common::handoff(
-                &make,
-                &dir,
-                &name,
-                waiters,
-                child_sleep,
-                Some(&queued),
-            ));
-        }
-    }
-    let mut gaps = Vec::new();
-    for (&tool, gap) in tools.iter().zip(&mut gap_lists) {
-        gap.sort();
-        let handoff = Gaps {
-            median: gap[gap.len() / 2],
-            mean: gap.iter().sum::<Duration>() / gap.len() as u32,
-            p90: percentile(gap, 0.9),
-        };
-        println!(
-            "| {} | {:.2} ms | {:.2} ms | {:.2} ms | {:.2} ms |",
-            tool.name(),
-            ms(handoff.median),
-            ms(handoff.mean),
-            ms(handoff.p90),
-            ms(*gap.last().unwrap())
-        );
-        gaps.push(handoff);
-    }
+    let handoff_sizes = (waiters, handoff_rounds, child_sleep);
+    let gaps = handoffs(&server, &tools, &dir, "handoff", handoff_sizes);
+    println!("\n## the same on a busy etcd");
+    println!("(another client writes one key under a third root as fast as it can, one write after another)");
+    let busy = Busy::start(server.port);
+    let busy_gaps = handoffs(&server, &tools, &dir, "busy", handoff_sizes);
+    println!("(it wrote {:.0} times a second)", busy.stop());
     let spawn = common::spawn_cost(runs.min(50));
     println!("(starting the command alone, median: {:.2} ms)", ms(spawn));
     if std::env::var(ONLY_ENV).is_ok_and(|only| only == "handoff") {
-        println!(
-            "consem / etcdctl lock: median {:.2}, mean {:.2}, p90 {:.2}",
-            ms(gaps[0].median) / ms(gaps[1].median),
-            ms(gaps[0].mean) / ms(gaps[1].mean),
-            ms(gaps[0].p90) / ms(gaps[1].p90)
-        );
+        for (etcd, gaps) in [("quiet", &gaps), ("busy", &busy_gaps)] {
+            println!(
+                "consem / etcdctl lock, {etcd} etcd: median {:.2}, mean {:.2}, p90 {:.2}",
+                ms(gaps[0].median) / ms(gaps[1].median),
+                ms(gaps[0].mean) / ms(gaps[1].mean),
+                ms(gaps[0].p90) / ms(gaps[1].p90)
+            );
+        }
         drop(server);
         let _ = std::fs::remove_dir_all(&dir);
         return;
@@ -683,6 +754,18 @@ fn main() {
         "ms",
     );
     row("handoff gap, p90", ms(gaps[0].p90), ms(gaps[1].p90), "ms");
+    row(
+        "handoff gap on a busy etcd, median",
+        ms(busy_gaps[0].median),
+        ms(busy_gaps[1].median),
+        "ms",
+    );
+    row(
+        "handoff gap on a busy etcd, mean",
+        ms(busy_gaps[0].mean),
+        ms(busy_gaps[1].mean),
+        "ms",
+    );
     row("waiter's CPU", ms(cpus[0]), ms(cpus[1]), "ms");
     let at = |tool: Tool, limit: usize, n: usize| {
         runs_of_crowds
@@ -713,6 +796,12 @@ fn main() {
     for (what, ours, theirs) in [
         ("median", gaps[0].median, gaps[1].median),
         ("mean", gaps[0].mean, gaps[1].mean),
+        (
+            "median, busy etcd",
+            busy_gaps[0].median,
+            busy_gaps[1].median,
+        ),
+        ("mean, busy etcd", busy_gaps[0].mean, busy_gaps[1].mean),
     ] {
         let ratio = ms(ours) / ms(theirs);
         println!(
