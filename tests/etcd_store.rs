@@ -11,7 +11,7 @@ use std::os::unix::process::ExitStatusExt as _;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::etcd::{free_ports, EtcdCluster, EtcdEntry, EtcdServer, TlsFiles};
+use common::etcd::{free_ports, EtcdCluster, EtcdEntry, EtcdServer, ForgetfulProxy, TlsFiles};
 use common::wait_until;
 use common::world::*;
 
@@ -718,6 +718,40 @@ fn a_later_endpoint_in_the_list_serves_when_the_first_is_down() {
 /// 202 runs of every kind on one prefix: `--try` and `--timeout` that
 /// found no slot, waiters interrupted in the queue, a holder, commands
 /// that succeed, fail or die of a signal. No key is left under the
+
+/// A connection the network dropped silently (a NAT or a load balancer
+/// forgot it) fails only when a call uses it: the release that finds it in
+/// the pool sends its revoke again on a fresh one, and the slot goes at
+/// once instead of when the lease runs out.
+#[test]
+fn a_connection_the_network_forgot_does_not_hold_the_slot() {
+    let world = World::etcd("forgotten");
+    let etcd = world.etcd.as_ref().unwrap();
+    let port = etcd.address().rsplit_once(':').unwrap().1.parse().unwrap();
+    let proxy = ForgetfulProxy::start(port);
+    let (started, go) = (world.path("started"), world.path("go"));
+    let script = format!("touch '{started}'; while [ ! -e '{go}' ]; do sleep 0.02; done");
+    let store = format!("etcd://127.0.0.1:{}", proxy.port);
+    let holder = spawn(run_on(&world, &store, 1, &[], &["sh", "-c", &script]));
+    wait_until(Duration::from_secs(10), "the command to start", || {
+        std::path::Path::new(&started).exists()
+    });
+    proxy.forget_all();
+    std::fs::write(&go, "").unwrap();
+    let output = finish_within(holder, "the holder to exit");
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(
+        !stderr(&output).contains("could not clean up"),
+        "{}",
+        stderr(&output)
+    );
+    assert_eq!(
+        etcd.keys(&world.prefix),
+        Vec::<String>::new(),
+        "nothing left"
+    );
+}
+
 /// prefix, and no lease.
 #[test]
 fn runs_of_every_kind_leave_no_key_and_no_lease() {

@@ -669,3 +669,98 @@ fn number(value: &Value) -> i64 {
 fn hex(decimal: &str) -> String {
     format!("{:x}", decimal.parse::<i64>().unwrap())
 }
+
+/// A TCP proxy in front of a member that can forget every connection it
+/// carries, as a NAT or a load balancer does: no FIN reaches the client,
+/// whose next write on such a connection gets a reset.
+pub struct ForgetfulProxy {
+    pub port: u16,
+    upstreams: std::sync::Arc<
+        std::sync::Mutex<
+            Vec<(
+                std::net::TcpStream,
+                std::sync::Arc<std::sync::atomic::AtomicBool>,
+            )>,
+        >,
+    >,
+}
+
+impl ForgetfulProxy {
+    /// Listens on a free loopback port; forwards to `127.0.0.1:<to>`.
+    pub fn start(to: u16) -> ForgetfulProxy {
+        use std::io::{Read as _, Write as _};
+        use std::net::{TcpListener, TcpStream};
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::{Arc, Mutex};
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let upstreams = Arc::new(Mutex::new(Vec::new()));
+        let links = Arc::clone(&upstreams);
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                let Ok(upstream) = TcpStream::connect(("127.0.0.1", to)) else {
+                    continue;
+                };
+                let forgotten = Arc::new(AtomicBool::new(false));
+                links
+                    .lock()
+                    .unwrap()
+                    .push((upstream.try_clone().unwrap(), Arc::clone(&forgotten)));
+                let (mut client_in, mut client_out) = (client.try_clone().unwrap(), client);
+                let (mut upstream_in, mut upstream_out) = (upstream.try_clone().unwrap(), upstream);
+                let up = Arc::clone(&forgotten);
+                std::thread::spawn(move || {
+                    let mut buffer = [0u8; 16384];
+                    while let Ok(n @ 1..) = client_in.read(&mut buffer) {
+                        if up.load(Ordering::SeqCst) {
+                            // The last descriptor of the client's socket,
+                            // closed with a zero linger: a reset.
+                            let linger = libc::linger {
+                                l_onoff: 1,
+                                l_linger: 0,
+                            };
+                            // SAFETY: setsockopt reads the linger we own.
+                            unsafe {
+                                libc::setsockopt(
+                                    std::os::fd::AsRawFd::as_raw_fd(&client_in),
+                                    libc::SOL_SOCKET,
+                                    libc::SO_LINGER,
+                                    (&linger as *const libc::linger).cast(),
+                                    std::mem::size_of::<libc::linger>() as libc::socklen_t,
+                                )
+                            };
+                            return;
+                        }
+                        if upstream_out.write_all(&buffer[..n]).is_err() {
+                            return;
+                        }
+                    }
+                });
+                std::thread::spawn(move || {
+                    let mut buffer = [0u8; 16384];
+                    while let Ok(n @ 1..) = upstream_in.read(&mut buffer) {
+                        if client_out.write_all(&buffer[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    // Forgotten: the client hears nothing; its descriptor
+                    // here goes, the one reading it stays.
+                    if !forgotten.load(Ordering::SeqCst) {
+                        let _ = client_out.shutdown(std::net::Shutdown::Both);
+                    }
+                });
+            }
+        });
+        ForgetfulProxy { port, upstreams }
+    }
+
+    /// Forgets every connection open now: closes them towards the member,
+    /// and says nothing to the client.
+    pub fn forget_all(&self) {
+        for (upstream, forgotten) in self.upstreams.lock().unwrap().drain(..) {
+            forgotten.store(true, std::sync::atomic::Ordering::SeqCst);
+            let _ = upstream.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}

@@ -407,8 +407,11 @@ impl Client {
     ) -> Result<ureq::http::Response<ureq::Body>, Option<EtcdError>> {
         let mut signed_in_again = false;
         // A member that cannot be reached is passed over for the next one,
-        // once each: every call of the recipe may be sent again.
-        let mut tries_left = self.connection.endpoints.len();
+        // once each, and one more try: a pooled connection that the network
+        // dropped silently (a NAT or a load balancer that forgot it) fails
+        // only when used, and the next try opens a fresh one. Every call of
+        // the recipe may be sent again.
+        let mut tries_left = self.connection.endpoints.len() + 1;
         loop {
             tries_left = tries_left.saturating_sub(1);
             let token = match self.token() {
