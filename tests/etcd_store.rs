@@ -715,10 +715,6 @@ fn a_later_endpoint_in_the_list_serves_when_the_first_is_down() {
     world.assert_clean();
 }
 
-/// 202 runs of every kind on one prefix: `--try` and `--timeout` that
-/// found no slot, waiters interrupted in the queue, a holder, commands
-/// that succeed, fail or die of a signal. No key is left under the
-
 /// A connection the network dropped silently (a NAT or a load balancer
 /// forgot it) fails only when a call uses it: the release that finds it in
 /// the pool sends its revoke again on a fresh one, and the slot goes at
@@ -752,6 +748,9 @@ fn a_connection_the_network_forgot_does_not_hold_the_slot() {
     );
 }
 
+/// 202 runs of every kind on one prefix: `--try` and `--timeout` that
+/// found no slot, waiters interrupted in the queue, a holder, commands
+/// that succeed, fail or die of a signal. No key is left under the
 /// prefix, and no lease.
 #[test]
 fn runs_of_every_kind_leave_no_key_and_no_lease() {
