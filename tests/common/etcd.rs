@@ -675,15 +675,18 @@ fn hex(decimal: &str) -> String {
 /// whose next write on such a connection gets a reset.
 pub struct ForgetfulProxy {
     pub port: u16,
-    upstreams: std::sync::Arc<
-        std::sync::Mutex<
-            Vec<(
-                std::net::TcpStream,
-                std::sync::Arc<std::sync::atomic::AtomicBool>,
-            )>,
-        >,
-    >,
+    upstreams: Links,
 }
+
+/// The member's side of each connection, and whether it is forgotten.
+type Links = std::sync::Arc<
+    std::sync::Mutex<
+        Vec<(
+            std::net::TcpStream,
+            std::sync::Arc<std::sync::atomic::AtomicBool>,
+        )>,
+    >,
+>;
 
 impl ForgetfulProxy {
     /// Listens on a free loopback port; forwards to `127.0.0.1:<to>`.
