@@ -101,6 +101,8 @@ enum Event {
     /// The child stopped, by this signal.
     ChildStopped(i32),
     ChildExited(ExitStatus),
+    /// The watchdog ended (killed by hand, or done).
+    WatchdogEnded,
 }
 
 /// Acquires a slot, runs the command while it is held, and leaves the
@@ -127,7 +129,7 @@ pub fn run(backend: Arc<dyn SlotBackend>, plan: &Plan) -> Outcome {
     forward_signals(signals, events.clone());
     // Started now, while the store works, so that a handoff does not wait
     // for it.
-    let watchdog = match start_watchdog(&*backend, plan) {
+    let watchdog = match start_watchdog(&*backend, plan, &events) {
         Ok(watchdog) => watchdog,
         Err(error) => {
             leave(&*backend, RELEASE_BUDGET_WAITING);
@@ -162,8 +164,25 @@ pub fn run(backend: Arc<dyn SlotBackend>, plan: &Plan) -> Outcome {
 /// Forks the watchdog: it stops the command's group at the lease's end, or
 /// when consem dies (at once where the slot is free the moment consem
 /// dies, else within the kill grace).
-fn start_watchdog(backend: &dyn SlotBackend, plan: &Plan) -> std::io::Result<Watchdog> {
-    Watchdog::start(plan.kill_grace, orphan_grace(backend, plan))
+fn start_watchdog(
+    backend: &dyn SlotBackend,
+    plan: &Plan,
+    events: &Sender<Event>,
+) -> std::io::Result<Watchdog> {
+    Watchdog::start(
+        plan.kill_grace,
+        orphan_grace(backend, plan),
+        tell_watchdog_ended(events),
+    )
+}
+
+/// What a watchdog calls once it has ended: the event loop replaces one
+/// that ended while the group lives.
+fn tell_watchdog_ended(events: &Sender<Event>) -> impl FnOnce() + Send + 'static {
+    let events = events.clone();
+    move || {
+        let _ = events.send(Event::WatchdogEnded);
+    }
 }
 
 /// What the watchdog allows the command once consem is gone.
@@ -244,7 +263,9 @@ fn wait_for_slot(
                     line.update(progress, started.elapsed());
                 }
             }
-            Ok(Event::ChildStopped(..) | Event::ChildExited(_)) => {}
+            // A watchdog that ended while consem waits is replaced once
+            // the command runs.
+            Ok(Event::ChildStopped(..) | Event::ChildExited(_) | Event::WatchdogEnded) => {}
             // The deadline passed (the loop's top decides), or the clock ticks.
             Err(RecvTimeoutError::Timeout) => {
                 if let Some(line) = line.as_mut() {
@@ -355,7 +376,7 @@ fn run_child(
         sys::give_terminal_to(group);
     }
     report::event("started", &[("pid", &group)]);
-    watch_child(group, events);
+    watch_child(group, events.clone());
     let mut lease = Lease {
         until: None,
         grace: plan.kill_grace,
@@ -377,6 +398,7 @@ fn run_child(
                 orphan_grace(backend, plan),
                 group,
                 lease.until,
+                tell_watchdog_ended(&events),
             ) {
                 Ok(fresh) => {
                     report::warning("the watchdog that guards the lease was gone; started another");
@@ -474,6 +496,8 @@ fn run_child(
                 break None;
             }
             Ok(Event::Slot(_)) => {}
+            // The loop's top replaces it if the group lives.
+            Ok(Event::WatchdogEnded) => {}
             Err(RecvTimeoutError::Disconnected) => unreachable!("the event loop holds a sender"),
             Err(RecvTimeoutError::Timeout) => unreachable!("handled above"),
         }

@@ -25,6 +25,9 @@
 use std::fs::File;
 use std::io::{self, Write as _};
 use std::os::fd::FromRawFd as _;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread;
 use std::time::{Duration, Instant};
 
 /// What a 16-byte message from consem says.
@@ -78,15 +81,24 @@ fn deadline_ns(deadline: Option<Instant>) -> u64 {
 
 /// consem's end of the watchdog.
 pub struct Watchdog {
-    pid: libc::pid_t,
     pipe: File,
+    /// Waits for the watchdog to end, reaps it and says so at once: a
+    /// watchdog killed by hand must be replaced before consem is killed
+    /// too, not at its next look.
+    reaper: thread::JoinHandle<()>,
+    gone: Arc<AtomicBool>,
 }
 
 impl Watchdog {
     /// Forks the watchdog. `grace` is the time between SIGTERM and SIGKILL;
-    /// `orphan_grace` what it allows the group once consem is gone.
-    pub fn start(grace: Duration, orphan_grace: Duration) -> io::Result<Watchdog> {
-        Watchdog::fork(grace, orphan_grace, &[])
+    /// `orphan_grace` what it allows the group once consem is gone;
+    /// `on_end` is called once it has ended, however it did.
+    pub fn start(
+        grace: Duration,
+        orphan_grace: Duration,
+        on_end: impl FnOnce() + Send + 'static,
+    ) -> io::Result<Watchdog> {
+        Watchdog::fork(grace, orphan_grace, &[], on_end)
     }
 
     /// Forks a watchdog that guards `group`, whose lease runs until
@@ -97,6 +109,7 @@ impl Watchdog {
         orphan_grace: Duration,
         group: u32,
         deadline: Option<Instant>,
+        on_end: impl FnOnce() + Send + 'static,
     ) -> io::Result<Watchdog> {
         Watchdog::fork(
             grace,
@@ -105,11 +118,17 @@ impl Watchdog {
                 message(SET_GROUP, u64::from(group)),
                 message(SET_DEADLINE, deadline_ns(deadline)),
             ],
+            on_end,
         )
     }
 
     /// Forks the watchdog with `told` already in its pipe.
-    fn fork(grace: Duration, orphan_grace: Duration, told: &[[u8; 16]]) -> io::Result<Watchdog> {
+    fn fork(
+        grace: Duration,
+        orphan_grace: Duration,
+        told: &[[u8; 16]],
+        on_end: impl FnOnce() + Send + 'static,
+    ) -> io::Result<Watchdog> {
         let mut fds = [0; 2];
         // SAFETY: pipe2 writes two descriptors into the array we own.
         if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -148,10 +167,22 @@ impl Watchdog {
                 // SAFETY: the read end is the child's now; the write end is
                 // ours alone, owned by the File from here on.
                 unsafe { libc::close(read_end) };
-                Ok(Watchdog {
-                    pid,
-                    pipe: unsafe { File::from_raw_fd(write_end) },
-                })
+                let pipe = unsafe { File::from_raw_fd(write_end) };
+                let gone = Arc::new(AtomicBool::new(false));
+                let ended = Arc::clone(&gone);
+                let reaper = thread::Builder::new()
+                    .name("consem-watchdog".into())
+                    .spawn(move || {
+                        let mut status = 0;
+                        // SAFETY: waits for our own child, which only this
+                        // thread reaps.
+                        while unsafe { libc::waitpid(pid, &mut status, 0) } == -1
+                            && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted
+                        {}
+                        ended.store(true, Ordering::SeqCst);
+                        on_end();
+                    })?;
+                Ok(Watchdog { pipe, reaper, gone })
             }
         }
     }
@@ -172,19 +203,15 @@ impl Watchdog {
         self.send(SET_DEADLINE, deadline_ns(deadline));
     }
 
-    /// Whether the watchdog still runs (reaping it if it ended).
+    /// Whether the watchdog still runs.
     pub fn alive(&self) -> bool {
-        let mut status = 0;
-        // SAFETY: asks about our own child without blocking.
-        unsafe { libc::waitpid(self.pid, &mut status, libc::WNOHANG) == 0 }
+        !self.gone.load(Ordering::SeqCst)
     }
 
     /// The command's group is gone: the watchdog exits, and is reaped.
     pub fn finish(mut self) {
         self.send(DONE, 0);
-        let mut status = 0;
-        // SAFETY: waits for our own child.
-        unsafe { libc::waitpid(self.pid, &mut status, 0) };
+        let _ = self.reaper.join();
     }
 }
 
@@ -197,6 +224,10 @@ fn watch(pipe: libc::c_int, grace: u64, orphan_grace: u64) -> ! {
         // A session of its own: no terminal, no job-control signals, and
         // no signal meant for consem's or the command's group.
         libc::setsid();
+        // A name of its own: `killall consem` ends consem and leaves the
+        // watchdog to take the command along; `ps` tells the two apart.
+        #[cfg(target_os = "linux")]
+        libc::prctl(libc::PR_SET_NAME, c"consem-watchdog".as_ptr());
         for signal in [
             libc::SIGINT,
             libc::SIGHUP,
