@@ -741,31 +741,20 @@ fn main() {
         uncontended[1].1,
         "MiB",
     );
-    row(
-        "handoff gap, median",
-        ms(gaps[0].median),
-        ms(gaps[1].median),
-        "ms",
-    );
-    row(
-        "handoff gap, mean",
-        ms(gaps[0].mean),
-        ms(gaps[1].mean),
-        "ms",
-    );
-    row("handoff gap, p90", ms(gaps[0].p90), ms(gaps[1].p90), "ms");
-    row(
-        "handoff gap on a busy etcd, median",
-        ms(busy_gaps[0].median),
-        ms(busy_gaps[1].median),
-        "ms",
-    );
-    row(
-        "handoff gap on a busy etcd, mean",
-        ms(busy_gaps[0].mean),
-        ms(busy_gaps[1].mean),
-        "ms",
-    );
+    for (etcd, gaps) in [("", &gaps), (" on a busy etcd", &busy_gaps)] {
+        for (what, ours, theirs) in [
+            ("median", gaps[0].median, gaps[1].median),
+            ("mean", gaps[0].mean, gaps[1].mean),
+            ("p90", gaps[0].p90, gaps[1].p90),
+        ] {
+            row(
+                &format!("handoff gap{etcd}, {what}"),
+                ms(ours),
+                ms(theirs),
+                "ms",
+            );
+        }
+    }
     row("waiter's CPU", ms(cpus[0]), ms(cpus[1]), "ms");
     let at = |tool: Tool, limit: usize, n: usize| {
         runs_of_crowds

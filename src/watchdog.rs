@@ -178,7 +178,8 @@ impl Watchdog {
                         // thread reaps.
                         while unsafe { libc::waitpid(pid, &mut status, 0) } == -1
                             && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted
-                        {}
+                        {
+                        }
                         ended.store(true, Ordering::SeqCst);
                         on_end();
                     })?;
