@@ -39,9 +39,12 @@ pub const TLS_NAMES: tls::Names = tls::Names {
 /// How a call failed, sorted by what can be done about it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EtcdError {
-    /// No answer, a lost connection, no leader, a leader change: worth
-    /// trying again, on the next endpoint.
+    /// No answer, a lost connection: worth trying again, on the next
+    /// endpoint.
     Transient(String),
+    /// An answer that etcd cannot serve now (no leader, a leader change, a
+    /// member catching up): worth trying again shortly.
+    NotReady(String),
     /// The credentials or the user's permissions.
     Denied(String),
     /// The lease is unknown to etcd: it expired or was revoked.
@@ -53,7 +56,10 @@ pub enum EtcdError {
 impl std::fmt::Display for EtcdError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            EtcdError::Transient(m) | EtcdError::Denied(m) | EtcdError::Failed(m) => f.write_str(m),
+            EtcdError::Transient(m)
+            | EtcdError::NotReady(m)
+            | EtcdError::Denied(m)
+            | EtcdError::Failed(m) => f.write_str(m),
             EtcdError::LeaseGone => {
                 f.write_str("etcd does not know the lease (expired or revoked)")
             }
@@ -416,7 +422,7 @@ impl Client {
             tries_left = tries_left.saturating_sub(1);
             let token = match self.token() {
                 Ok(token) => token,
-                Err(EtcdError::Transient(_)) if tries_left > 0 => continue,
+                Err(EtcdError::Transient(_) | EtcdError::NotReady(_)) if tries_left > 0 => continue,
                 Err(error) => return Err(Some(error)),
             };
             let (index, endpoint) = self.endpoint();
@@ -492,7 +498,7 @@ impl Client {
                 *self.token.lock().unwrap_or_else(|e| e.into_inner()) = None;
                 continue;
             }
-            if let Failure::Error(EtcdError::Transient(_)) = &error {
+            if let Failure::Error(EtcdError::Transient(_) | EtcdError::NotReady(_)) = &error {
                 self.fail_over(index);
             }
             return Err(Some(match error {
@@ -872,7 +878,7 @@ fn classify(status: http::StatusCode, body: &str, endpoint: &str) -> Failure {
         ))),
         // Unavailable, deadline exceeded, aborted, internal, resource
         // exhausted: a leader election, a member catching up, a restart.
-        14 | 4 | 10 | 13 | 8 | 1 => Failure::Error(EtcdError::Transient(format!(
+        14 | 4 | 10 | 13 | 8 | 1 => Failure::Error(EtcdError::NotReady(format!(
             "etcd at {endpoint} is not ready ({message})"
         ))),
         _ if status.is_server_error() && code < 0 => Failure::Error(EtcdError::Transient(format!(
@@ -954,7 +960,7 @@ mod tests {
         );
         assert!(matches!(
             failure(14, "etcdserver: leader changed"),
-            Failure::Error(EtcdError::Transient(_))
+            Failure::Error(EtcdError::NotReady(_))
         ));
         assert!(matches!(
             failure(3, "etcdserver: user name is empty"),

@@ -240,7 +240,7 @@ fn on_failure(outage: &mut Outage, error: EtcdError) -> Result<Duration, StoreEr
         EtcdError::LeaseGone => Err(StoreError::Unavailable(
             "etcd dropped our lease while we joined".into(),
         )),
-        EtcdError::Transient(why) => {
+        EtcdError::Transient(why) | EtcdError::NotReady(why) => {
             let pause = outage
                 .retry_after()
                 .ok_or(StoreError::Unavailable(why.clone()))?;
@@ -947,7 +947,17 @@ impl SlotBackend for EtcdSemaphore {
             }
             until.saturating_duration_since(Instant::now()).max(floor)
         };
-        let revoked = self.client.revoke(lease, left(Duration::from_millis(100)));
+        // A member that lost its leader refuses until another is elected
+        // (about a second): try again while the budget and the lease last.
+        let revoked = loop {
+            match self.client.revoke(lease, left(Duration::from_millis(100))) {
+                Err(EtcdError::NotReady(why)) if left(Duration::ZERO) > 2 * FIRST_BACKOFF => {
+                    report::event("retry", &[("error", &why)]);
+                    thread::sleep(FIRST_BACKOFF);
+                }
+                revoked => break revoked,
+            }
+        };
         report::event("released", &[("prefix", &self.prefix)]);
         if let Err(error) = revoked {
             let expiry = ends.map_or(self.settings.ttl, |ends| {
