@@ -17,7 +17,7 @@ use signal_hook::consts::signal::{
 use signal_hook::iterator::Signals;
 
 use crate::progress::ProgressLine;
-use crate::store::{Contend, Notify, SlotBackend, SlotEvent, StoreError};
+use crate::store::{Contend, Notify, Released, SlotBackend, SlotEvent, StoreError};
 use crate::watchdog::Watchdog;
 use crate::{report, sys};
 
@@ -156,9 +156,19 @@ pub fn run(backend: Arc<dyn SlotBackend>, plan: &Plan) -> Outcome {
     }
     let (outcome, watchdog) = run_child(&*backend, plan, watchdog, events, &inbox);
     // The group is gone: the next holder need not wait for the watchdog.
-    leave(&*backend, RELEASE_BUDGET_DONE);
+    let taken_before = leave(&*backend, RELEASE_BUDGET_DONE);
     watchdog.finish();
-    outcome
+    match (outcome, taken_before) {
+        // The loss and the command's end crossed: the command may have run
+        // on without the slot.
+        (Outcome::ChildExited(status), Some(reason)) => {
+            report::error(&format!(
+                "slot lost while the command ran: {reason}; its exit ({status}) is not reported as its own"
+            ));
+            Outcome::SlotLost
+        }
+        (outcome, _) => outcome,
+    }
 }
 
 /// Forks the watchdog: it stops the command's group at the lease's end, or
@@ -684,9 +694,15 @@ fn wait_for_exit(inbox: &Receiver<Event>, within: Duration) -> bool {
     }
 }
 
-fn leave(backend: &dyn SlotBackend, budget: Duration) {
-    if let Err(problems) = backend.release(budget) {
-        report::warning(&format!("could not clean up completely: {problems}"));
+/// Releases the slot; why it was gone before, if the store says so.
+fn leave(backend: &dyn SlotBackend, budget: Duration) -> Option<String> {
+    match backend.release(budget) {
+        Ok(Released::Left) => None,
+        Ok(Released::TakenBefore(reason)) => Some(reason),
+        Err(problems) => {
+            report::warning(&format!("could not clean up completely: {problems}"));
+            None
+        }
     }
 }
 

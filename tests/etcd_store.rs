@@ -427,6 +427,35 @@ fn a_contender_key_deleted_with_etcdctl_stops_the_command_with_76() {
     taken_away_with_etcdctl("deleted", |etcd, holder| etcd.delete(&holder.key));
 }
 
+/// The lease is revoked just before the command exits, and consem hears of
+/// the two together (frozen meanwhile here; on a busy machine, a matter of
+/// milliseconds): the command may have run on without the slot, so its
+/// exit is not reported as its own. The release finds the lease gone, and
+/// says so.
+#[test]
+fn a_lease_revoked_as_the_command_exits_is_a_loss_76() {
+    let world = World::etcd("revoked-at-exit");
+    let etcd = world.etcd.as_ref().unwrap();
+    let (ready, go) = (world.path("ready"), world.path("go"));
+    let script = format!(
+        "echo $$ > '{}'; touch '{ready}'; while [ ! -e '{go}' ]; do sleep 0.02; done; exit 3",
+        world.path("pid")
+    );
+    let holder = world.spawn(1, &[], &["sh", "-c", &script]);
+    wait_until(PROMPT, "the command to start", || world.exists("ready"));
+    let pid = read_pid(&world, "pid");
+    signal(&holder, libc::SIGSTOP);
+    etcd.revoke(lease_of(&contenders(etcd, &world.prefix)[0]));
+    std::fs::write(&go, "").unwrap();
+    // The command's shell ends on its own; consem, frozen, cannot see it.
+    wait_until(PROMPT, "the command to exit", || process_gone(pid));
+    signal(&holder, libc::SIGCONT);
+    let output = finish_within(holder, "the holder to exit");
+    assert_eq!(output.status.code(), Some(76), "{}", stderr(&output));
+    assert!(stderr(&output).contains("slot lost"), "{}", stderr(&output));
+    world.assert_clean();
+}
+
 /// Starts a holder with a 3 s lease whose command writes its pid, then
 /// cuts it off from etcd with `cut_off`: the command must be gone before
 /// the lease could run out on the server, that is within 3 s of the cut

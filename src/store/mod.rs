@@ -229,6 +229,17 @@ pub enum Contend {
     Try,
 }
 
+/// What leaving found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Released {
+    /// Left; nothing showed the slot gone before.
+    Left,
+    /// The store had taken the slot away before consem left (an operator,
+    /// an expiry), maybe before the command ended: its exit is then not
+    /// its own to report.
+    TakenBefore(String),
+}
+
 /// A distributed counting semaphore as the supervisor sees it.
 pub trait SlotBackend: Send + Sync {
     /// Starts contending for a slot on helper threads and returns at once.
@@ -241,7 +252,7 @@ pub trait SlotBackend: Send + Sync {
     /// won while shutting down is released too. Idempotent; returns within
     /// `budget` (plus one request's timeout at worst), even if the store is
     /// down, saying what it could not clean up.
-    fn release(&self, budget: std::time::Duration) -> Result<(), String>;
+    fn release(&self, budget: std::time::Duration) -> Result<Released, String>;
 
     /// Variables that tell the child about its slot.
     fn child_env(&self) -> Vec<(String, String)>;

@@ -23,7 +23,7 @@ use crate::store::consul::semaphore::{self, Loss, ReleaseStep, Snapshot, SEMAPHO
 use crate::store::lease::{self, lease_end};
 use crate::store::outage::{Outage, FIRST_BACKOFF, MAX_BACKOFF};
 use crate::store::{
-    Contend, ContenderInfo, Holder, Notify, Progress, SlotBackend, SlotEvent, StoreError,
+    Contend, ContenderInfo, Holder, Notify, Progress, Released, SlotBackend, SlotEvent, StoreError,
 };
 
 /// How long one blocking query may wait on the server. The caller's deadline
@@ -748,7 +748,7 @@ impl SlotBackend for ConsulSemaphore {
             .expect("cannot start the semaphore thread");
     }
 
-    fn release(&self, budget: Duration) -> Result<(), String> {
+    fn release(&self, budget: Duration) -> Result<Released, String> {
         let deadline = Instant::now() + budget;
         // Stop the helpers' writes and let one in flight land, so that what
         // it created is known.
@@ -783,7 +783,7 @@ impl SlotBackend for ConsulSemaphore {
         }
         let Some(session) = session else {
             return if problems.is_empty() {
-                Ok(())
+                Ok(Released::Left)
             } else {
                 Err(problems.join("; "))
             };
@@ -889,7 +889,7 @@ impl SlotBackend for ConsulSemaphore {
             &[("prefix", &self.settings.prefix), ("session", &session)],
         );
         if problems.is_empty() {
-            Ok(())
+            Ok(Released::Left)
         } else {
             Err(problems.join("; "))
         }

@@ -68,7 +68,7 @@ impl EtcdAdmin {
 
     fn revoke(&self, lease: i64) -> Result<(), StoreError> {
         self.client
-            .revoke(lease, client::CALL_TIMEOUT)
+            .revoke(lease, client::CALL_TIMEOUT, &mut false)
             .map(|_| ())
             .map_err(failure)
     }

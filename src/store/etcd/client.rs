@@ -228,6 +228,15 @@ impl Op<'_> {
     }
 }
 
+/// What a revoke found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Revoked {
+    /// The lease is gone now (this call revoked it, or may have).
+    Now,
+    /// etcd no longer had the lease: it expired, or someone revoked it.
+    AlreadyGone,
+}
+
 /// The shortest wait worth opening a watch for: with less left before the
 /// next keep-alive, renew first.
 pub const SHORTEST_WATCH: Duration = Duration::from_millis(50);
@@ -393,8 +402,9 @@ impl Client {
         path: &str,
         body: &Value,
         timeout: Duration,
+        resent: &mut bool,
     ) -> Result<ureq::http::Response<ureq::Body>, EtcdError> {
-        self.send_or_time_out(path, body, timeout, false)
+        self.send_or_time_out(path, body, timeout, false, resent)
             .map_err(|e| {
                 e.unwrap_or_else(|| {
                     EtcdError::Transient(format!("etcd did not answer {path} in time"))
@@ -403,13 +413,15 @@ impl Client {
     }
 
     /// [`Client::send`]; with `watching`, a timeout is `Err(None)`: the
-    /// watch's wait is over, and the endpoint is not to blame.
+    /// watch's wait is over, and the endpoint is not to blame. `resent` is
+    /// set if a try that may have reached etcd was followed by another.
     fn send_or_time_out(
         &self,
         path: &str,
         body: &Value,
         timeout: Duration,
         watching: bool,
+        resent: &mut bool,
     ) -> Result<ureq::http::Response<ureq::Body>, Option<EtcdError>> {
         let mut signed_in_again = false;
         // A member that cannot be reached is passed over for the next one,
@@ -459,6 +471,7 @@ impl Client {
                 Err(error) => {
                     self.fail_over(index);
                     if tries_left > 0 && !matches!(error, ureq::Error::Timeout(_)) {
+                        *resent |= may_have_arrived(&error);
                         continue;
                     }
                     let https = endpoint.starts_with("https:");
@@ -574,7 +587,19 @@ impl Client {
         body: &Value,
         timeout: Duration,
     ) -> Result<T, EtcdError> {
-        let mut response = self.send(path, body, timeout)?;
+        self.call_noting(path, body, timeout, &mut false)
+    }
+
+    /// [`Client::call`], setting `resent` if the request may have reached
+    /// etcd more than once.
+    fn call_noting<T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &Value,
+        timeout: Duration,
+        resent: &mut bool,
+    ) -> Result<T, EtcdError> {
+        let mut response = self.send(path, body, timeout, resent)?;
         let endpoint = self.endpoint().1.to_string();
         let text = response
             .body_mut()
@@ -643,16 +668,26 @@ impl Client {
         }
     }
 
-    /// Revokes the lease and with it every key attached; false if etcd
-    /// did not have it.
-    pub fn revoke(&self, lease: i64, timeout: Duration) -> Result<bool, EtcdError> {
-        match self.call::<Value>(
+    /// Revokes the lease and with it every key attached. `resent` is set
+    /// if the request may have reached etcd more than once, and is taken
+    /// as set already: then a lease etcd does not know may be one this
+    /// call revoked.
+    pub fn revoke(
+        &self,
+        lease: i64,
+        timeout: Duration,
+        resent: &mut bool,
+    ) -> Result<Revoked, EtcdError> {
+        let earlier = *resent;
+        match self.call_noting::<Value>(
             "/v3/lease/revoke",
             &json!({ "ID": lease.to_string() }),
             timeout,
+            resent,
         ) {
-            Ok(_) => Ok(true),
-            Err(EtcdError::LeaseGone) => Ok(false),
+            Ok(_) => Ok(Revoked::Now),
+            Err(EtcdError::LeaseGone) if !earlier && !*resent => Ok(Revoked::AlreadyGone),
+            Err(EtcdError::LeaseGone) => Ok(Revoked::Now),
             Err(other) => Err(other),
         }
     }
@@ -739,6 +774,7 @@ impl Client {
             &json!({ "create_request": create }),
             wait,
             true,
+            &mut false,
         ) {
             Ok(response) => response,
             Err(None) => return Ok(None),
@@ -843,6 +879,16 @@ impl Client {
                 return Ok(None);
             }
         }
+    }
+}
+
+/// Whether a request that failed with `error` may still have reached etcd:
+/// only one that never connected surely did not.
+fn may_have_arrived(error: &ureq::Error) -> bool {
+    match error {
+        ureq::Error::Io(e) => e.kind() != std::io::ErrorKind::ConnectionRefused,
+        ureq::Error::HostNotFound | ureq::Error::ConnectionFailed => false,
+        _ => true,
     }
 }
 

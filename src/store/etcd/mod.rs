@@ -18,13 +18,15 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use client::{Client, Compare, EtcdError, Op, TxnReply, WatchRequest, Watched};
+use client::{Client, Compare, EtcdError, Op, Revoked, TxnReply, WatchRequest, Watched};
 use queue::Place;
 
 use super::lease;
 use super::outage::{Outage, FIRST_BACKOFF, MAX_BACKOFF};
 use super::tls::TlsSettings;
-use super::{Contend, ContenderInfo, Holder, Notify, Progress, SlotBackend, SlotEvent, StoreError};
+use super::{
+    Contend, ContenderInfo, Holder, Notify, Progress, Released, SlotBackend, SlotEvent, StoreError,
+};
 use crate::report;
 
 pub use admin::EtcdAdmin;
@@ -922,7 +924,7 @@ impl SlotBackend for EtcdSemaphore {
             .expect("cannot start the semaphore thread");
     }
 
-    fn release(&self, budget: Duration) -> Result<(), String> {
+    fn release(&self, budget: Duration) -> Result<Released, String> {
         let deadline = Instant::now() + budget;
         let (lease, renewed) = {
             let mut shared = self.shared();
@@ -935,7 +937,7 @@ impl SlotBackend for EtcdSemaphore {
             (shared.lease, shared.renewed)
         };
         let Some(lease) = lease else {
-            return Ok(());
+            return Ok(Released::Left);
         };
         // Waiting for etcd longer than the lease has left is of no use:
         // the key goes with the lease either way.
@@ -949,9 +951,15 @@ impl SlotBackend for EtcdSemaphore {
         };
         // A member that lost its leader refuses until another is elected
         // (about a second): try again while the budget and the lease last.
+        let mut resent = false;
         let revoked = loop {
-            match self.client.revoke(lease, left(Duration::from_millis(100))) {
+            match self
+                .client
+                .revoke(lease, left(Duration::from_millis(100)), &mut resent)
+            {
                 Err(EtcdError::NotReady(why)) if left(Duration::ZERO) > 2 * FIRST_BACKOFF => {
+                    // etcd may have taken it all the same.
+                    resent = true;
                     report::event("retry", &[("error", &why)]);
                     thread::sleep(FIRST_BACKOFF);
                 }
@@ -959,16 +967,22 @@ impl SlotBackend for EtcdSemaphore {
             }
         };
         report::event("released", &[("prefix", &self.prefix)]);
-        if let Err(error) = revoked {
-            let expiry = ends.map_or(self.settings.ttl, |ends| {
-                ends.saturating_duration_since(Instant::now())
-            });
-            return Err(format!(
-                "leaving {}: {error}; our lease {lease:x} expires by itself within {}",
-                self.prefix,
-                crate::duration::human(expiry)
-            ));
-        }
+        let released = match revoked {
+            Ok(Revoked::Now) => Released::Left,
+            Ok(Revoked::AlreadyGone) => Released::TakenBefore(format!(
+                "our lease {lease:x} was gone before we left: revoked (consem release, etcdctl lease revoke) or expired"
+            )),
+            Err(error) => {
+                let expiry = ends.map_or(self.settings.ttl, |ends| {
+                    ends.saturating_duration_since(Instant::now())
+                });
+                return Err(format!(
+                    "leaving {}: {error}; our lease {lease:x} expires by itself within {}",
+                    self.prefix,
+                    crate::duration::human(expiry)
+                ));
+            }
+        };
         // The last one out drops the limit record, unless a contender
         // arrived since the listing.
         let left = deadline
@@ -993,7 +1007,7 @@ impl SlotBackend for EtcdSemaphore {
                 );
             }
         }
-        Ok(())
+        Ok(released)
     }
 
     fn child_env(&self) -> Vec<(String, String)> {

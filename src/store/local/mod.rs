@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 use files::{PrefixDir, WakeFifo, Waker};
 
 use super::{
-    Admin, Contend, ContenderInfo, ContenderStatus, Holder, Notify, Progress, ResetOutcome,
-    SlotBackend, SlotEvent, Status, StoreError,
+    Admin, Contend, ContenderInfo, ContenderStatus, Holder, Notify, Progress, Released,
+    ResetOutcome, SlotBackend, SlotEvent, Status, StoreError,
 };
 use crate::report;
 
@@ -329,7 +329,7 @@ impl SlotBackend for LocalSemaphore {
             .expect("cannot start the semaphore thread");
     }
 
-    fn release(&self, budget: Duration) -> Result<(), String> {
+    fn release(&self, budget: Duration) -> Result<Released, String> {
         // From here on the contender thread neither joins nor takes a slot: it
         // looks under the directory's lock, which release then takes, so a
         // join or a take under way is finished (and undone here) first.
@@ -346,7 +346,7 @@ impl SlotBackend for LocalSemaphore {
             (shared.ticket.take(), files)
         };
         let Some(ticket) = ticket else {
-            return Ok(());
+            return Ok(Released::Left);
         };
         let outcome = match meta {
             Ok(_meta) => self.place.leave(ticket).map_err(|e| e.to_string()),
@@ -358,7 +358,7 @@ impl SlotBackend for LocalSemaphore {
         // us gone even where `leave` could not tidy up.
         drop(files);
         report::event("released", &[("prefix", &self.prefix), ("ticket", &ticket)]);
-        outcome
+        outcome.map(|()| Released::Left)
     }
 
     fn frees_slot_at_death(&self) -> bool {

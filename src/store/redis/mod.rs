@@ -18,8 +18,8 @@ use redis::{Connection, RedisError, Script, Value};
 
 use super::lease;
 use super::{
-    Admin, Contend, ContenderInfo, ContenderStatus, Holder, Notify, Progress, ResetOutcome,
-    SlotBackend, SlotEvent, Status, StoreError,
+    Admin, Contend, ContenderInfo, ContenderStatus, Holder, Notify, Progress, Released,
+    ResetOutcome, SlotBackend, SlotEvent, Status, StoreError,
 };
 use crate::report;
 
@@ -561,7 +561,7 @@ impl SlotBackend for RedisSemaphore {
             .expect("cannot start the semaphore thread");
     }
 
-    fn release(&self, budget: Duration) -> Result<(), String> {
+    fn release(&self, budget: Duration) -> Result<Released, String> {
         let deadline = Instant::now() + budget;
         {
             let mut shared = self.shared();
@@ -572,7 +572,7 @@ impl SlotBackend for RedisSemaphore {
                 .wait_timeout_while(shared, budget / 2, |s| s.writing)
                 .unwrap_or_else(|e| e.into_inner());
             if !shared.written {
-                return Ok(());
+                return Ok(Released::Left);
             }
         }
         let left = deadline
@@ -589,7 +589,7 @@ impl SlotBackend for RedisSemaphore {
                 .invoke::<i64>(&mut connection)
         });
         report::event("released", &[("prefix", &self.prefix)]);
-        released.map(|_| ()).map_err(|error| {
+        released.map(|_| Released::Left).map_err(|error| {
             format!(
                 "leaving {}: {}; our permit expires by itself within {}",
                 self.keys.holders,
