@@ -45,6 +45,10 @@ const RENEW_RETRY: Duration = Duration::from_millis(500);
 /// sent again, to another member, while the lease still has room (a leader
 /// election takes about a second with etcd's defaults).
 const RENEW_TIMEOUT: Duration = Duration::from_secs(1);
+/// About how long etcd takes to elect a leader (with its defaults) or to
+/// come back after a restart: what a release waits for etcd at least,
+/// within its budget.
+const ELECTION: Duration = Duration::from_secs(2);
 
 /// What the etcd store needs beyond the store-neutral options.
 #[derive(Debug, Clone)]
@@ -939,18 +943,21 @@ impl SlotBackend for EtcdSemaphore {
         let Some(lease) = lease else {
             return Ok(Released::Left);
         };
-        // Waiting for etcd longer than the lease has left is of no use:
-        // the key goes with the lease either way.
+        // Waiting for etcd much longer than the lease has left is of no
+        // use: the key goes with the lease either way. But a restarted etcd,
+        // or a new leader, extends every lease: it gets the time of an
+        // election even past the lease's end, within the budget.
         let ends = renewed.map(|sent| sent + self.settings.ttl);
+        let revoke_until = ends.map_or(deadline, |ends| {
+            deadline.min(ends.max(Instant::now() + ELECTION))
+        });
         let left = |floor: Duration| {
-            let mut until = deadline;
-            if let Some(ends) = ends {
-                until = until.min(ends);
-            }
-            until.saturating_duration_since(Instant::now()).max(floor)
+            revoke_until
+                .saturating_duration_since(Instant::now())
+                .max(floor)
         };
-        // A member that lost its leader refuses until another is elected
-        // (about a second): try again while the budget and the lease last.
+        // A member that lost its leader refuses until another is elected:
+        // try again meanwhile.
         let mut resent = false;
         let revoked = loop {
             match self
@@ -973,13 +980,10 @@ impl SlotBackend for EtcdSemaphore {
                 "our lease {lease:x} was gone before we left: revoked (consem release, etcdctl lease revoke) or expired"
             )),
             Err(error) => {
-                let expiry = ends.map_or(self.settings.ttl, |ends| {
-                    ends.saturating_duration_since(Instant::now())
-                });
                 return Err(format!(
-                    "leaving {}: {error}; our lease {lease:x} expires by itself within {}",
+                    "leaving {}: {error}; etcd drops our lease {lease:x} by itself within --ttl {} of its last renewal (or of etcd's restart)",
                     self.prefix,
-                    crate::duration::human(expiry)
+                    crate::duration::human(self.settings.ttl)
                 ));
             }
         };
