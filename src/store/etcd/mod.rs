@@ -47,8 +47,8 @@ const RENEW_RETRY: Duration = Duration::from_millis(500);
 const RENEW_TIMEOUT: Duration = Duration::from_secs(1);
 /// About how long etcd takes to elect a leader (with its defaults) or to
 /// come back after a restart: what a release waits for etcd at least,
-/// within its budget.
-const ELECTION: Duration = Duration::from_secs(2);
+/// within its budget, and how long it tries again an etcd that is down.
+const ELECTION: Duration = Duration::from_secs(3);
 
 /// What the etcd store needs beyond the store-neutral options.
 #[derive(Debug, Clone)]
@@ -956,8 +956,10 @@ impl SlotBackend for EtcdSemaphore {
                 .saturating_duration_since(Instant::now())
                 .max(floor)
         };
-        // A member that lost its leader refuses until another is elected:
-        // try again meanwhile.
+        // A member that lost its leader refuses until another is elected,
+        // and an etcd that is down may be restarting: try again meanwhile,
+        // the latter for an election's time at most.
+        let down_until = deadline.min(Instant::now() + ELECTION);
         let mut resent = false;
         let revoked = loop {
             match self
@@ -966,6 +968,13 @@ impl SlotBackend for EtcdSemaphore {
             {
                 Err(EtcdError::NotReady(why)) if left(Duration::ZERO) > 2 * FIRST_BACKOFF => {
                     // etcd may have taken it all the same.
+                    resent = true;
+                    report::event("retry", &[("error", &why)]);
+                    thread::sleep(FIRST_BACKOFF);
+                }
+                Err(EtcdError::Transient(why))
+                    if down_until.saturating_duration_since(Instant::now()) > 2 * FIRST_BACKOFF =>
+                {
                     resent = true;
                     report::event("retry", &[("error", &why)]);
                     thread::sleep(FIRST_BACKOFF);
