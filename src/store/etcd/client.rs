@@ -375,11 +375,6 @@ impl Client {
         })
     }
 
-    /// The endpoints, for messages.
-    pub fn shown(&self) -> String {
-        self.connection.endpoints.join(",")
-    }
-
     fn endpoint(&self) -> (usize, &str) {
         let endpoints = &self.connection.endpoints;
         let i = self.current.load(Ordering::Relaxed) % endpoints.len();
@@ -713,13 +708,6 @@ impl Client {
             }),
             timeout,
         )
-    }
-
-    /// One key, if it exists.
-    pub fn get(&self, key: &[u8]) -> Result<Option<KeyValue>, EtcdError> {
-        let reply: RangeReply =
-            self.call("/v3/kv/range", &json!({ "key": b64(key) }), CALL_TIMEOUT)?;
-        Ok(reply.kvs.into_iter().next())
     }
 
     pub fn txn(
