@@ -146,15 +146,20 @@ pub fn run(backend: Arc<dyn SlotBackend>, plan: &Plan) -> Outcome {
     if let Some(line) = &mut line {
         line.erase();
     }
-    match waited {
-        Ok(()) => {}
-        Err(outcome) => {
-            watchdog.finish();
-            leave(&*backend, RELEASE_BUDGET_WAITING);
-            return outcome;
-        }
+    let mut lease = Lease {
+        until: None,
+        grace: plan.kill_grace,
+    };
+    let granted = waited.and_then(|until| {
+        lease.until = until;
+        confirm_lease(&inbox, &mut lease)
+    });
+    if let Err(outcome) = granted {
+        watchdog.finish();
+        leave(&*backend, RELEASE_BUDGET_WAITING);
+        return outcome;
     }
-    let (outcome, watchdog) = run_child(&*backend, plan, watchdog, events, &inbox);
+    let (outcome, watchdog) = run_child(&*backend, plan, watchdog, lease, events, &inbox);
     // The group is gone: the next holder need not wait for the watchdog.
     let taken_before = leave(&*backend, RELEASE_BUDGET_DONE);
     watchdog.finish();
@@ -217,12 +222,13 @@ fn forward_signals(mut signals: Signals, events: Sender<Event>) {
         .expect("cannot start the signal thread");
 }
 
-/// Waits for the backend to hold a slot. Any other end is the outcome.
+/// Waits for the backend to hold a slot, and returns the slot's lease (see
+/// [`SlotEvent::Acquired`]). Any other end is the outcome.
 fn wait_for_slot(
     inbox: &Receiver<Event>,
     deadline: Option<Instant>,
     mut line: Option<&mut ProgressLine>,
-) -> Result<(), Outcome> {
+) -> Result<Option<Instant>, Outcome> {
     let started = Instant::now();
     let mut answered = false;
     loop {
@@ -240,7 +246,7 @@ fn wait_for_slot(
             (Some(a), Some(b)) => inbox.recv_timeout(a.min(b)),
         };
         match event {
-            Ok(Event::Slot(SlotEvent::Acquired { .. })) => return Ok(()),
+            Ok(Event::Slot(SlotEvent::Acquired { lease, .. })) => return Ok(lease),
             Ok(Event::Slot(SlotEvent::Leased { .. })) => {}
             Ok(Event::Slot(SlotEvent::NoSlot)) => return Err(Outcome::NoSlot),
             Ok(Event::Slot(SlotEvent::Failed(error))) => return Err(Outcome::Failed(error)),
@@ -353,13 +359,64 @@ impl Lease {
     }
 }
 
+/// A grant whose lease has reached its stop point (the answer that granted
+/// it came late: a store that stalled, a slow network) may already have
+/// been given to another contender; the command starts only once a
+/// renewal confirms the slot with room for the kill grace. A slot found
+/// gone meanwhile ends the run as a loss (76), the command never started:
+/// its place in the queue is gone too, and a scheduler that retries on 76
+/// retries it.
+fn confirm_lease(inbox: &Receiver<Event>, lease: &mut Lease) -> Result<(), Outcome> {
+    if !lease.running_out() {
+        return Ok(());
+    }
+    let late = lease
+        .until
+        .map(|until| Instant::now().saturating_duration_since(until))
+        .unwrap_or_default();
+    report::event(
+        "grant-late",
+        &[("past_stop", &crate::duration::human(late + lease.grace))],
+    );
+    loop {
+        // The store renews at once, or reports the slot gone; it bounds
+        // the wait with its own calls' budgets.
+        match inbox.recv() {
+            Ok(Event::Slot(SlotEvent::Leased { until })) => {
+                lease.until = Some(until);
+                if !lease.running_out() {
+                    report::event("lease-confirmed", &[]);
+                    return Ok(());
+                }
+            }
+            Ok(Event::Slot(SlotEvent::Lost(reason))) => {
+                report::error(&format!(
+                    "slot lost before the command started: the grant arrived after its lease had run out, and {reason}; the command did not run"
+                ));
+                return Err(Outcome::SlotLost);
+            }
+            Ok(Event::Slot(SlotEvent::Failed(error))) => return Err(Outcome::Failed(error)),
+            Ok(Event::Signal(signal)) if SHUTDOWN_SIGNALS.contains(&signal) => {
+                report::event("interrupted", &[("signal", &signal)]);
+                return Err(Outcome::Interrupted(signal));
+            }
+            Ok(Event::Signal(SIGTSTP)) => sys::stop_self(),
+            Ok(_) => {}
+            Err(_) => unreachable!("the event loop holds a sender"),
+        }
+    }
+}
+
 fn run_child(
     backend: &dyn SlotBackend,
     plan: &Plan,
     mut watchdog: Watchdog,
+    mut lease: Lease,
     events: Sender<Event>,
     inbox: &Receiver<Event>,
 ) -> (Outcome, Watchdog) {
+    // The watchdog holds the lease from the command's first instant.
+    watchdog.set_deadline(lease.until);
     // The command gets the terminal the way a shell would give it: at once
     // when consem is a job of its own; when consem shares its group (a
     // pipeline, a script run without job control), only once the command
@@ -387,10 +444,6 @@ fn run_child(
     }
     report::event("started", &[("pid", &group)]);
     watch_child(group, events.clone());
-    let mut lease = Lease {
-        until: None,
-        grace: plan.kill_grace,
-    };
     let mut lost: Option<String> = None;
     let status = loop {
         let tick = match lease.stop_at() {

@@ -70,6 +70,24 @@ on_every_store!(
     wait_group_keeps_the_slot_until_the_group_is_done,
 );
 
+/// Behaviours of the stores whose slots are leases (Consul, Redis, etcd):
+/// the local store's slot lasts as long as consem lives.
+macro_rules! on_every_leased_store {
+    ($($test:ident),* $(,)?) => {
+        mod leased_consul {
+            $( #[test] fn $test() { super::$test(super::World::new) } )*
+        }
+        mod leased_redis {
+            $( #[test] fn $test() { super::$test(super::World::redis) } )*
+        }
+        mod leased_etcd {
+            $( #[test] fn $test() { super::$test(super::World::etcd) } )*
+        }
+    };
+}
+
+on_every_leased_store!(a_grant_that_arrives_after_its_lease_starts_nothing_unconfirmed);
+
 fn output(world: &World, limit: u32, extra: &[&str], command: &[&str]) -> Output {
     let child = world.spawn(limit, extra, command);
     finish_within(child, "consem to exit")
@@ -828,6 +846,97 @@ fn wait_group_keeps_the_slot_until_the_group_is_done(make: MakeWorld) {
     assert!(
         world.exists("worker-done"),
         "consem returned before the worker ended"
+    );
+    world.assert_clean();
+}
+
+/// A grant whose answer comes back after the lease it gives has reached its
+/// stop point (a link that holds answers back) starts nothing: the command
+/// runs only once a renewal confirms the slot, or never (76), and never
+/// beside another holder.
+fn a_grant_that_arrives_after_its_lease_starts_nothing_unconfirmed(make: MakeWorld) {
+    let world = make("late-grant");
+    // Each answer held back past the lease's stop point (5/6 of the TTL
+    // less the kill grace that fits), not so long that a waiter gives up.
+    let (ttl, delay) = match world.store_name() {
+        // Past the permit's expiry on the server too: the slot is gone.
+        "redis" => ("3s", Duration::from_secs(4)),
+        "etcd" => ("9s", Duration::from_secs(5)),
+        _ => ("10s", Duration::from_secs(6)),
+    };
+    let log = world.path("log");
+    let run = |name: &str| {
+        format!("echo start {name} >> '{log}'; sleep 0.5; echo end {name} >> '{log}'")
+    };
+    let holder = hold_slot(&world, 1, "ready", "go");
+    let proxy = common::proxy::DelayingProxy::start(&world.server_addr().unwrap());
+    let late = world
+        .consem_via(&proxy.addr(), 1, &["-v", "--ttl", ttl], &["sh", "-c", &run("late")])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(world.path("late.log")).unwrap())
+        .spawn()
+        .unwrap();
+    wait_until(PROMPT, "the late waiter to join the queue", || {
+        world.contender_keys() == 2
+    });
+    let other = world.spawn(1, &["--ttl", ttl], &["sh", "-c", &run("other")]);
+    wait_until(PROMPT, "the other waiter to join the queue", || {
+        world.contender_keys() == 3
+    });
+    if world.store_name() == "etcd" {
+        // The grant comes from the watch, its lease from the last
+        // keep-alive confirmed: hold those back, long enough (each fails
+        // after a second) that the lease has reached its stop point.
+        proxy.delay_answers_to(b"/v3/lease/keepalive", delay);
+        wait_until(PROMPT + delay * 2, "the waiter's keep-alives to fail", || {
+            log_text(&world, "late.log").matches(" retry ").count() >= 5
+        });
+    } else {
+        proxy.delay_answers(delay);
+    }
+    world.touch("go");
+    let deadline = Instant::now() + PROMPT + delay * 4;
+    while !log_text(&world, "late.log").contains("grant-late") {
+        assert!(
+            Instant::now() < deadline,
+            "the late grant was not noticed:\n{}",
+            log_text(&world, "late.log")
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let ran = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        !ran.contains("start late"),
+        "the command started on a grant whose lease had run out:\n{ran}\n{}",
+        log_text(&world, "late.log")
+    );
+    proxy.delay_answers(Duration::ZERO);
+    let mut late = late;
+    let late_status = wait_with_deadline(&mut late, PROMPT + delay * 2, "the late waiter to end");
+    let late_log = log_text(&world, "late.log");
+    match late_status.code() {
+        Some(76) => {
+            assert!(late_log.contains("the command did not run"), "{late_log}");
+        }
+        Some(0) if world.store_name() != "redis" => {
+            assert!(late_log.contains("lease-confirmed"), "{late_log}");
+        }
+        other => panic!("the late waiter ended with {other:?}:\n{late_log}"),
+    }
+    for child in [holder, other] {
+        let output = finish_within(child, "a contender to end");
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    }
+    let ran = std::fs::read_to_string(&log).unwrap();
+    let mut running = 0;
+    for line in ran.lines() {
+        running += if line.starts_with("start") { 1 } else { -1 };
+        assert!(running <= 1, "two ran at once:\n{ran}");
+    }
+    assert_eq!(
+        ran.contains("start late"),
+        late_status.code() == Some(0),
+        "{ran}"
     );
     world.assert_clean();
 }

@@ -19,7 +19,15 @@ use std::sync::Arc;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SlotEvent {
     /// A slot is held; `fence` grows from one acquisition to the next.
-    Acquired { fence: u64 },
+    /// `lease` is when the store's guarantee of it ends, counted from the
+    /// call that won it, as [`SlotEvent::Leased`] counts a renewal's; `None`
+    /// where the slot lasts as long as consem lives. A grant that arrives
+    /// after its lease (a stalled store, a slow network) starts nothing
+    /// until a renewal confirms the slot.
+    Acquired {
+        fence: u64,
+        lease: Option<std::time::Instant>,
+    },
     /// `--try` found every slot taken.
     NoSlot,
     /// Every slot is taken; this is who holds them (sent when it changes).

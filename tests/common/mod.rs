@@ -7,6 +7,7 @@ pub mod consul_lock;
 pub mod double;
 pub mod etcd;
 pub mod pki;
+pub mod proxy;
 pub mod pty;
 pub mod redis;
 pub mod world;

@@ -135,6 +135,40 @@ impl World {
         }
     }
 
+    /// `host:port` of the world's server (Redis, etcd or Consul); `None`
+    /// for the local store.
+    pub fn server_addr(&self) -> Option<String> {
+        if self.local.is_some() {
+            None
+        } else if let Some(redis) = &self.redis {
+            Some(redis.url().trim_start_matches("redis://").to_string())
+        } else if let Some(etcd) = &self.etcd {
+            Some(etcd.address())
+        } else {
+            Some(self.consul.addr())
+        }
+    }
+
+    /// [`World::consem`], reaching the world's server at `addr` instead
+    /// (a proxy in front of it).
+    pub fn consem_via(&self, addr: &str, limit: u32, extra: &[&str], command: &[&str]) -> Command {
+        let mut cmd = self.consem_command();
+        let store = if self.redis.is_some() {
+            Some(format!("--store=redis://{addr}"))
+        } else if self.etcd.is_some() {
+            Some(format!("--store=etcd://{addr}"))
+        } else {
+            cmd.env("CONSUL_HTTP_ADDR", addr);
+            None
+        };
+        cmd.args(["run", "--prefix", &self.prefix, "--limit", &limit.to_string()])
+            .args(store)
+            .args(extra)
+            .arg("--")
+            .args(command);
+        cmd
+    }
+
     /// The `consem` binary with the world's Consul address and none of
     /// the caller's Consul or etcdctl variables: only what a test sets
     /// reaches consem, not the caller's shell.

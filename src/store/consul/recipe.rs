@@ -172,7 +172,6 @@ impl ConsulSemaphore {
                     "acquired",
                     &[("prefix", &self.settings.prefix), ("fence", &fence)],
                 );
-                notify(SlotEvent::Acquired { fence });
                 // Only now may the renewer report a loss or a lease: one
                 // reported before `Acquired` would reach a supervisor still
                 // waiting.
@@ -181,11 +180,10 @@ impl ConsulSemaphore {
                     shared.holding = true;
                     shared.lease_from
                 };
-                if let Some(sent) = lease_from {
-                    notify(SlotEvent::Leased {
-                        until: lease_end(sent, self.settings.ttl),
-                    });
-                }
+                notify(SlotEvent::Acquired {
+                    fence,
+                    lease: lease_from.map(|sent| lease_end(sent, self.settings.ttl)),
+                });
                 let Some(session) = self.shared().session.clone() else {
                     return;
                 };

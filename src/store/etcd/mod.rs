@@ -909,9 +909,7 @@ impl SlotBackend for EtcdSemaphore {
                     report::event("acquired", &[("prefix", &self.prefix), ("fence", &fence)]);
                     notify(SlotEvent::Acquired {
                         fence: fence as u64,
-                    });
-                    notify(SlotEvent::Leased {
-                        until: lease::lease_end(renewed, self.settings.ttl),
+                        lease: Some(lease::lease_end(renewed, self.settings.ttl)),
                     });
                     let lease = self.shared().lease.unwrap_or_default();
                     if let Some(reason) =

@@ -172,7 +172,7 @@ impl LocalSemaphore {
         match self.acquire(mode) {
             Ok(Some(fence)) => {
                 report::event("acquired", &[("prefix", &self.prefix), ("fence", &fence)]);
-                notify(SlotEvent::Acquired { fence });
+                notify(SlotEvent::Acquired { fence, lease: None });
                 if let Some(reason) = self.watch() {
                     if !self.shared().closing {
                         notify(SlotEvent::Lost(reason));

@@ -345,12 +345,12 @@ impl RedisSemaphore {
         match self.acquire(mode) {
             Ok(Some((fence, sent))) => {
                 report::event("acquired", &[("prefix", &self.prefix), ("fence", &fence)]);
-                notify(SlotEvent::Acquired { fence });
                 // The permit's expiry was set by the script that gave us
                 // the slot: the lease counts from then, so that a first
                 // renewal that never gets through is still bounded.
-                notify(SlotEvent::Leased {
-                    until: lease::lease_end(sent, self.settings.ttl),
+                notify(SlotEvent::Acquired {
+                    fence,
+                    lease: Some(lease::lease_end(sent, self.settings.ttl)),
                 });
                 if let Some(reason) = self.hold(&notify) {
                     if !self.shared().closing {

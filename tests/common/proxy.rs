@@ -1,0 +1,133 @@
+//! A TCP proxy on a free loopback port that can hold back what the server
+//! sends: each chunk of an answer reaches the client a set delay after the
+//! proxy received it, while requests pass at once. The server acts on time
+//! and the client learns late, as behind a congested or stalled link. The
+//! delay may be kept to the connections that carry one kind of request.
+
+use std::io::{Read as _, Write as _};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+pub struct DelayingProxy {
+    pub port: u16,
+    delay: Arc<Mutex<Delay>>,
+    closed: Arc<AtomicBool>,
+}
+
+/// How answers are held back.
+#[derive(Clone, Default)]
+struct Delay {
+    by: Duration,
+    /// Only on connections whose requests contained these bytes.
+    on_requests_with: Option<&'static [u8]>,
+}
+
+impl DelayingProxy {
+    /// Forwards to `upstream` (`host:port`), with no delay until one is set.
+    pub fn start(upstream: &str) -> DelayingProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let delay = Arc::new(Mutex::new(Delay::default()));
+        let closed = Arc::new(AtomicBool::new(false));
+        let (shared, done, upstream) = (
+            Arc::clone(&delay),
+            Arc::clone(&closed),
+            upstream.to_string(),
+        );
+        thread::spawn(move || {
+            for client in listener.incoming() {
+                if done.load(Ordering::SeqCst) {
+                    return;
+                }
+                let Ok(client) = client else { return };
+                let Ok(server) = TcpStream::connect(&upstream) else {
+                    continue;
+                };
+                link(client, server, Arc::clone(&shared));
+            }
+        });
+        DelayingProxy {
+            port,
+            delay,
+            closed,
+        }
+    }
+
+    /// `127.0.0.1:<port>`.
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Answers received from now on reach the client `by` later.
+    pub fn delay_answers(&self, by: Duration) {
+        *self.delay.lock().unwrap() = Delay {
+            by,
+            on_requests_with: None,
+        };
+    }
+
+    /// Answers received from now on reach the client `by` later, on the
+    /// connections that carried a request containing `marker` only.
+    pub fn delay_answers_to(&self, marker: &'static [u8], by: Duration) {
+        *self.delay.lock().unwrap() = Delay {
+            by,
+            on_requests_with: Some(marker),
+        };
+    }
+}
+
+impl Drop for DelayingProxy {
+    fn drop(&mut self) {
+        self.closed.store(true, Ordering::SeqCst);
+        // Wakes the accepting thread so that it sees it is closed.
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+    }
+}
+
+/// Carries one connection: requests straight through; answers through a
+/// queue that releases each chunk at its time.
+fn link(client: TcpStream, server: TcpStream, delay: Arc<Mutex<Delay>>) {
+    let (mut client_in, mut client_out) = (client.try_clone().unwrap(), client);
+    let (mut server_in, mut server_out) = (server.try_clone().unwrap(), server);
+    // Every request this connection carried, for `on_requests_with`.
+    let requests = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&requests);
+    thread::spawn(move || {
+        let mut buffer = [0u8; 16384];
+        while let Ok(n @ 1..) = client_in.read(&mut buffer) {
+            seen.lock().unwrap().extend_from_slice(&buffer[..n]);
+            if server_out.write_all(&buffer[..n]).is_err() {
+                break;
+            }
+        }
+        let _ = server_out.shutdown(Shutdown::Write);
+    });
+    let (chunks, queued) = mpsc::channel::<(Instant, Vec<u8>)>();
+    thread::spawn(move || {
+        let mut buffer = [0u8; 16384];
+        while let Ok(n @ 1..) = server_in.read(&mut buffer) {
+            let delay = delay.lock().unwrap().clone();
+            let applies = delay.on_requests_with.is_none_or(|marker| {
+                let requests = requests.lock().unwrap();
+                requests.windows(marker.len()).any(|w| w == marker)
+            });
+            let due = Instant::now() + if applies { delay.by } else { Duration::ZERO };
+            if chunks.send((due, buffer[..n].to_vec())).is_err() {
+                return;
+            }
+        }
+    });
+    thread::spawn(move || {
+        for (due, chunk) in queued {
+            thread::sleep(due.saturating_duration_since(Instant::now()));
+            if client_out.write_all(&chunk).is_err() {
+                return;
+            }
+        }
+        let _ = client_out.shutdown(Shutdown::Both);
+    });
+}
