@@ -2,16 +2,27 @@
 //! holding the `flock` of the prefix's `meta` file; a contender is live
 //! while its `<ticket>.c` file is locked, which the kernel undoes when the
 //! process dies.
+//!
+//! In a directory that every user shares (sticky, as /tmp), a file belongs
+//! to the user who made it, and nobody else may remove, rename or rename
+//! over it. So the files that every contender rewrites (`meta`, `state`)
+//! are made writable by all and rewritten in place, and a contender's own
+//! files are read by others (to probe its lock) but removed by their owner,
+//! or by another user only where the kernel lets it (root): files that a
+//! dead contender of another user left are skipped, never in the way.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write as _};
 use std::os::fd::AsRawFd as _;
-use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _};
+use std::os::unix::fs::{
+    DirBuilderExt as _, FileExt as _, MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _,
+};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
-
+use super::decide::{self, Found};
+use super::record::{self, Read, State, FLOOR_LEN};
 use crate::store::{ContenderInfo, StoreError};
 
 /// The longest directory name a prefix may take, percent-encoded.
@@ -20,31 +31,49 @@ const MAX_NAME: usize = 200;
 /// How often `lock_within` tries again while another process holds `meta`.
 const LOCK_RETRY: Duration = Duration::from_millis(10);
 
-/// The prefix's record, replaced as a whole with a rename.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct State {
-    /// `None` once nobody contends (after the last one leaves, or a reset):
-    /// the next contender sets it.
-    pub limit: Option<u32>,
-    /// The next ticket: tickets give the order of arrival.
-    pub next: u64,
-    /// The last fence handed out; never reset, so it grows from one
-    /// acquisition to the next for the life of the directory.
-    pub fence: u64,
-    pub holders: Vec<u64>,
-}
-
 /// The directory of one prefix.
 pub struct PrefixDir {
     path: PathBuf,
-    /// Other users may join: files are made readable by all, and the
-    /// directory writable by all.
+    /// Other users may join: files are made readable (or writable) by all,
+    /// and the directory writable by all and sticky.
     shared: bool,
 }
 
 /// Holds the `flock` of `meta` until dropped.
 pub struct MetaLock(#[allow(dead_code)] File);
+
+/// A contender's files, made and locked when it joins.
+pub struct Joined {
+    pub ticket: u64,
+    /// Locked for the contender's life: others see it live while it is.
+    pub contender: File,
+    /// Locked while it waits: the waiter behind it blocks on it.
+    pub queue: File,
+    pub wake: WakeFifo,
+}
+
+/// A file of a contender that is gone, which the contenders skip.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StaleFile {
+    pub path: PathBuf,
+    pub owner: u32,
+}
+
+/// Which of a ticket's files are there.
+#[derive(Debug, Clone, Copy, Default)]
+struct Present {
+    contender: bool,
+    queue: bool,
+    wake: bool,
+}
+
+/// What a contender file says besides its description (which
+/// `ContenderInfo` reads and ignores this in).
+#[derive(serde::Deserialize)]
+struct JoinedWith {
+    #[serde(rename = "Limit")]
+    limit: Option<u32>,
+}
 
 fn io_error(what: &str, path: &Path, error: io::Error) -> StoreError {
     let message = format!("{what} {}: {error}", path.display());
@@ -54,6 +83,36 @@ fn io_error(what: &str, path: &Path, error: io::Error) -> StoreError {
         )),
         _ => StoreError::Unavailable(message),
     }
+}
+
+/// The user `uid`'s name, or `uid N` if it has none.
+pub fn user_name(uid: u32) -> String {
+    let mut buffer = vec![0 as libc::c_char; 4096];
+    // SAFETY: getpwuid_r writes into the zeroed entry and the buffer, both
+    // ours and of the sizes given; the name it points to lives in buffer.
+    unsafe {
+        let mut entry: libc::passwd = std::mem::zeroed();
+        let mut result: *mut libc::passwd = std::ptr::null_mut();
+        if libc::getpwuid_r(
+            uid,
+            &mut entry,
+            buffer.as_mut_ptr(),
+            buffer.len(),
+            &mut result,
+        ) == 0
+            && !result.is_null()
+        {
+            return std::ffi::CStr::from_ptr(entry.pw_name)
+                .to_string_lossy()
+                .into_owned();
+        }
+    }
+    format!("uid {uid}")
+}
+
+fn effective_uid() -> u32 {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() }
 }
 
 /// True if this process may write `path`.
@@ -206,15 +265,26 @@ impl PrefixDir {
 
     /// Opens a file of the directory for reading, never through a link:
     /// in a shared directory another user may have put one where our file
-    /// belongs.
+    /// belongs. Non-blocking, so that a FIFO put there does not hang us.
     fn open_read(path: &Path) -> io::Result<File> {
         OpenOptions::new()
             .read(true)
-            .custom_flags(libc::O_NOFOLLOW)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
             .open(path)
     }
 
-    fn file_mode(&self) -> u32 {
+    /// The mode of `meta` and `state`, which every contender rewrites.
+    fn rewritten_mode(&self) -> u32 {
+        if self.shared {
+            0o666
+        } else {
+            0o600
+        }
+    }
+
+    /// The mode of a contender's locked files: others read them to probe
+    /// or wait on their locks (`flock` needs no more).
+    fn locked_mode(&self) -> u32 {
         if self.shared {
             0o644
         } else {
@@ -222,21 +292,66 @@ impl PrefixDir {
         }
     }
 
-    /// Opens `meta`, creating it (writable by all who share the directory).
+    /// Creates `path`, never over a file or through a link, with `mode`:
+    /// set again with fchmod, since the umask takes off bits that the
+    /// other users need.
+    fn create_file(path: &Path, mode: u32) -> io::Result<File> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(path)?;
+        file.set_permissions(fs::Permissions::from_mode(mode))?;
+        Ok(file)
+    }
+
+    /// Gives a file of ours that every contender rewrites the mode that
+    /// lets them, where an older consem (or a umask) made it without.
+    fn repair_mode(&self, file: &File, mode: u32) {
+        if let Ok(metadata) = file.metadata() {
+            if self.shared && metadata.uid() == effective_uid() && metadata.mode() & 0o777 != mode {
+                let _ = file.set_permissions(fs::Permissions::from_mode(mode));
+            }
+        }
+    }
+
+    /// What to say when this user may not use `path`, a file that every
+    /// contender uses: who can fix it, and how.
+    fn denied(&self, what: &str, path: &Path, error: io::Error) -> StoreError {
+        match fs::symlink_metadata(path) {
+            Ok(metadata)
+                if error.kind() == io::ErrorKind::PermissionDenied
+                    && metadata.uid() != effective_uid() =>
+            {
+                let owner = user_name(metadata.uid());
+                StoreError::Denied(format!(
+                    "{what} {}: {error}; it belongs to {owner} with mode {:o}, which other users cannot use (an older consem made it): the next consem that {owner} runs on this prefix fixes its mode, or root can remove it (consem makes it again)",
+                    path.display(),
+                    metadata.mode() & 0o7777
+                ))
+            }
+            _ => io_error(what, path, error),
+        }
+    }
+
+    /// Opens `meta`, creating it (writable by all who share the directory:
+    /// they lock it, and raise the fence floor in it).
     fn meta(&self) -> Result<File, StoreError> {
         let path = self.path.join("meta");
-        match PrefixDir::open_read(&path) {
-            Ok(file) => Ok(file),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .custom_flags(libc::O_NOFOLLOW)
-                .mode(self.file_mode())
-                .open(&path)
-                .map_err(|e| io_error("cannot create", &path, e)),
-            Err(e) => Err(io_error("cannot open", &path, e)),
-        }
+        let opened = match PrefixDir::open_read(&path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                match PrefixDir::create_file(&path, self.rewritten_mode()) {
+                    // Another contender made it first.
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                        PrefixDir::open_read(&path)
+                    }
+                    created => created,
+                }
+            }
+            opened => opened.inspect(|file| self.repair_mode(file, self.rewritten_mode())),
+        };
+        opened.map_err(|e| self.denied("cannot open", &path, e))
     }
 
     /// Takes the directory's lock, waiting for it.
@@ -268,52 +383,98 @@ impl PrefixDir {
         }
     }
 
-    pub fn read_state(&self) -> Result<State, StoreError> {
-        let path = self.path.join("state");
-        match PrefixDir::open_read(&path).and_then(|mut file| {
-            let mut bytes = Vec::new();
-            io::Read::read_to_end(&mut file, &mut bytes).map(|_| bytes)
-        }) {
-            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
-                StoreError::Conflict(format!(
-                    "{} is not a consem local semaphore record ({e}); consem leaves it untouched (delete it if it is stale)",
-                    path.display()
-                ))
-            }),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(State::default()),
-            Err(e) => Err(io_error("cannot read", &path, e)),
+    /// The fence floor kept in `meta`: at least every fence handed out.
+    fn fence_floor(&self) -> u64 {
+        let mut bytes = [0u8; FLOOR_LEN + 1];
+        let read = PrefixDir::open_read(&self.path.join("meta"))
+            .and_then(|file| file.read_at(&mut bytes, 0))
+            .unwrap_or(0);
+        record::decode_floor(&bytes[..read])
+    }
+
+    /// Raises the fence floor in `meta` to `fence`, which is about to be
+    /// handed out, so that a record lost afterwards does not hand it out
+    /// again. A `meta` that this user may not write (one an older consem
+    /// made) keeps no floor; the slot is taken all the same.
+    pub fn raise_fence_floor(&self, fence: u64) {
+        if let Ok(meta) = OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(self.path.join("meta"))
+        {
+            let _ = meta.write_all_at(&record::encode_floor(fence), 0);
         }
     }
 
-    /// Replaces `state` with a rename, so that a reader never sees half of
-    /// it and a crash leaves the old one.
+    /// The prefix's record; rebuilt from the files present when `state` is
+    /// missing or was cut short (see `decide::rebuild`). Call with the
+    /// directory locked.
+    pub fn read_state(&self) -> Result<State, StoreError> {
+        let path = self.path.join("state");
+        let bytes = match PrefixDir::open_read(&path).and_then(|mut file| {
+            let mut bytes = Vec::new();
+            io::Read::read_to_end(&mut file, &mut bytes).map(|_| bytes)
+        }) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return self.rebuild_state(),
+            Err(e) => return Err(self.denied("cannot read", &path, e)),
+        };
+        match record::decode(&bytes) {
+            Read::Whole(state) => Ok(state),
+            Read::CutShort => self.rebuild_state(),
+            Read::Foreign(error) => Err(StoreError::Conflict(format!(
+                "{} is not a consem local semaphore record ({error}); consem leaves it untouched (delete it if it is stale)",
+                path.display()
+            ))),
+        }
+    }
+
+    fn rebuild_state(&self) -> Result<State, StoreError> {
+        let found: Vec<Found> = self
+            .scan()?
+            .into_iter()
+            .map(|(ticket, present)| {
+                let live = present.contender && self.is_live(ticket);
+                Found {
+                    ticket,
+                    live,
+                    queued: present.queue,
+                    limit: live.then(|| self.joined_with(ticket)).flatten(),
+                }
+            })
+            .collect();
+        Ok(decide::rebuild(&found, self.fence_floor()))
+    }
+
+    /// Rewrites `state` in place (in a shared directory, nobody may rename
+    /// over another user's file). Call with the directory locked.
     pub fn write_state(&self, state: &State) -> Result<(), StoreError> {
         let path = self.path.join("state");
-        let temporary = self.path.join(format!("state.{}.tmp", std::process::id()));
+        let bytes = record::encode(state);
         let write = || -> io::Result<()> {
-            // A new file (O_EXCL never follows a link); one left by a consem
-            // of the same pid that died is ours to remove.
-            let create = || {
-                OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(self.file_mode())
-                    .open(&temporary)
-            };
-            let mut file = match create() {
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                    fs::remove_file(&temporary)?;
-                    create()?
+            // Never O_CREAT on a file that may be there: with
+            // fs.protected_regular, the kernel refuses that on another
+            // user's file in a sticky directory even where we may write it.
+            let file = match OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&path)
+            {
+                Ok(file) => {
+                    self.repair_mode(&file, self.rewritten_mode());
+                    file
                 }
-                other => other?,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    PrefixDir::create_file(&path, self.rewritten_mode())?
+                }
+                Err(e) => return Err(e),
             };
-            file.write_all(&serde_json::to_vec(state).expect("a state always encodes"))?;
-            fs::rename(&temporary, &path)
+            // The whole record, then the cut to its length: stopped
+            // anywhere, what is left fails its check (record.rs).
+            file.write_all_at(&bytes, 0)?;
+            file.set_len(bytes.len() as u64)
         };
-        write().map_err(|e| {
-            let _ = fs::remove_file(&temporary);
-            io_error("cannot write", &path, e)
-        })
+        write().map_err(|e| self.denied("cannot write", &path, e))
     }
 
     pub fn contender_path(&self, ticket: u64) -> PathBuf {
@@ -328,39 +489,12 @@ impl PrefixDir {
         self.path.join(format!("{ticket}.w"))
     }
 
-    /// Makes the holder `ticket`'s wake FIFO and opens its read end.
-    pub fn create_wake_fifo(&self, ticket: u64) -> Result<WakeFifo, StoreError> {
-        let path = self.wake_path(ticket);
-        let _ = fs::remove_file(&path);
-        let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
-            .map_err(|_| StoreError::Usage(format!("{} has a NUL byte", path.display())))?;
-        // Others who share the directory must be able to open it to write.
-        let mode = if self.shared { 0o622 } else { 0o600 };
-        // SAFETY: mkfifo reads the NUL-terminated path.
-        if unsafe { libc::mkfifo(c_path.as_ptr(), mode) } != 0 {
-            return Err(io_error("cannot create", &path, io::Error::last_os_error()));
-        }
-        if self.shared {
-            let _ = fs::set_permissions(&path, fs::Permissions::from_mode(mode));
-        }
-        // Non-blocking: a FIFO's read end would otherwise wait for a writer.
-        let file = OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
-            .open(&path)
-            .map_err(|e| io_error("cannot open", &path, e))?;
-        // A write end of our own keeps the FIFO from reporting a hang-up
-        // (which poll would answer at once, again and again) once the
-        // operator who wrote closes it.
-        let writer = OpenOptions::new()
-            .write(true)
-            .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
-            .open(&path)
-            .map_err(|e| io_error("cannot open", &path, e))?;
-        Ok(WakeFifo {
-            file,
-            _writer: writer,
-        })
+    fn ticket_paths(&self, ticket: u64) -> [PathBuf; 3] {
+        [
+            self.contender_path(ticket),
+            self.queue_path(ticket),
+            self.wake_path(ticket),
+        ]
     }
 
     /// Wakes the holder `ticket` (after its place in the record changed).
@@ -375,45 +509,137 @@ impl PrefixDir {
         }
     }
 
-    /// Creates and locks our contender file (with our description) and
-    /// queue file.
+    /// Takes the first ticket from `next` on that no file uses, and makes
+    /// its files: the contender file (locked, with our description and
+    /// limit), the queue file (locked) and the wake FIFO. All or nothing:
+    /// a failure removes what it made. Call with the directory locked.
     pub fn create_contender(
         &self,
-        ticket: u64,
+        next: u64,
         info: &ContenderInfo,
-    ) -> Result<(File, File), StoreError> {
-        let create = |path: &Path| -> Result<File, StoreError> {
-            let file = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .mode(self.file_mode())
-                .open(path)
-                .map_err(|e| io_error("cannot create", path, e))?;
-            flock(&file, libc::LOCK_EX | libc::LOCK_NB)
-                .map_err(|e| io_error("cannot lock", path, e))?;
+        limit: u32,
+    ) -> Result<Joined, StoreError> {
+        let mut used: BTreeSet<u64> = self.scan()?.into_keys().collect();
+        let mut description = info.to_json();
+        description.insert("Limit".into(), limit.into());
+        let description = serde_json::to_vec(&description).expect("a description always encodes");
+        loop {
+            let ticket = decide::free_ticket(next, &used);
+            let mut made = Vec::new();
+            match self.create_contender_files(ticket, &description, &mut made) {
+                Ok(joined) => return Ok(joined),
+                Err((path, error)) => {
+                    for path in made {
+                        let _ = fs::remove_file(path);
+                    }
+                    if error.kind() != io::ErrorKind::AlreadyExists {
+                        return Err(io_error("cannot create", &path, error));
+                    }
+                    // Made by hand since we looked (contenders make theirs
+                    // under the lock): that ticket is taken too.
+                    used.insert(ticket);
+                }
+            }
+        }
+    }
+
+    /// Makes `ticket`'s files, noting each in `made` as soon as it exists.
+    fn create_contender_files(
+        &self,
+        ticket: u64,
+        description: &[u8],
+        made: &mut Vec<PathBuf>,
+    ) -> Result<Joined, (PathBuf, io::Error)> {
+        let mut create_locked = |path: PathBuf| -> Result<File, (PathBuf, io::Error)> {
+            let file =
+                PrefixDir::create_file(&path, self.locked_mode()).map_err(|e| (path.clone(), e))?;
+            made.push(path.clone());
+            flock(&file, libc::LOCK_EX | libc::LOCK_NB).map_err(|e| (path, e))?;
             Ok(file)
         };
         let contender_path = self.contender_path(ticket);
-        let mut contender = create(&contender_path)?;
+        let mut contender = create_locked(contender_path.clone())?;
         contender
-            .write_all(&serde_json::to_vec(info).expect("a description always encodes"))
-            .map_err(|e| io_error("cannot write", &contender_path, e))?;
-        let queue = create(&self.queue_path(ticket))?;
-        Ok((contender, queue))
+            .write_all(description)
+            .map_err(|e| (contender_path, e))?;
+        let queue = create_locked(self.queue_path(ticket))?;
+        // Made now, off the path of a handoff: once we hold a slot, an
+        // operator who releases us writes to it to wake us.
+        let wake = self.create_wake_fifo(ticket, made)?;
+        Ok(Joined {
+            ticket,
+            contender,
+            queue,
+            wake,
+        })
     }
 
-    /// Every contender file's ticket, in order of arrival.
-    fn tickets(&self) -> Result<Vec<u64>, StoreError> {
+    /// Makes the FIFO that wakes the holder `ticket` and opens its ends.
+    fn create_wake_fifo(
+        &self,
+        ticket: u64,
+        made: &mut Vec<PathBuf>,
+    ) -> Result<WakeFifo, (PathBuf, io::Error)> {
+        let path = self.wake_path(ticket);
+        let failed = |e: io::Error| (path.clone(), e);
+        let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+            .map_err(|e| failed(io::Error::new(io::ErrorKind::InvalidInput, e)))?;
+        // Others who share the directory open it to write.
+        let mode = if self.shared { 0o622 } else { 0o600 };
+        // SAFETY: mkfifo reads the NUL-terminated path.
+        if unsafe { libc::mkfifo(c_path.as_ptr(), mode) } != 0 {
+            return Err(failed(io::Error::last_os_error()));
+        }
+        made.push(path.clone());
+        // Non-blocking: a FIFO's read end would otherwise wait for a writer.
+        let open = |write: bool| {
+            OpenOptions::new()
+                .read(!write)
+                .write(write)
+                .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+                .open(&path)
+                .map_err(failed)
+        };
+        let file = open(false)?;
+        // Past the umask, which takes off the bits the others need.
+        file.set_permissions(fs::Permissions::from_mode(mode))
+            .map_err(failed)?;
+        // A write end of our own keeps the FIFO from reporting a hang-up
+        // (which poll would answer at once, again and again) once the
+        // operator who wrote closes it.
+        let writer = open(true)?;
+        Ok(WakeFifo {
+            file,
+            _writer: writer,
+        })
+    }
+
+    /// Every ticket that has a file here, and which files, in order of
+    /// arrival. Only names consem makes count (`7.c`, not `007.c`).
+    fn scan(&self) -> Result<BTreeMap<u64, Present>, StoreError> {
         let entries =
             fs::read_dir(&self.path).map_err(|e| io_error("cannot list", &self.path, e))?;
-        let mut tickets: Vec<u64> = entries
-            .filter_map(|entry| {
-                let name = entry.ok()?.file_name();
-                name.to_str()?.strip_suffix(".c")?.parse().ok()
-            })
-            .collect();
-        tickets.sort_unstable();
+        let mut tickets: BTreeMap<u64, Present> = BTreeMap::new();
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some((stem, kind)) = name.to_str().and_then(|n| n.rsplit_once('.')) else {
+                continue;
+            };
+            let Ok(ticket) = stem.parse::<u64>() else {
+                continue;
+            };
+            if ticket.to_string() != stem {
+                continue;
+            }
+            let present = tickets.entry(ticket).or_default();
+            match kind {
+                "c" => present.contender = true,
+                "q" => present.queue = true,
+                "w" => present.wake = true,
+                _ => {}
+            }
+        }
+        tickets.retain(|_, p| p.contender || p.queue || p.wake);
         Ok(tickets)
     }
 
@@ -423,42 +649,56 @@ impl PrefixDir {
             Ok(file) => {
                 matches!(flock(&file, libc::LOCK_SH | libc::LOCK_NB), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
             }
-            Err(_) => false,
+            // A file we may not read (another user's, made by an older
+            // consem or chmodded by hand): counted as live, so that the
+            // limit holds; its owner or root prunes it if it is dead.
+            Err(e) => e.kind() == io::ErrorKind::PermissionDenied,
         }
+    }
+
+    /// The `--limit` the contender `ticket` joined with.
+    fn joined_with(&self, ticket: u64) -> Option<u32> {
+        let bytes = self.read_contender_file(ticket).ok()?;
+        serde_json::from_slice::<JoinedWith>(&bytes).ok()?.limit
     }
 
     /// Whether any contender is alive (the first one found ends the look).
     pub fn anyone_live(&self) -> Result<bool, StoreError> {
-        Ok(self.tickets()?.into_iter().any(|t| self.is_live(t)))
+        Ok(self
+            .scan()?
+            .into_iter()
+            .any(|(t, present)| present.contender && self.is_live(t)))
     }
 
     /// The live contenders' tickets, in order of arrival.
     pub fn live_tickets(&self) -> Result<Vec<u64>, StoreError> {
         Ok(self
-            .tickets()?
+            .scan()?
             .into_iter()
-            .filter(|&t| self.is_live(t))
+            .filter(|&(t, present)| present.contender && self.is_live(t))
+            .map(|(t, _)| t)
             .collect())
     }
 
     /// Looks at the holders and at the contenders that arrived before
     /// `before` (every one with `None`): removes the files of the dead ones
-    /// and drops dead holders from `state` (the caller writes it if it
-    /// writes anyway). Returns the live ones among them, in order of
-    /// arrival. A waiter does not look at those behind it, which cannot
-    /// change its turn. Call with the directory locked.
+    /// where it may (another user's stay, skipped: see `stale_files`) and
+    /// drops dead holders from `state` (the caller writes it if it writes
+    /// anyway). Returns the live ones among them, in order of arrival. A
+    /// waiter does not look at those behind it, which cannot change its
+    /// turn. Call with the directory locked.
     pub fn prune_dead(
         &self,
         state: &mut State,
         before: Option<u64>,
     ) -> Result<Vec<u64>, StoreError> {
         let mut live = Vec::new();
-        for ticket in self.tickets()? {
+        for (ticket, present) in self.scan()? {
             let ahead = before.is_none_or(|before| ticket < before);
             if !ahead && !state.holders.contains(&ticket) {
                 continue;
             }
-            if self.is_live(ticket) {
+            if present.contender && self.is_live(ticket) {
                 live.push(ticket);
             } else {
                 self.remove_files(ticket);
@@ -468,23 +708,56 @@ impl PrefixDir {
         Ok(live)
     }
 
-    fn remove_files(&self, ticket: u64) {
-        for path in [
-            self.contender_path(ticket),
-            self.queue_path(ticket),
-            self.wake_path(ticket),
-        ] {
-            let _ = fs::remove_file(path);
+    /// Removes `ticket`'s files; returns those that stay (another user's,
+    /// in a sticky directory).
+    pub fn remove_files(&self, ticket: u64) -> Vec<PathBuf> {
+        self.ticket_paths(ticket)
+            .into_iter()
+            .filter(|path| matches!(fs::remove_file(path), Err(e) if e.kind() != io::ErrorKind::NotFound))
+            .collect()
+    }
+
+    /// The files of contenders that are gone: dead (their contender file
+    /// unlocked), or without a contender file. Contenders skip them.
+    /// Call with the directory locked.
+    pub fn stale_files(&self) -> Result<Vec<StaleFile>, StoreError> {
+        let mut stale = Vec::new();
+        for (ticket, present) in self.scan()? {
+            if present.contender && self.is_live(ticket) {
+                continue;
+            }
+            for path in self.ticket_paths(ticket) {
+                if let Ok(metadata) = fs::symlink_metadata(&path) {
+                    stale.push(StaleFile {
+                        path,
+                        owner: metadata.uid(),
+                    });
+                }
+            }
         }
+        Ok(stale)
+    }
+
+    /// Removes the stale files it may; returns those that stay (another
+    /// user's, in a sticky directory). Call with the directory locked.
+    pub fn remove_stale_files(&self) -> Result<Vec<StaleFile>, StoreError> {
+        Ok(self
+            .stale_files()?
+            .into_iter()
+            .filter(|file| matches!(fs::remove_file(&file.path), Err(e) if e.kind() != io::ErrorKind::NotFound))
+            .collect())
+    }
+
+    fn read_contender_file(&self, ticket: u64) -> io::Result<Vec<u8>> {
+        PrefixDir::open_read(&self.contender_path(ticket)).and_then(|mut file| {
+            let mut bytes = Vec::new();
+            io::Read::read_to_end(&mut file, &mut bytes).map(|_| bytes)
+        })
     }
 
     /// A contender's description, as it wrote it.
     pub fn describe(&self, ticket: u64) -> ContenderInfo {
-        PrefixDir::open_read(&self.contender_path(ticket))
-            .and_then(|mut file| {
-                let mut bytes = Vec::new();
-                io::Read::read_to_end(&mut file, &mut bytes).map(|_| bytes)
-            })
+        self.read_contender_file(ticket)
             .map(|bytes| ContenderInfo::parse(&bytes))
             .unwrap_or_default()
     }
@@ -571,7 +844,7 @@ fn poll_readable(file: &File, within: Duration) -> bool {
 
 /// Wakes a waiter or a holder when the prefix's directory changes: a
 /// contender file deleted or closed by a dying process, or `state`
-/// replaced. On Linux through inotify; elsewhere by looking again every
+/// rewritten. On Linux through inotify; elsewhere by looking again every
 /// quarter of a second.
 pub struct Waker {
     #[cfg(target_os = "linux")]
@@ -593,7 +866,7 @@ impl Waker {
         let inotify = unsafe { File::from_raw_fd(fd) };
         let c_path = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
             .map_err(|_| StoreError::Usage(format!("{} has a NUL byte", dir.display())))?;
-        let mask = libc::IN_DELETE | libc::IN_CLOSE_WRITE | libc::IN_MOVED_TO;
+        let mask = libc::IN_DELETE | libc::IN_CLOSE_WRITE;
         // SAFETY: reads the NUL-terminated path; fd is ours.
         let watch = unsafe { libc::inotify_add_watch(fd, c_path.as_ptr(), mask) };
         if watch < 0 {
@@ -603,7 +876,7 @@ impl Waker {
     }
 
     /// Reads what is pending; true if any of it is worth looking again for
-    /// (not the close of a temporary `state` file being written).
+    /// (not the close of `meta`, opened to raise the fence floor or made).
     pub fn drain(&mut self) -> bool {
         use std::io::Read as _;
         let mut relevant = false;
@@ -621,7 +894,7 @@ impl Waker {
                     unsafe { std::ptr::read_unaligned(buffer[at..].as_ptr().cast()) };
                 let name = &buffer[at + HEADER..(at + HEADER + event.len as usize).min(read)];
                 let name = name.split(|&b| b == 0).next().unwrap_or_default();
-                relevant |= !name.ends_with(b".tmp");
+                relevant |= name != b"meta";
                 at += HEADER + event.len as usize;
             }
         }

@@ -4,15 +4,18 @@
 //! clean. See docs/design.md, "The local store".
 //!
 //! One directory per prefix holds:
-//! - `meta`: an empty file; its `flock` serialises every decision;
+//! - `meta`: its `flock` serialises every decision;
+//!   it also keeps the fence floor;
 //! - `state`: the limit, the next ticket, the fence and the holders
-//!   (JSON, replaced with a rename);
+//!   (JSON, rewritten in place under `meta`, with a check);
 //! - `<ticket>.c` per contender: its description, locked for its life;
 //! - `<ticket>.q` per waiter: locked while it waits, so the waiter behind
-//!   it can block on it.
+//!   it can block on it;
+//! - `<ticket>.w` per contender: the FIFO that wakes it once it holds.
 
 mod decide;
 mod files;
+mod record;
 
 pub use decide::{decide, Decision, WaitOn};
 
@@ -23,7 +26,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use files::{PrefixDir, WakeFifo, Waker};
+use files::{PrefixDir, StaleFile, WakeFifo, Waker};
 
 use super::{
     Admin, Contend, ContenderInfo, ContenderStatus, Holder, Notify, Progress, Released,
@@ -152,18 +155,22 @@ impl LocalSemaphore {
             }
             _ => state.limit = Some(self.limit),
         }
-        let ticket = state.next;
-        state.next += 1;
-        let (contender_file, queue_file) = self.place.create_contender(ticket, &self.info)?;
-        // Made now, off the path of a handoff: once we hold a slot, an
-        // operator who releases us writes to it to wake us.
-        let wake_fifo = self.place.create_wake_fifo(ticket)?;
-        self.place.write_state(&state)?;
+        let joined = self
+            .place
+            .create_contender(state.next, &self.info, self.limit)?;
+        let ticket = joined.ticket;
+        state.next = ticket + 1;
+        // All or nothing: files left by a join that failed would be taken
+        // for a dead contender's, or hold up a ticket, for ever.
+        if let Err(error) = self.place.write_state(&state) {
+            self.place.remove_files(ticket);
+            return Err(error);
+        }
         let mut shared = self.shared();
         shared.ticket = Some(ticket);
-        shared.contender_file = Some(contender_file);
-        shared.queue_file = Some(queue_file);
-        shared.wake_fifo = Some(Arc::new(wake_fifo));
+        shared.contender_file = Some(joined.contender);
+        shared.queue_file = Some(joined.queue);
+        shared.wake_fifo = Some(Arc::new(joined.wake));
         Ok(Some(ticket))
     }
 
@@ -220,6 +227,7 @@ impl LocalSemaphore {
                 Decision::Take => {
                     state.holders.push(ticket);
                     state.fence += 1;
+                    self.place.raise_fence_floor(state.fence);
                     self.place.write_state(&state)?;
                     if let Some(waker) = waker.take() {
                         waker.retire();
@@ -295,7 +303,9 @@ impl LocalSemaphore {
             if self.shared().closing {
                 return None;
             }
-            let state = match self.place.read_state() {
+            // Under the lock: `state` is rewritten in place, and a record
+            // lost by hand is rebuilt from the files as they stand.
+            let state = match self.place.lock().and_then(|_meta| self.place.read_state()) {
                 Ok(state) => state,
                 Err(error) => return Some(error.to_string()),
             };
@@ -415,6 +425,14 @@ impl Admin for LocalAdmin {
         };
         let _meta = place.lock()?;
         let state = place.read_state()?;
+        let stale = place.stale_files()?;
+        if !stale.is_empty() {
+            report::warning(&format!(
+                "stale files at {}, of contenders that are gone (consem skips them; consem reset removes them): {}",
+                self.prefix,
+                listing(&stale)
+            ));
+        }
         let live: BTreeSet<u64> = place.live_tickets()?.into_iter().collect();
         let describe = |t: u64| ContenderStatus::new(t.to_string(), place.describe(t), t);
         let (holders, dead): (Vec<u64>, Vec<u64>) =
@@ -452,8 +470,21 @@ impl Admin for LocalAdmin {
         };
         let _meta = place.lock()?;
         let mut state = place.read_state()?;
+        let stale = place.stale_files()?;
+        let stuck = place.remove_stale_files()?;
+        if !stuck.is_empty() {
+            report::warning(&self.stuck(&stuck));
+        }
         let Some(limit) = state.limit else {
-            return Ok(ResetOutcome::Nothing);
+            // Stale files were all there was to reset.
+            return Ok(if stale.len() > stuck.len() {
+                ResetOutcome::Reset {
+                    limit: None,
+                    evicted: 0,
+                }
+            } else {
+                ResetOutcome::Nothing
+            });
         };
         let live: BTreeSet<u64> = place.live_tickets()?.into_iter().collect();
         let live_holders: Vec<String> = state
@@ -487,4 +518,25 @@ impl LocalAdmin {
             self.prefix
         ))
     }
+
+    /// What to say of stale files that `reset` could not remove.
+    fn stuck(&self, stuck: &[StaleFile]) -> String {
+        let owners: BTreeSet<String> = stuck.iter().map(|f| files::user_name(f.owner)).collect();
+        let owners: Vec<String> = owners.into_iter().collect();
+        format!(
+            "could not remove the stale files {} at {} (in a shared directory only their owner or root may): consem skips them, so they are in nobody's way; to remove them, run consem reset on this prefix as {} or as root",
+            listing(stuck),
+            self.prefix,
+            owners.join(" or ")
+        )
+    }
+}
+
+/// Stale files as `path (owner), ...`.
+fn listing(files: &[StaleFile]) -> String {
+    files
+        .iter()
+        .map(|f| format!("{} ({})", f.path.display(), files::user_name(f.owner)))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
