@@ -5,7 +5,8 @@
 
 mod common;
 
-use std::process::Stdio;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 use common::wait_until;
@@ -292,4 +293,496 @@ fn a_holder_whose_directory_is_deleted_stops_its_command() {
     std::fs::remove_dir_all(prefix_dir(&world)).unwrap();
     let status = wait_with_deadline(&mut holder, PROMPT, "the holder to notice");
     assert_eq!(status.code(), Some(76));
+}
+
+/// Who runs a consem in the tests of two users on one prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum User {
+    Root,
+    Nobody,
+}
+
+/// Root and `nobody` on one prefix of a store directory they share, made
+/// as the default /run/lock/consem is (writable by all, sticky), with the
+/// binary where `nobody` may run it and a scratch directory both write to.
+struct TwoUsers {
+    world: World,
+    base: PathBuf,
+    bin: PathBuf,
+    scratch: PathBuf,
+}
+
+impl TwoUsers {
+    /// Fails, never skips, where `runuser` or the user `nobody` is missing.
+    fn new(name: &str) -> TwoUsers {
+        // SAFETY: geteuid cannot fail.
+        assert_eq!(
+            unsafe { libc::geteuid() },
+            0,
+            "the tests of two users run as root, to run consem as nobody with runuser"
+        );
+        match Command::new("runuser")
+            .args(["-u", "nobody", "--", "true"])
+            .status()
+        {
+            Ok(status) if status.success() => {}
+            other => panic!(
+                "runuser -u nobody -- true: {other:?}: the tests of two users need runuser (util-linux) and the user nobody"
+            ),
+        }
+        let world = World::local(name);
+        set_mode(&world.dir, 0o755);
+        let bin = world.dir.join("consem");
+        std::fs::copy(env!("CARGO_BIN_EXE_consem"), &bin).unwrap();
+        set_mode(&bin, 0o755);
+        let base = world.dir.join("shared");
+        std::fs::create_dir(&base).unwrap();
+        set_mode(&base, 0o1777);
+        let scratch = world.dir.join("scratch");
+        std::fs::create_dir(&scratch).unwrap();
+        set_mode(&scratch, 0o777);
+        TwoUsers {
+            world,
+            base,
+            bin,
+            scratch,
+        }
+    }
+
+    /// `consem` as `user`, its output piped, under a umask that lets
+    /// nobody else read what it makes: what other users need of its files,
+    /// consem must give them itself.
+    fn consem(&self, user: User) -> Command {
+        use std::os::unix::process::CommandExt as _;
+        let mut command = match user {
+            User::Root => Command::new(&self.bin),
+            User::Nobody => {
+                let mut command = Command::new("runuser");
+                command.args(["-u", "nobody", "--"]).arg(&self.bin);
+                command
+            }
+        };
+        command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        // SAFETY: umask is async-signal-safe and touches no memory.
+        unsafe {
+            command.pre_exec(|| {
+                libc::umask(0o077);
+                Ok(())
+            });
+        }
+        command
+    }
+
+    fn store(&self) -> String {
+        format!("--store=local:{}", self.base.display())
+    }
+
+    /// `consem run` as `user` of `sh -c script`.
+    fn run(&self, user: User, limit: u32, extra: &[&str], script: &str) -> Command {
+        let mut command = self.consem(user);
+        command
+            .args(["run", &self.store(), "--prefix", &self.world.prefix])
+            .args(["--limit", &limit.to_string()])
+            .args(extra)
+            .args(["--", "sh", "-c", script]);
+        command
+    }
+
+    /// `consem <subcommand>` (status, release, reset) as `user`.
+    fn admin(&self, user: User, subcommand: &str, extra: &[&str]) -> Output {
+        let child = self
+            .consem(user)
+            .args([subcommand, &self.store(), "--prefix", &self.world.prefix])
+            .args(extra)
+            .spawn()
+            .unwrap();
+        finish_within(child)
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.scratch.join(name).display().to_string()
+    }
+
+    /// A command that writes its fence to `<name>.fence`.
+    fn fence_script(&self, name: &str) -> String {
+        format!(
+            "echo $CONSEM_FENCE > '{}'",
+            self.path(&format!("{name}.fence"))
+        )
+    }
+
+    /// A holder as `user` whose command writes its fence to `<name>.fence`,
+    /// then says it runs and runs until `go(name)`; returned once it runs.
+    fn hold(&self, user: User, limit: u32, name: &str) -> Child {
+        let script = format!(
+            "{}; touch '{}'; while [ ! -e '{}' ]; do sleep 0.02; done",
+            self.fence_script(name),
+            self.path(&format!("{name}.ready")),
+            self.path(&format!("{name}.go"))
+        );
+        let mut holder = self.run(user, limit, &[], &script).spawn().unwrap();
+        let ready = self.scratch.join(format!("{name}.ready"));
+        wait_until(PROMPT, &format!("{name}'s command to start"), || {
+            still_running(&mut holder, name);
+            ready.exists()
+        });
+        holder
+    }
+
+    fn go(&self, name: &str) {
+        std::fs::write(self.scratch.join(format!("{name}.go")), b"").unwrap();
+    }
+
+    fn fence(&self, name: &str) -> u64 {
+        let text = std::fs::read_to_string(self.path(&format!("{name}.fence"))).unwrap();
+        text.trim().parse().unwrap()
+    }
+
+    fn prefix_dir(&self) -> PathBuf {
+        let entries: Vec<_> = std::fs::read_dir(&self.base)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert_eq!(entries.len(), 1, "{entries:?}");
+        entries[0].clone()
+    }
+
+    /// The prefix directory's file names, sorted.
+    fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(self.prefix_dir())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Live or not, the contender files in the prefix's directory.
+    fn contenders(&self) -> usize {
+        self.names().iter().filter(|n| n.ends_with(".c")).count()
+    }
+
+    fn state(&self) -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(self.prefix_dir().join("state")).unwrap()).unwrap()
+    }
+}
+
+fn set_mode(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+fn mode_of(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o7777
+}
+
+/// Panics with its stderr if `child` (named `what`) has exited.
+fn still_running(child: &mut Child, what: &str) {
+    if let Some(status) = child.try_wait().unwrap() {
+        let mut text = String::new();
+        std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut text).unwrap();
+        panic!("{what} exited early ({status}): {text}");
+    }
+}
+
+fn finish_within(mut child: Child) -> Output {
+    wait_with_deadline(&mut child, PROMPT, "consem to exit");
+    child.wait_with_output().unwrap()
+}
+
+fn code(output: &Output) -> Option<i32> {
+    output.status.code()
+}
+
+/// The bug found by fault injection: root held a prefix, nobody's consem
+/// could not rewrite the record (77) and left files that made every later
+/// contender exit 69. Either way round, the second user now waits for the
+/// slot, runs, and leaves the prefix as clean as one user would.
+#[test]
+fn two_users_share_a_prefix_whoever_comes_first() {
+    for (first, second) in [(User::Root, User::Nobody), (User::Nobody, User::Root)] {
+        let users = TwoUsers::new("two-users");
+        let holder = users.hold(first, 1, "first");
+        let mut waiter = users
+            .run(second, 1, &[], &users.fence_script("second"))
+            .spawn()
+            .unwrap();
+        wait_until(PROMPT, "the second user's consem to wait", || {
+            still_running(&mut waiter, "the second user's consem");
+            users.contenders() == 2
+        });
+        // One slot: the second waits while the first holds it.
+        assert!(!users.scratch.join("second.fence").exists());
+        users.go("first");
+        let held = finish_within(holder);
+        assert_eq!(code(&held), Some(0), "{first:?}: {}", stderr(&held));
+        let waited = finish_within(waiter);
+        assert_eq!(code(&waited), Some(0), "{second:?}: {}", stderr(&waited));
+        let again = finish_within(
+            users
+                .run(first, 1, &[], &users.fence_script("third"))
+                .spawn()
+                .unwrap(),
+        );
+        assert_eq!(code(&again), Some(0), "{first:?}: {}", stderr(&again));
+        let fences = [
+            users.fence("first"),
+            users.fence("second"),
+            users.fence("third"),
+        ];
+        assert!(
+            fences[0] < fences[1] && fences[1] < fences[2],
+            "{first:?} then {second:?}: fences {fences:?}"
+        );
+        // Every user may lock `meta` and rewrite both it and `state`.
+        for name in ["meta", "state"] {
+            assert_eq!(mode_of(&users.prefix_dir().join(name)), 0o666, "{name}");
+        }
+        assert_local_clean(&users.base);
+    }
+}
+
+#[test]
+fn the_limit_holds_with_both_users() {
+    let users = TwoUsers::new("two-users-limit");
+    let log = users.scratch.join("log");
+    std::fs::write(&log, b"").unwrap();
+    set_mode(&log, 0o666);
+    let script = format!(
+        "echo start >> '{0}'; sleep 0.2; echo end >> '{0}'",
+        log.display()
+    );
+    let children: Vec<(User, Child)> = (0..8)
+        .map(|i| {
+            let user = if i % 2 == 0 { User::Root } else { User::Nobody };
+            (user, users.run(user, 3, &[], &script).spawn().unwrap())
+        })
+        .collect();
+    for (user, child) in children {
+        let mut child = child;
+        wait_with_deadline(&mut child, Duration::from_secs(60), "a contender to run");
+        let output = child.wait_with_output().unwrap();
+        assert_eq!(code(&output), Some(0), "{user:?}: {}", stderr(&output));
+    }
+    let log = std::fs::read_to_string(&log).unwrap();
+    let (mut running, mut most, mut starts) = (0i32, 0i32, 0);
+    for line in log.lines() {
+        if line == "start" {
+            running += 1;
+            starts += 1;
+        } else {
+            running -= 1;
+        }
+        most = most.max(running);
+    }
+    assert_eq!(starts, 8, "every contender ran:\n{log}");
+    assert!(most <= 3, "{most} ran at once:\n{log}");
+    assert_local_clean(&users.base);
+}
+
+/// A join that fails after it made its files removes them: here nobody may
+/// not rewrite a record that root's consem made without the mode every
+/// user needs (as an older consem did). Root's next consem gives it that
+/// mode, and nobody's then runs.
+#[test]
+fn a_join_that_fails_leaves_no_file() {
+    let users = TwoUsers::new("failed-join");
+    let first = finish_within(users.run(User::Root, 1, &[], "true").spawn().unwrap());
+    assert_eq!(code(&first), Some(0), "{}", stderr(&first));
+    let state = users.prefix_dir().join("state");
+    set_mode(&state, 0o644);
+    let before = users.names();
+    let refused = finish_within(users.run(User::Nobody, 1, &[], "true").spawn().unwrap());
+    assert_eq!(code(&refused), Some(77), "{}", stderr(&refused));
+    let text = stderr(&refused);
+    assert!(text.contains("belongs to root with mode 644"), "{text}");
+    assert_eq!(text.lines().count(), 1, "{text}");
+    assert_eq!(users.names(), before, "files left by the failed join");
+    let repairs = finish_within(users.run(User::Root, 1, &[], "true").spawn().unwrap());
+    assert_eq!(code(&repairs), Some(0), "{}", stderr(&repairs));
+    assert_eq!(mode_of(&state), 0o666);
+    let runs = finish_within(users.run(User::Nobody, 1, &[], "true").spawn().unwrap());
+    assert_eq!(code(&runs), Some(0), "{}", stderr(&runs));
+    assert_local_clean(&users.base);
+}
+
+/// `state` deleted by hand, or cut short (a consem killed inside its
+/// write), under two holders of two users: the record is rebuilt from the
+/// live contenders' files, so the holders keep their slots, nobody takes
+/// a third, the limit is still theirs, and the fence goes on past theirs.
+#[test]
+fn a_record_lost_under_holders_is_rebuilt_and_the_limit_and_fence_hold() {
+    for cut_short in [false, true] {
+        let users = TwoUsers::new("lost-record");
+        let a = users.hold(User::Root, 2, "a");
+        let b = users.hold(User::Nobody, 2, "b");
+        let state = users.prefix_dir().join("state");
+        if cut_short {
+            let bytes = std::fs::read(&state).unwrap();
+            std::fs::write(&state, &bytes[..bytes.len() / 2]).unwrap();
+        } else {
+            std::fs::remove_file(&state).unwrap();
+        }
+        for user in [User::Root, User::Nobody] {
+            let full = finish_within(users.run(user, 2, &["--try"], "true").spawn().unwrap());
+            assert_eq!(code(&full), Some(75), "{user:?}: {}", stderr(&full));
+        }
+        let other_limit = finish_within(users.run(User::Nobody, 3, &[], "true").spawn().unwrap());
+        assert_eq!(code(&other_limit), Some(65), "{}", stderr(&other_limit));
+        let status = users.admin(User::Nobody, "status", &[]);
+        assert_eq!(code(&status), Some(0), "{}", stderr(&status));
+        let shown = String::from_utf8_lossy(&status.stdout);
+        assert!(shown.contains("2 of 2 slots held"), "{shown}");
+        let mut waiter = users
+            .run(User::Root, 2, &[], &users.fence_script("c"))
+            .spawn()
+            .unwrap();
+        wait_until(PROMPT, "the waiter to join the queue", || {
+            still_running(&mut waiter, "the waiter");
+            users.contenders() == 3
+        });
+        users.go("a");
+        let a = finish_within(a);
+        assert_eq!(code(&a), Some(0), "{}", stderr(&a));
+        let waited = finish_within(waiter);
+        assert_eq!(code(&waited), Some(0), "{}", stderr(&waited));
+        assert!(
+            users.fence("c") > users.fence("a").max(users.fence("b")),
+            "fences: a {}, b {}, then c {}",
+            users.fence("a"),
+            users.fence("b"),
+            users.fence("c")
+        );
+        users.go("b");
+        let b = finish_within(b);
+        assert_eq!(code(&b), Some(0), "{}", stderr(&b));
+        assert_local_clean(&users.base);
+    }
+}
+
+/// The files of the ticket the record hands out next, left by root (a join
+/// that failed, a hand edit), and a stray contender file of nobody's: nobody
+/// joins past them, status names the ones it cannot remove as stale, reset
+/// says who can remove them, and root's reset does.
+#[test]
+fn stray_files_wedge_nothing_status_shows_them_and_reset_removes_them() {
+    let users = TwoUsers::new("stray-files");
+    let first = finish_within(users.run(User::Root, 1, &[], "true").spawn().unwrap());
+    assert_eq!(code(&first), Some(0), "{}", stderr(&first));
+    let next = users.state()["next"].as_u64().unwrap();
+    let dir = users.prefix_dir();
+    let root_files: Vec<PathBuf> = ["c", "q"]
+        .iter()
+        .map(|kind| dir.join(format!("{next}.{kind}")))
+        .collect();
+    for path in &root_files {
+        std::fs::write(path, b"{}").unwrap();
+    }
+    let fifo = dir.join(format!("{next}.w"));
+    let c_fifo = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo reads the NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c_fifo.as_ptr(), 0o622) }, 0);
+    let nobodys = dir.join(format!("{}.c", next + 1));
+    let touched = Command::new("runuser")
+        .args(["-u", "nobody", "--", "touch"])
+        .arg(&nobodys)
+        .status()
+        .unwrap();
+    assert!(touched.success());
+
+    let ran = finish_within(
+        users
+            .run(User::Nobody, 1, &[], &users.fence_script("nobody"))
+            .spawn()
+            .unwrap(),
+    );
+    assert_eq!(code(&ran), Some(0), "{}", stderr(&ran));
+    // Nobody removed its own stray file, and may not remove root's.
+    assert!(!nobodys.exists());
+    let stale = [root_files[0].clone(), root_files[1].clone(), fifo.clone()];
+    for path in &stale {
+        assert!(path.exists(), "{}", path.display());
+    }
+
+    for user in [User::Nobody, User::Root] {
+        let status = users.admin(user, "status", &[]);
+        let text = stderr(&status);
+        assert!(text.contains("stale files"), "{user:?}: {text}");
+        for path in &stale {
+            assert!(
+                text.contains(&format!("{} (root)", path.display())),
+                "{text}"
+            );
+        }
+    }
+    let refused = users.admin(User::Nobody, "reset", &[]);
+    let text = stderr(&refused);
+    assert!(text.contains("could not remove"), "{text}");
+    assert!(text.contains("as root"), "{text}");
+    for path in &stale {
+        assert!(path.exists(), "{}", path.display());
+    }
+    let reset = users.admin(User::Root, "reset", &[]);
+    assert_eq!(code(&reset), Some(0), "{}", stderr(&reset));
+    assert!(
+        !stderr(&reset).contains("could not remove"),
+        "{}",
+        stderr(&reset)
+    );
+    assert_local_clean(&users.base);
+    let status = users.admin(User::Nobody, "status", &[]);
+    assert!(!stderr(&status).contains("stale"), "{}", stderr(&status));
+}
+
+/// Either user releases the other's holder: its consem is woken through
+/// its FIFO, stops its command and exits 76, and the slot goes to the
+/// other user's waiter.
+#[test]
+fn one_user_releases_the_others_holder() {
+    for (holder_user, operator) in [(User::Nobody, User::Root), (User::Root, User::Nobody)] {
+        let users = TwoUsers::new("release-other");
+        let holder = users.hold(holder_user, 1, "held");
+        let ticket = users.state()["holders"][0].as_u64().unwrap().to_string();
+        let released = users.admin(operator, "release", &["--session", &ticket]);
+        assert_eq!(code(&released), Some(0), "{}", stderr(&released));
+        let lost = finish_within(holder);
+        assert_eq!(code(&lost), Some(76), "{holder_user:?}: {}", stderr(&lost));
+        let next = finish_within(users.run(operator, 1, &[], "true").spawn().unwrap());
+        assert_eq!(code(&next), Some(0), "{operator:?}: {}", stderr(&next));
+        assert_local_clean(&users.base);
+    }
+}
+
+/// Root's consem is killed while it holds the one slot: nobody probes its
+/// contender file (which root's umask would have kept from other users),
+/// sees it dead and takes the slot; the files nobody may not remove are
+/// shown as stale, and removed by root's next consem.
+#[test]
+fn a_dead_contender_of_another_user_is_skipped() {
+    let users = TwoUsers::new("dead-other");
+    let holder = users.hold(User::Root, 1, "held");
+    let status = users.admin(User::Nobody, "status", &[]);
+    assert_eq!(code(&status), Some(0), "{}", stderr(&status));
+    let shown = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        shown.contains(&format!(" {} ", holder.id())),
+        "root's holder described to nobody:\n{shown}"
+    );
+    signal(&holder, libc::SIGKILL);
+    let _ = finish_within(holder);
+    let ran = finish_within(users.run(User::Nobody, 1, &[], "true").spawn().unwrap());
+    assert_eq!(code(&ran), Some(0), "{}", stderr(&ran));
+    let status = users.admin(User::Nobody, "status", &[]);
+    assert!(
+        stderr(&status).contains("stale files"),
+        "{}",
+        stderr(&status)
+    );
+    let ran = finish_within(users.run(User::Root, 1, &[], "true").spawn().unwrap());
+    assert_eq!(code(&ran), Some(0), "{}", stderr(&ran));
+    assert_local_clean(&users.base);
 }
