@@ -738,14 +738,14 @@ impl PrefixDir {
         Ok(stale)
     }
 
-    /// Removes the stale files it may; returns those that stay (another
+    /// Removes the `stale` files it may; returns those that stay (another
     /// user's, in a sticky directory). Call with the directory locked.
-    pub fn remove_stale_files(&self) -> Result<Vec<StaleFile>, StoreError> {
-        Ok(self
-            .stale_files()?
-            .into_iter()
+    pub fn remove_stale_files(&self, stale: &[StaleFile]) -> Vec<StaleFile> {
+        stale
+            .iter()
             .filter(|file| matches!(fs::remove_file(&file.path), Err(e) if e.kind() != io::ErrorKind::NotFound))
-            .collect())
+            .cloned()
+            .collect()
     }
 
     fn read_contender_file(&self, ticket: u64) -> io::Result<Vec<u8>> {

@@ -471,7 +471,7 @@ impl Admin for LocalAdmin {
         let _meta = place.lock()?;
         let mut state = place.read_state()?;
         let stale = place.stale_files()?;
-        let stuck = place.remove_stale_files()?;
+        let stuck = place.remove_stale_files(&stale);
         if !stuck.is_empty() {
             report::warning(&self.stuck(&stuck));
         }
