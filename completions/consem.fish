@@ -38,7 +38,7 @@ complete -c consem -n "__fish_consem_using_subcommand run" -l timeout -d 'Give u
 complete -c consem -n "__fish_consem_using_subcommand run" -s E -l no-slot-exit-code -d 'Exit code when no slot was obtained' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l ttl -d 'Consul, Redis and etcd: the lease of a slot, renewed every TTL/3 (Consul\'s session TTL, 10s to 24h; a Redis permit\'s or an etcd lease\'s, 2s to 24h; default 15s)' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l kill-grace -d 'Time between SIGTERM and SIGKILL when consem must stop the command (default 5s; on Consul, Redis and etcd, at most what fits in the lease of --ttl)' -r
-complete -c consem -n "__fish_consem_using_subcommand run" -l monitor-retry -d 'Consul, Redis and etcd: consecutive failures to reach the store tolerated while holding a slot (default 3)' -r
+complete -c consem -n "__fish_consem_using_subcommand run" -l monitor-retry -d 'Consul, Redis and etcd: give a held slot up after N failed attempts in a row to reach the store (default: keep trying while the slot\'s lease lasts)' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l name -d 'Consul: session name (default: "consem: <command> at <prefix>")' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l log-format -d 'Format of what consem writes on stderr' -r -f -a "text\t'`<time> consem[<pid>] <event> key=value ...`; errors as `consem: error: ...`'
 json\t'One JSON object per line: time, pid, level, event or message, details'"
@@ -61,6 +61,7 @@ complete -c consem -n "__fish_consem_using_subcommand run" -l cert -d 'PEM clien
 complete -c consem -n "__fish_consem_using_subcommand run" -l key -d 'PEM private key of the client certificate [default: ETCDCTL_KEY]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand run" -l try -d 'Make one attempt and do not wait'
 complete -c consem -n "__fish_consem_using_subcommand run" -l wait-group -d 'Keep the slot until every process in the command\'s process group has exited, instead of stopping them when the command exits'
+complete -c consem -n "__fish_consem_using_subcommand run" -l redis-allow-eviction -d 'Redis: run even where Redis may evict any key when its memory is full (maxmemory-policy allkeys-*), the semaphore\'s permits too, which lets more than --limit run'
 complete -c consem -n "__fish_consem_using_subcommand run" -s v -l verbose -d 'Print lifecycle events on stderr'
 complete -c consem -n "__fish_consem_using_subcommand run" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c consem -n "__fish_consem_using_subcommand run" -s V -l version -d 'Print version'

@@ -65,7 +65,7 @@ fn open(
         }
         StoreChoice::Redis(url) => {
             options::refuse_consul_options(&consul_args, "redis://").map_err(StoreError::Usage)?;
-            let settings = crate::store::redis::Settings::new(&url, &env, 1, None, None)
+            let settings = crate::store::redis::Settings::new(&url, &env, 1, None, None, false)
                 .map_err(StoreError::Usage)?;
             Box::new(crate::store::redis::RedisAdmin::new(settings, &prefix))
         }
@@ -115,6 +115,7 @@ fn render(status: &Status) -> String {
             out.push_str(&format!(", {} contender(s) joining", status.waiters.len()));
         }
         out.push('\n');
+        render_leftovers(status, &mut out);
         return out;
     };
     out.push_str(&format!(
@@ -161,7 +162,24 @@ fn render(status: &Status) -> String {
             out.push_str(&format!("  {}\n", crate::report::printable(id)));
         }
     }
+    render_leftovers(status, &mut out);
     out
+}
+
+/// The lock delay and what no live contender accounts for.
+fn render_leftovers(status: &Status, out: &mut String) {
+    if let Some(left) = status.lock_delay_ms {
+        out.push_str(&format!(
+            "\nLOCK DELAY: no slot is granted for another {} (the semaphore's keys were lost; holders the store forgot are stopping)\n",
+            crate::duration::human(std::time::Duration::from_millis(left))
+        ));
+    }
+    if !status.stale.is_empty() {
+        out.push_str("\nSTALE (left by an outage or a crash; no live contender accounts for it)\n");
+        for item in &status.stale {
+            out.push_str(&format!("  {}\n", crate::report::printable(item)));
+        }
+    }
 }
 
 // ---- release --------------------------------------------------------------

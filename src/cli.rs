@@ -211,10 +211,16 @@ pub struct RunArgs {
     #[arg(long)]
     pub wait_group: bool,
 
-    /// Consul, Redis and etcd: consecutive failures to reach the store tolerated while
-    /// holding a slot (default 3)
+    /// Consul, Redis and etcd: give a held slot up after N failed attempts in a row
+    /// to reach the store (default: keep trying while the slot's lease lasts)
     #[arg(long, value_name = "N")]
     pub monitor_retry: Option<u32>,
+
+    /// Redis: run even where Redis may evict any key when its memory is full
+    /// (maxmemory-policy allkeys-*), the semaphore's permits too, which lets more than
+    /// --limit run
+    #[arg(long)]
+    pub redis_allow_eviction: bool,
 
     /// Consul: session name (default: "consem: <command> at <prefix>")
     #[arg(long, value_name = "NAME")]

@@ -38,6 +38,8 @@ pub mod exit {
     pub const UNAVAILABLE: i32 = 69;
     pub const SLOT_LOST: i32 = 76;
     pub const DENIED: i32 = 77;
+    /// The store's own configuration breaks the semaphore's promise.
+    pub const CONFIG: i32 = 78;
     pub const NOT_EXECUTABLE: i32 = 126;
     pub const NOT_FOUND: i32 = 127;
 }
@@ -49,6 +51,7 @@ pub fn exit_code_of(error: &StoreError) -> i32 {
         StoreError::Conflict(_) => exit::CONFLICT,
         StoreError::Unavailable(_) => exit::UNAVAILABLE,
         StoreError::Denied(_) => exit::DENIED,
+        StoreError::Config(_) => exit::CONFIG,
     }
 }
 

@@ -129,6 +129,11 @@ impl RunOptions {
             };
             refuse_etcd_options(&args.etcd, store)?;
         }
+        if args.redis_allow_eviction && !matches!(choice, StoreChoice::Redis(_)) {
+            return Err(
+                "--redis-allow-eviction is an option of the Redis store, and --store is not redis://: drop it".into(),
+            );
+        }
         let store = match choice {
             StoreChoice::Consul => {
                 let session_name = args
@@ -167,6 +172,7 @@ impl RunOptions {
                     args.limit,
                     args.ttl,
                     args.monitor_retry,
+                    args.redis_allow_eviction,
                 )?))
             }
             StoreChoice::Etcd(store) => {

@@ -88,6 +88,10 @@ fn permits_of_the_common_clients_count_against_the_limit_and_expire_as_they_expe
     world.assert_clean();
 }
 
+/// A server restarted without its data forgets every permit: the holder
+/// notices within about a second (it looks between renewals), stops its
+/// command (76), and no slot is granted on the prefix for a TTL, so that
+/// every holder the server forgot has stopped before its slot is taken.
 #[test]
 fn a_server_restarted_without_persistence_takes_the_slot_away() {
     let mut world = World::redis("restarted");
@@ -99,10 +103,295 @@ fn a_server_restarted_without_persistence_takes_the_slot_away() {
     );
     let pid = read_pid(&world, "pid");
     world.redis.as_mut().unwrap().restart();
-    let output = finish(holder);
-    assert_eq!(output.status.code(), Some(76), "{}", stderr(&output));
-    assert!(stderr(&output).contains("slot lost"), "{}", stderr(&output));
+    let output_of_holder = finish(holder);
+    let text = stderr(&output_of_holder);
+    assert_eq!(output_of_holder.status.code(), Some(76), "{text}");
+    assert!(
+        text.contains("slot lost") && text.contains("vanished"),
+        "{text}"
+    );
     assert!(process_gone(pid));
+    // The lock delay: a TTL during which nobody takes a slot.
+    let tried = output(&world, 1, &["--try"], &["true"]);
+    assert_eq!(tried.status.code(), Some(75), "{}", stderr(&tried));
+    let lock_delay = format!("semaphore:{}:lock-delay", world.prefix);
+    let mut connection = world.redis.as_ref().unwrap().connection().unwrap();
+    let left: i64 = redis::cmd("PTTL")
+        .arg(&lock_delay)
+        .query(&mut connection)
+        .unwrap();
+    assert!(
+        0 < left && left <= 6000,
+        "the lock delay has {left} ms left"
+    );
+    let status = world.admin("status", &[]).output().unwrap();
+    let shown = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        shown.contains("LOCK DELAY"),
+        "status says nothing of the lock delay: {shown}"
+    );
+    wait_until(PROMPT, "the lock delay to end", || {
+        let left: i64 = redis::cmd("PTTL")
+            .arg(&lock_delay)
+            .query(&mut connection)
+            .unwrap();
+        left < 0
+    });
+    let after = output(&world, 1, &["--try"], &["true"]);
+    assert_eq!(after.status.code(), Some(0), "{}", stderr(&after));
+    world.assert_clean();
+}
+
+/// When each command started and ended, by name, from a log that
+/// `logged_run` writes.
+fn spans(log: &str) -> std::collections::HashMap<String, (f64, f64)> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let mut spans = std::collections::HashMap::new();
+    for line in text.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let [what, name, at] = fields[..] else {
+            panic!("a line of the log: {line}")
+        };
+        let at: f64 = at.parse().unwrap();
+        let span = spans
+            .entry(name.to_string())
+            .or_insert((f64::NAN, f64::NAN));
+        if what == "start" {
+            span.0 = at;
+        } else {
+            span.1 = at;
+        }
+    }
+    spans
+}
+
+/// A command that logs when it starts and ends (a SIGTERM ends it at once,
+/// logged), running for `seconds`.
+fn logged_run(log: &str, name: &str, seconds: u32) -> Vec<String> {
+    let now = "$(date +%s.%N)";
+    vec![
+        "sh".into(),
+        "-c".into(),
+        format!(
+            "echo start {name} {now} >> '{log}'; trap 'echo end {name} {now} >> '\\''{log}'\\''; exit 0' TERM; \
+             sleep {seconds} & wait; echo end {name} {now} >> '{log}'"
+        ),
+    ]
+}
+
+fn overlap(a: (f64, f64), b: (f64, f64)) -> f64 {
+    (a.1.min(b.1) - a.0.max(b.0)).max(0.0)
+}
+
+/// FLUSHALL under a holder, a waiter and a newcomer: the holder stops
+/// within about a second plus its kill grace (76); the waiter, which had
+/// seen the keys, takes no slot until a TTL has passed; a newcomer that
+/// came right after the wipe may run beside the holder only until the
+/// holder notices.
+#[test]
+fn a_wipe_stops_the_holder_and_holds_back_every_grant_for_a_ttl() {
+    let world = World::redis("flushall");
+    let log = world.path("log");
+    let ttl = ["--ttl", "6s", "--kill-grace", "1s"];
+    let holder = world.spawn(1, &ttl, &strs(&logged_run(&log, "holder", 60)));
+    wait_until(PROMPT, "the holder's command to start", || {
+        spans(&log).contains_key("holder")
+    });
+    let waiter = world.spawn(1, &ttl, &strs(&logged_run(&log, "waiter", 1)));
+    wait_until(PROMPT, "the waiter to join the queue", || {
+        world.contender_keys() == 2
+    });
+    let mut connection = world.redis.as_ref().unwrap().connection().unwrap();
+    let _: () = redis::cmd("FLUSHALL").query(&mut connection).unwrap();
+    let wiped = server_time(world.redis.as_ref().unwrap());
+    let newcomer = world.spawn(1, &ttl, &strs(&logged_run(&log, "newcomer", 1)));
+    let stopped = finish(holder);
+    assert_eq!(stopped.status.code(), Some(76), "{}", stderr(&stopped));
+    for child in [waiter, newcomer] {
+        let done = finish(child);
+        assert_eq!(done.status.code(), Some(0), "{}", stderr(&done));
+    }
+    let spans = spans(&log);
+    let (holder, waiter, newcomer) = (spans["holder"], spans["waiter"], spans["newcomer"]);
+    assert!(
+        overlap(holder, newcomer) < 1.0 + 1.0 + 2.0,
+        "the newcomer ran {:.2} s beside the forgotten holder: {spans:?}",
+        overlap(holder, newcomer)
+    );
+    assert_eq!(overlap(holder, waiter), 0.0, "{spans:?}");
+    assert_eq!(overlap(newcomer, waiter), 0.0, "{spans:?}");
+    assert!(
+        waiter.0 - wiped >= 5.0,
+        "the waiter started {:.2} s after the wipe, within the lock delay: {spans:?}",
+        waiter.0 - wiped
+    );
+    wait_until(PROMPT, "the lock delay to end", || {
+        world
+            .redis
+            .as_ref()
+            .unwrap()
+            .keys(&world.prefix)
+            .iter()
+            .all(|k| !k.ends_with(":lock-delay"))
+    });
+    world.assert_clean();
+}
+
+/// A Redis that may evict any key once its memory is full is refused
+/// (78) before anything is written, unless the run accepts the risk.
+#[test]
+fn a_redis_that_may_evict_the_permits_is_refused_unless_allowed() {
+    let world = World::redis("evicting");
+    let redis = world.redis.as_ref().unwrap();
+    let mut connection = redis.connection().unwrap();
+    let config = |connection: &mut redis::Connection, name: &str, value: &str| {
+        let _: () = redis::cmd("CONFIG")
+            .arg(&["SET", name, value][..])
+            .query(connection)
+            .unwrap();
+    };
+    config(&mut connection, "maxmemory", "64mb");
+    config(&mut connection, "maxmemory-policy", "allkeys-lru");
+    let refused = output(&world, 1, &[], &["touch", &world.path("ran")]);
+    let text = stderr(&refused);
+    assert_eq!(refused.status.code(), Some(78), "{text}");
+    assert_eq!(text.lines().count(), 1, "{text}");
+    for says in ["allkeys-lru", "noeviction", "--redis-allow-eviction"] {
+        assert!(text.contains(says), "{says} not in: {text}");
+    }
+    assert!(!world.exists("ran"));
+    assert_eq!(redis.keys(&world.prefix), Vec::<String>::new());
+    let allowed = output(&world, 1, &["--redis-allow-eviction"], &["true"]);
+    assert_eq!(allowed.status.code(), Some(0), "{}", stderr(&allowed));
+    config(&mut connection, "maxmemory-policy", "volatile-lru");
+    let volatile = output(&world, 1, &[], &["true"]);
+    assert_eq!(volatile.status.code(), Some(0), "{}", stderr(&volatile));
+    config(&mut connection, "maxmemory-policy", "allkeys-random");
+    config(&mut connection, "maxmemory", "0");
+    let unlimited = output(&world, 1, &[], &["true"]);
+    assert_eq!(unlimited.status.code(), Some(0), "{}", stderr(&unlimited));
+    world.assert_clean();
+}
+
+/// With eviction allowed, a flood of other keys that evicts the permits
+/// under a holder: the holder stops within about a second plus its kill
+/// grace (76), and no more than the limit run for longer than that.
+#[test]
+fn evicted_permits_are_noticed_within_about_a_second() {
+    let world = World::redis("evicted");
+    let redis = world.redis.as_ref().unwrap();
+    let mut connection = redis.connection().unwrap();
+    let log = world.path("log");
+    let args = [
+        "--ttl",
+        "6s",
+        "--kill-grace",
+        "1s",
+        "--redis-allow-eviction",
+    ];
+    let holder = world.spawn(1, &args, &strs(&logged_run(&log, "holder", 60)));
+    wait_until(PROMPT, "the holder's command to start", || {
+        spans(&log).contains_key("holder")
+    });
+    let waiter = world.spawn(1, &args, &strs(&logged_run(&log, "waiter", 1)));
+    wait_until(PROMPT, "the waiter to join the queue", || {
+        world.contender_keys() == 2
+    });
+    let used: String = redis::cmd("INFO")
+        .arg("memory")
+        .query(&mut connection)
+        .unwrap();
+    let used: u64 = used
+        .lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg(&["SET", "maxmemory-policy", "allkeys-random"][..])
+        .query(&mut connection)
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg(&["SET", "maxmemory", &(used + 2_000_000).to_string()][..])
+        .query(&mut connection)
+        .unwrap();
+    let permits = format!("semaphore:{}", world.prefix);
+    let filler = "x".repeat(16 * 1024);
+    let mut flooded = 0;
+    wait_until(PROMPT * 3, "the flood to evict the permits", || {
+        for _ in 0..50 {
+            let _: () = redis::cmd("SET")
+                .arg(format!("flood:{flooded}"))
+                .arg(&filler)
+                .query(&mut connection)
+                .unwrap();
+            flooded += 1;
+        }
+        let left: i64 = redis::cmd("EXISTS")
+            .arg(&permits)
+            .query(&mut connection)
+            .unwrap();
+        left == 0
+    });
+    // No more evictions: what follows is the semaphore's own doing.
+    let _: () = redis::cmd("CONFIG")
+        .arg(&["SET", "maxmemory", "0"][..])
+        .query(&mut connection)
+        .unwrap();
+    let stopped = finish(holder);
+    assert_eq!(stopped.status.code(), Some(76), "{}", stderr(&stopped));
+    let waited = finish(waiter);
+    assert_eq!(waited.status.code(), Some(0), "{}", stderr(&waited));
+    let spans = spans(&log);
+    assert!(
+        overlap(spans["holder"], spans["waiter"]) < 1.0 + 1.0 + 2.0,
+        "the waiter ran {:.2} s beside the holder whose permit was evicted: {spans:?}",
+        overlap(spans["holder"], spans["waiter"])
+    );
+}
+
+/// A restart of Redis with its data, longer than the three failures in a
+/// row that once ended a holder: holders with the default settings retry
+/// while their lease lasts and go on (exit 0).
+#[test]
+fn holders_ride_out_a_restart_of_redis_with_its_data() {
+    let mut world = World::redis("ride-out");
+    let holders: Vec<_> = (0..2)
+        .map(|n| {
+            let ready = format!("ready{n}");
+            spawn_verbose(
+                &world,
+                2,
+                &[],
+                &strs(&world.held_until(&ready, "go", 0)),
+                &format!("holder{n}.log"),
+            )
+        })
+        .collect();
+    wait_until(PROMPT, "both commands to start", || {
+        world.exists("ready0") && world.exists("ready1")
+    });
+    world.redis.as_mut().unwrap().shut_down_saving();
+    wait_until(PROMPT, "each holder to fail four times in a row", || {
+        (0..2).all(|n| {
+            log_text(&world, &format!("holder{n}.log"))
+                .matches("watch-retry")
+                .count()
+                >= 4
+        })
+    });
+    world.redis.as_mut().unwrap().start_again();
+    world.touch("go");
+    for (n, holder) in holders.into_iter().enumerate() {
+        let output = finish(holder);
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{}",
+            log_text(&world, &format!("holder{n}.log"))
+        );
+    }
     world.assert_clean();
 }
 
@@ -554,12 +843,15 @@ fn the_acquire_script_takes_slots_in_order_of_arrival() {
             .key(format!("{base}:fence"))
             .key(format!("{base}:limit"))
             .key(format!("{base}:alive"))
+            .key(format!("{base}:epoch"))
+            .key(format!("{base}:lock-delay"))
             .arg(id)
             .arg(limit)
             .arg(30_000)
             .arg(format!("{base}:"))
             .arg("{}")
             .arg("wait")
+            .arg("")
             .invoke(connection)
             .unwrap();
         match &answer[0] {

@@ -28,6 +28,62 @@ pub fn max_kill_grace(ttl: Duration) -> Duration {
     (ttl - ttl / MARGIN_DIVISOR - renew_period(ttl)).saturating_sub(Duration::from_secs(1))
 }
 
+/// The first pause after a failed attempt to reach the store while
+/// holding; later pauses are `RETRY_PAUSE`. Half a second, then a second:
+/// a restart of the store (a second or two) is ridden out, and a store
+/// that is down is not hammered.
+const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(500);
+const RETRY_PAUSE: Duration = Duration::from_secs(1);
+
+/// What a holder does after `failures` failed attempts in a row to reach
+/// the store (a renewal, a watch).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterFailure {
+    /// Try again after this pause.
+    RetryIn(Duration),
+    /// More failures in a row than the holder was told to bear
+    /// (`monitor_retry`).
+    TooMany { failures: u32, bearable: u32 },
+    /// The lease ran out before the store answered again: no renewal
+    /// could give the slot back now.
+    LeaseOver,
+}
+
+impl std::fmt::Display for AfterFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AfterFailure::RetryIn(pause) => {
+                write!(f, "trying again in {}", crate::duration::human(*pause))
+            }
+            AfterFailure::TooMany { failures, bearable } => {
+                write!(
+                    f,
+                    "{failures} failures in a row, --monitor-retry is {bearable}"
+                )
+            }
+            AfterFailure::LeaseOver => f.write_str("tried again until the lease ran out"),
+        }
+    }
+}
+
+/// Decides, for a holder whose lease ends at `lease_end`: retry while the
+/// lease lasts (the store keeps the slot at least that long, and the
+/// command is stopped at its end whatever happens), unless `monitor_retry`
+/// bounds the failures in a row. The same on every store with leases.
+pub fn after_failure(
+    failures: u32,
+    monitor_retry: Option<u32>,
+    lease_end: Instant,
+    now: Instant,
+) -> AfterFailure {
+    match monitor_retry {
+        Some(bearable) if failures > bearable => AfterFailure::TooMany { failures, bearable },
+        _ if now >= lease_end => AfterFailure::LeaseOver,
+        _ if failures <= 1 => AfterFailure::RetryIn(FIRST_RETRY_PAUSE),
+        _ => AfterFailure::RetryIn(RETRY_PAUSE),
+    }
+}
+
 /// The kill grace for a store with leases of `ttl`: one asked for that does
 /// not fit is refused; the default is shortened to fit.
 pub fn fit_kill_grace(
@@ -51,6 +107,45 @@ pub fn fit_kill_grace(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_holder_retries_while_its_lease_lasts_unless_told_to_give_up_sooner() {
+        let now = Instant::now();
+        let later = now + Duration::from_secs(5);
+        assert_eq!(
+            after_failure(1, None, later, now),
+            AfterFailure::RetryIn(FIRST_RETRY_PAUSE)
+        );
+        assert_eq!(
+            after_failure(40, None, later, now),
+            AfterFailure::RetryIn(RETRY_PAUSE)
+        );
+        assert_eq!(after_failure(1, None, now, now), AfterFailure::LeaseOver);
+        assert_eq!(
+            after_failure(3, Some(3), later, now),
+            AfterFailure::RetryIn(RETRY_PAUSE)
+        );
+        assert_eq!(
+            after_failure(4, Some(3), later, now),
+            AfterFailure::TooMany {
+                failures: 4,
+                bearable: 3
+            }
+        );
+        assert_eq!(
+            after_failure(4, Some(3), later, now).to_string(),
+            "4 failures in a row, --monitor-retry is 3"
+        );
+        // A 2 s restart of the store, with a failure every attempt: the
+        // pauses alone span it well within a lease of 12.5 s (TTL 15 s).
+        let pauses: Duration = (1..=3)
+            .map(|n| match after_failure(n, None, later, now) {
+                AfterFailure::RetryIn(pause) => pause,
+                other => panic!("{other:?}"),
+            })
+            .sum();
+        assert!(pauses >= Duration::from_millis(2500), "{pauses:?}");
+    }
 
     #[test]
     fn the_kill_grace_fits_between_the_next_renewal_and_the_lease_end() {

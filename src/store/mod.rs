@@ -152,6 +152,9 @@ pub enum StoreError {
     Unavailable(String),
     /// The store refused us for lack of permission.
     Denied(String),
+    /// The store is set up in a way that breaks the semaphore's promise
+    /// (a Redis that may evict its keys); its operator can change that.
+    Config(String),
 }
 
 impl std::fmt::Display for StoreError {
@@ -160,7 +163,8 @@ impl std::fmt::Display for StoreError {
             StoreError::Usage(m)
             | StoreError::Conflict(m)
             | StoreError::Unavailable(m)
-            | StoreError::Denied(m) => f.write_str(m),
+            | StoreError::Denied(m)
+            | StoreError::Config(m) => f.write_str(m),
         }
     }
 }
@@ -297,6 +301,13 @@ pub struct Status {
     /// Why the record cannot be used as it stands (more live holders than
     /// its limit); `run` refuses to join it.
     pub conflict: Option<String>,
+    /// What the store keeps that no live contender accounts for (left by
+    /// an outage or a crash), each saying what removes it.
+    pub stale: Vec<String>,
+    /// Milliseconds left of a lock delay: no slot is granted until it
+    /// ends (the semaphore's keys were lost, and holders the store forgot
+    /// may still be stopping). `None` where there is none.
+    pub lock_delay_ms: Option<u64>,
 }
 
 impl Status {

@@ -1,8 +1,7 @@
 //! A TCP proxy on a free loopback port that can hold back what the server
 //! sends: each chunk of an answer reaches the client a set delay after the
 //! proxy received it, while requests pass at once. The server acts on time
-//! and the client learns late, as behind a congested or stalled link. The
-//! delay may be kept to the connections that carry one kind of request.
+//! and the client learns late, as behind a congested or stalled link.
 
 use std::io::{Read as _, Write as _};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -14,16 +13,8 @@ use std::time::{Duration, Instant};
 
 pub struct DelayingProxy {
     pub port: u16,
-    delay: Arc<Mutex<Delay>>,
+    delay: Arc<Mutex<Duration>>,
     closed: Arc<AtomicBool>,
-}
-
-/// How answers are held back.
-#[derive(Clone, Default)]
-struct Delay {
-    by: Duration,
-    /// Only on connections whose requests contained these bytes.
-    on_requests_with: Option<&'static [u8]>,
 }
 
 impl DelayingProxy {
@@ -31,7 +22,7 @@ impl DelayingProxy {
     pub fn start(upstream: &str) -> DelayingProxy {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
-        let delay = Arc::new(Mutex::new(Delay::default()));
+        let delay = Arc::new(Mutex::new(Duration::ZERO));
         let closed = Arc::new(AtomicBool::new(false));
         let (shared, done, upstream) = (
             Arc::clone(&delay),
@@ -64,19 +55,7 @@ impl DelayingProxy {
 
     /// Answers received from now on reach the client `by` later.
     pub fn delay_answers(&self, by: Duration) {
-        *self.delay.lock().unwrap() = Delay {
-            by,
-            on_requests_with: None,
-        };
-    }
-
-    /// Answers received from now on reach the client `by` later, on the
-    /// connections that carried a request containing `marker` only.
-    pub fn delay_answers_to(&self, marker: &'static [u8], by: Duration) {
-        *self.delay.lock().unwrap() = Delay {
-            by,
-            on_requests_with: Some(marker),
-        };
+        *self.delay.lock().unwrap() = by;
     }
 }
 
@@ -90,16 +69,12 @@ impl Drop for DelayingProxy {
 
 /// Carries one connection: requests straight through; answers through a
 /// queue that releases each chunk at its time.
-fn link(client: TcpStream, server: TcpStream, delay: Arc<Mutex<Delay>>) {
+fn link(client: TcpStream, server: TcpStream, delay: Arc<Mutex<Duration>>) {
     let (mut client_in, mut client_out) = (client.try_clone().unwrap(), client);
     let (mut server_in, mut server_out) = (server.try_clone().unwrap(), server);
-    // Every request this connection carried, for `on_requests_with`.
-    let requests = Arc::new(Mutex::new(Vec::new()));
-    let seen = Arc::clone(&requests);
     thread::spawn(move || {
         let mut buffer = [0u8; 16384];
         while let Ok(n @ 1..) = client_in.read(&mut buffer) {
-            seen.lock().unwrap().extend_from_slice(&buffer[..n]);
             if server_out.write_all(&buffer[..n]).is_err() {
                 break;
             }
@@ -110,12 +85,7 @@ fn link(client: TcpStream, server: TcpStream, delay: Arc<Mutex<Delay>>) {
     thread::spawn(move || {
         let mut buffer = [0u8; 16384];
         while let Ok(n @ 1..) = server_in.read(&mut buffer) {
-            let delay = delay.lock().unwrap().clone();
-            let applies = delay.on_requests_with.is_none_or(|marker| {
-                let requests = requests.lock().unwrap();
-                requests.windows(marker.len()).any(|w| w == marker)
-            });
-            let due = Instant::now() + if applies { delay.by } else { Duration::ZERO };
+            let due = Instant::now() + *delay.lock().unwrap();
             if chunks.send((due, buffer[..n].to_vec())).is_err() {
                 return;
             }

@@ -118,6 +118,23 @@ impl RedisServer {
         holders + waiters
     }
 
+    /// Stops the server as an operator does, saving its data first
+    /// (`SHUTDOWN SAVE`), so that [`RedisServer::start_again`] finds it.
+    pub fn shut_down_saving(&mut self) {
+        let mut connection = self.connection().unwrap();
+        // The server closes the connection instead of answering.
+        let _: redis::RedisResult<()> = redis::cmd("SHUTDOWN").arg("SAVE").query(&mut connection);
+        let _ = self.process.wait();
+    }
+
+    /// Starts the server again on its port and in its directory, with the
+    /// data it saved.
+    pub fn start_again(&mut self) {
+        let fresh = RedisServer::start_on(self.port, &self.dir.clone(), self.extra.clone());
+        let old = std::mem::replace(self, fresh);
+        std::mem::forget(old);
+    }
+
     /// Stops the server now (as a crash: no save).
     pub fn stop(&mut self) {
         let _ = self.process.kill();

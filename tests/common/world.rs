@@ -161,11 +161,17 @@ impl World {
             cmd.env("CONSUL_HTTP_ADDR", addr);
             None
         };
-        cmd.args(["run", "--prefix", &self.prefix, "--limit", &limit.to_string()])
-            .args(store)
-            .args(extra)
-            .arg("--")
-            .args(command);
+        cmd.args([
+            "run",
+            "--prefix",
+            &self.prefix,
+            "--limit",
+            &limit.to_string(),
+        ])
+        .args(store)
+        .args(extra)
+        .arg("--")
+        .args(command);
         cmd
     }
 
@@ -314,11 +320,14 @@ impl World {
 
     pub fn assert_clean(&self) {
         if let Some(redis) = &self.redis {
-            // The fence and ticket counters stay, so that they keep growing.
+            // The fence and ticket counters stay, so that they keep growing,
+            // and the epoch, by which contenders tell that the keys were lost.
             let keys = redis.keys(&self.prefix);
             let left: Vec<&String> = keys
                 .iter()
-                .filter(|k| !k.ends_with(":fence") && !k.ends_with(":tickets"))
+                .filter(|k| {
+                    !k.ends_with(":fence") && !k.ends_with(":tickets") && !k.ends_with(":epoch")
+                })
                 .collect();
             assert!(left.is_empty(), "keys left on Redis: {left:?}");
             return;

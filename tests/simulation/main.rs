@@ -579,7 +579,13 @@ impl Sim {
                         self.log(|| format!("client {i}: acquired, runs its command"));
                         let restores_seen = self.consul.restores();
                         let watch = |what, index| Watch {
-                            watcher: Watcher::new(&session, self.limit, what, index, MONITOR_RETRY),
+                            watcher: Watcher::new(
+                                &session,
+                                self.limit,
+                                what,
+                                index,
+                                Some(MONITOR_RETRY),
+                            ),
                             must_notice: false,
                             restores_seen,
                         };

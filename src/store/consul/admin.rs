@@ -175,6 +175,8 @@ impl Admin for ConsulAdmin {
             dead_holders,
             store: "consul",
             conflict: None,
+            stale: Vec::new(),
+            lock_delay_ms: None,
         })
     }
 

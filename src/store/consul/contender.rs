@@ -525,13 +525,21 @@ pub struct Watcher {
     watched: Watched,
     index: u64,
     failures: u32,
-    retry: u32,
+    /// Failed reads in a row to bear; `None`: any number (the session's
+    /// lease bounds how long the slot lasts without answers).
+    retry: Option<u32>,
 }
 
 impl Watcher {
     /// Watches from `index` (the key's ModifyIndex from
     /// [`Step::Acquired`]), tolerating `retry` consecutive failed reads.
-    pub fn new(session: &str, limit: u32, watched: Watched, index: u64, retry: u32) -> Watcher {
+    pub fn new(
+        session: &str,
+        limit: u32,
+        watched: Watched,
+        index: u64,
+        retry: Option<u32>,
+    ) -> Watcher {
         Watcher {
             session: session.to_string(),
             limit,
@@ -583,7 +591,7 @@ impl Watcher {
     pub fn on_failure(&mut self) -> Result<u32, u32> {
         self.failures += 1;
         self.index = 0;
-        if self.failures > self.retry {
+        if self.retry.is_some_and(|retry| self.failures > retry) {
             Err(self.failures)
         } else {
             Ok(self.failures)
@@ -1112,7 +1120,7 @@ mod tests {
 
     #[test]
     fn watchers_count_failures_and_see_losses() {
-        let mut w = Watcher::new(ME, 1, Watched::Lock, 11, 2);
+        let mut w = Watcher::new(ME, 1, Watched::Lock, 11, Some(2));
         assert_eq!(
             w.call(),
             Call::Get {
@@ -1146,7 +1154,7 @@ mod tests {
         };
         assert_eq!(w.on_read(evicted), Err(Loss::NotInHolders));
 
-        let mut k = Watcher::new(ME, 1, Watched::Key, 5, 2);
+        let mut k = Watcher::new(ME, 1, Watched::Key, 5, Some(2));
         assert_eq!(
             k.call(),
             Call::Get {

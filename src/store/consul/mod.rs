@@ -28,7 +28,7 @@ const TTL_RANGE: (Duration, Duration) = (Duration::from_secs(10), Duration::from
 pub struct RunSettings {
     pub config: ConsulConfig,
     pub ttl: Duration,
-    pub monitor_retry: u32,
+    pub monitor_retry: Option<u32>,
     pub session_name: String,
 }
 
@@ -56,7 +56,7 @@ impl RunSettings {
         Ok(RunSettings {
             config,
             ttl,
-            monitor_retry: monitor_retry.unwrap_or(3),
+            monitor_retry,
             session_name,
         })
     }

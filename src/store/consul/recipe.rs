@@ -45,8 +45,9 @@ pub struct Settings {
     pub session_name: String,
     /// Describes this contender to operators (host, pid, command, start).
     pub contender_value: Vec<u8>,
-    /// Consecutive transient failures tolerated while holding.
-    pub monitor_retry: u32,
+    /// Failed attempts in a row to reach Consul a holder bears; `None`:
+    /// as many as fit in its lease.
+    pub monitor_retry: Option<u32>,
 }
 
 #[derive(Default)]
@@ -265,15 +266,25 @@ impl ConsulSemaphore {
     }
 
     /// The relay write of [`Step::Acquired`]: until it lands, the waiter
-    /// behind sleeps, so a failure is retried, `--monitor-retry` times.
-    /// A CAS that finds our key changed is the watch's news, not ours.
+    /// behind sleeps, so a failure is retried, while the slot lasts or
+    /// `--monitor-retry` times. A CAS that finds our key changed is the
+    /// watch's news, not ours.
     fn relay(&self, session: &str, fence: u64, key_index: u64) {
         let value = semaphore::holding_value(&self.settings.contender_value, fence);
         let mut pause = FIRST_BACKOFF;
-        for _ in 0..=self.settings.monitor_retry {
+        let mut failures = 0;
+        loop {
             match self.rewrite_own_key(session, value.clone(), key_index) {
                 None | Some(Ok(_)) => return,
                 Some(Err(error)) => {
+                    failures += 1;
+                    if self
+                        .settings
+                        .monitor_retry
+                        .is_some_and(|bearable| failures > bearable)
+                    {
+                        return;
+                    }
                     report::event("relay-retry", &[("error", &error)]);
                     if self.pause(pause) {
                         return;
@@ -568,10 +579,11 @@ impl ConsulSemaphore {
                 }
                 Err(error) => match watcher.on_failure() {
                     Err(failures) => {
-                        return Some(format!(
-                            "cannot watch the slot: {error} ({failures} failures in a row, --monitor-retry is {})",
-                            self.settings.monitor_retry
-                        ));
+                        let gave_up = lease::AfterFailure::TooMany {
+                            failures,
+                            bearable: self.settings.monitor_retry.unwrap_or_default(),
+                        };
+                        return Some(format!("cannot watch the slot: {error} ({gave_up})"));
                     }
                     Ok(failures) => {
                         report::event("watch-retry", &[("failures", &failures), ("error", &error)]);
@@ -609,12 +621,14 @@ impl ConsulSemaphore {
         let ttl = self.settings.ttl;
         let period = lease::renew_period(ttl);
         let mut next_pause = period;
+        let mut failures = 0;
         while !self.pause(next_pause) {
             let Some(session) = self.shared().session.clone() else {
                 continue;
             };
             match self.renew(&session) {
                 Ok(Some(sent)) => {
+                    failures = 0;
                     next_pause = period;
                     let holding = {
                         let shared = self.shared();
@@ -635,8 +649,28 @@ impl ConsulSemaphore {
                     next_pause = period;
                 }
                 Err(error) => {
+                    failures += 1;
+                    let until = self
+                        .shared()
+                        .lease_from
+                        .map_or_else(Instant::now, |sent| lease_end(sent, ttl));
                     report::event("renew-retry", &[("error", &error)]);
-                    next_pause = RENEW_RETRY;
+                    next_pause = match lease::after_failure(
+                        failures,
+                        self.settings.monitor_retry,
+                        until,
+                        Instant::now(),
+                    ) {
+                        lease::AfterFailure::RetryIn(pause) => pause,
+                        // A holder's slot ends here; a waiter's session is
+                        // looked after by its waiting (the outage rule).
+                        gave_up => {
+                            self.report_loss_if_holding(&format!(
+                                "cannot renew our session: {error} ({gave_up})"
+                            ));
+                            RENEW_RETRY
+                        }
+                    };
                 }
             }
         }

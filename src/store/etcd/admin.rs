@@ -104,6 +104,8 @@ impl Admin for EtcdAdmin {
                     self.prefix
                 )
             }),
+            stale: Vec::new(),
+            lock_delay_ms: None,
         })
     }
 

@@ -22,7 +22,7 @@ use client::{Client, Compare, EtcdError, Op, Revoked, TxnReply, WatchRequest, Wa
 use queue::Place;
 
 use super::lease;
-use super::outage::{Outage, FIRST_BACKOFF, MAX_BACKOFF};
+use super::outage::{Outage, FIRST_BACKOFF};
 use super::tls::TlsSettings;
 use super::{
     Contend, ContenderInfo, Holder, Notify, Progress, Released, SlotBackend, SlotEvent, StoreError,
@@ -37,10 +37,6 @@ pub const MAX_LIMIT: u32 = 1024;
 const TTL_RANGE: (Duration, Duration) = (Duration::from_secs(2), Duration::from_secs(86_400));
 const DEFAULT_TTL: Duration = Duration::from_secs(15);
 const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:2379";
-/// After a keep-alive that failed while holding, the first wait before the
-/// next; it doubles up to `MAX_BACKOFF`, so that `--monitor-retry` failures
-/// span a restart of etcd rather than a moment.
-const RENEW_RETRY: Duration = Duration::from_millis(500);
 /// The longest a keep-alive may take: one stuck behind a dead leader is
 /// sent again, to another member, while the lease still has room (a leader
 /// election takes about a second with etcd's defaults).
@@ -55,7 +51,9 @@ const ELECTION: Duration = Duration::from_secs(3);
 pub struct Settings {
     pub connection: client::Connection,
     pub ttl: Duration,
-    pub monitor_retry: u32,
+    /// Failed attempts in a row a holder bears; `None`: as many as fit in
+    /// its lease.
+    pub monitor_retry: Option<u32>,
 }
 
 /// The etcd options as given on the command line (`cli::EtcdArgs`), each
@@ -132,7 +130,7 @@ impl Settings {
                 tls,
             },
             ttl,
-            monitor_retry: monitor_retry.unwrap_or(3),
+            monitor_retry,
         })
     }
 }
@@ -759,7 +757,6 @@ impl EtcdSemaphore {
         let key = self.key(lease_id);
         let shown_key = String::from_utf8_lossy(&key).into_owned();
         let mut failures = 0;
-        let mut backoff = RENEW_RETRY;
         let mut renew_now = false;
         {
             let left = period.saturating_sub(renewed.elapsed());
@@ -797,7 +794,6 @@ impl EtcdSemaphore {
                 match self.client.keep_alive(lease_id, period.min(RENEW_TIMEOUT)) {
                     Ok(()) => {
                         failures = 0;
-                        backoff = RENEW_RETRY;
                         renew_now = false;
                         renewed = sent;
                         self.shared().renewed = Some(sent);
@@ -814,16 +810,21 @@ impl EtcdSemaphore {
                     Err(EtcdError::Denied(why)) => return Some(why),
                     Err(error) => {
                         failures += 1;
-                        if failures > self.settings.monitor_retry {
-                            return Some(format!(
-                                "cannot keep our lease alive: {error} ({failures} failures in a row, --monitor-retry is {})",
-                                self.settings.monitor_retry
-                            ));
-                        }
+                        let pause = match lease::after_failure(
+                            failures,
+                            self.settings.monitor_retry,
+                            lease::lease_end(renewed, ttl),
+                            Instant::now(),
+                        ) {
+                            lease::AfterFailure::RetryIn(pause) => pause,
+                            gave_up => {
+                                return Some(format!(
+                                    "cannot keep our lease alive: {error} ({gave_up})"
+                                ))
+                            }
+                        };
                         report::event("watch-retry", &[("failures", &failures), ("error", &error)]);
                         renew_now = true;
-                        let pause = backoff;
-                        backoff = (backoff * 2).min(MAX_BACKOFF);
                         if self.pause(pause) {
                             return None;
                         }

@@ -414,6 +414,8 @@ impl LocalAdmin {
             dead_holders: Vec::new(),
             store: "local",
             conflict: None,
+            stale: Vec::new(),
+            lock_delay_ms: None,
         }
     }
 }

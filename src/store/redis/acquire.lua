@@ -3,13 +3,18 @@
 -- the server's clock.
 -- KEYS: 1 holders (sorted set: permit -> expiry, Unix seconds), 2 queue
 -- (sorted set: waiter -> ticket), 3 tickets (counter), 4 fence (counter),
--- 5 limit record, 6 alive (sorted set: waiter -> until when it is alive).
+-- 5 limit record, 6 alive (sorted set: waiter -> until when it is alive),
+-- 7 epoch (when the semaphore's keys were made), 8 lock delay (no slot is
+-- granted while it lives).
 -- ARGV: 1 id, 2 limit, 3 ttl in ms, 4 base of per-contender keys,
--- 5 description (JSON), 6 "wait" or "try".
-local holders, queue, tickets, fence, limit_key, alive =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local id, limit, ttl, base, info, mode =
-  ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6]
+-- 5 description (JSON), 6 "wait" or "try", 7 the epoch the caller saw
+-- last ('' at first).
+-- Answers end with the epoch, and 'wait' answers with the lock delay's
+-- milliseconds left (0 when none).
+local holders, queue, tickets, fence, limit_key, alive, epoch_key, lock_delay =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local id, limit, ttl, base, info, mode, seen =
+  ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 local time = redis.call('TIME')
 local now = tonumber(time[1]) + tonumber(time[2]) / 1000000
 
@@ -30,6 +35,20 @@ local limit_kind = redis.call('TYPE', limit_key).ok
 if limit_kind ~= 'string' and limit_kind ~= 'none' then
   return {'foreign', limit_key, 'is a ' .. limit_kind .. ', not a limit record'}
 end
+local epoch = redis.call('GET', epoch_key)
+if not epoch then
+  epoch = time[1] .. string.format('%06d', tonumber(time[2]))
+  redis.call('SET', epoch_key, epoch)
+end
+if seen ~= '' and seen ~= epoch then
+  -- The keys this caller saw are gone (FLUSHALL, an eviction, a restart
+  -- without data), permits with them, while their holders may run on until
+  -- they notice: no slot is granted until every lease granted before could
+  -- have run out, as Consul's lock-delay does.
+  if redis.call('PTTL', lock_delay) < ttl then
+    redis.call('SET', lock_delay, epoch, 'PX', ttl)
+  end
+end
 local recorded = redis.call('GET', limit_key)
 if recorded and not tonumber(recorded) then
   return {'foreign', limit_key, 'holds ' .. string.sub(recorded, 1, 40) .. ', not a limit'}
@@ -38,7 +57,7 @@ if recorded and tonumber(recorded) ~= limit then
   local others = redis.call('ZCARD', holders) + redis.call('ZCARD', queue)
   if redis.call('ZSCORE', queue, id) then others = others - 1 end
   if others > 0 then
-    return {'conflict', 'has limit ' .. recorded}
+    return {'conflict', 'has limit ' .. recorded, epoch}
   end
 end
 redis.call('SET', limit_key, limit)
@@ -46,7 +65,7 @@ redis.call('SET', limit_key, limit)
 local held_fence = redis.call('GET', base .. 'fence:' .. id)
 if redis.call('ZSCORE', holders, id) and held_fence then
   -- An earlier call took the slot and its answer was lost.
-  return {'acquired', tonumber(held_fence)}
+  return {'acquired', tonumber(held_fence), epoch}
 end
 
 local mine = redis.call('ZSCORE', queue, id)
@@ -58,7 +77,8 @@ redis.call('ZADD', alive, now + ttl / 1000, id)
 redis.call('SET', base .. 'info:' .. id, info, 'PX', ttl)
 local ahead = redis.call('ZCOUNT', queue, '-inf', '(' .. mine)
 local held = redis.call('ZCARD', holders)
-if held + ahead < limit then
+local delay_left = math.max(redis.call('PTTL', lock_delay), 0)
+if held + ahead < limit and delay_left == 0 then
   redis.call('ZADD', holders, now + ttl / 1000, id)
   redis.call('ZREM', queue, id)
   redis.call('ZREM', alive, id)
@@ -76,12 +96,12 @@ if held + ahead < limit then
     redis.call('LPUSH', base .. 'wake:' .. next_waiter, '1')
     redis.call('PEXPIRE', base .. 'wake:' .. next_waiter, ttl)
   end
-  return {'acquired', taken}
+  return {'acquired', taken, epoch}
 end
 if mode == 'try' then
   redis.call('ZREM', queue, id)
   redis.call('ZREM', alive, id)
   redis.call('DEL', base .. 'info:' .. id)
-  return {'full', held, ahead}
+  return {'full', held, ahead, epoch}
 end
-return {'wait', held, ahead}
+return {'wait', held, ahead, epoch, delay_left}

@@ -35,6 +35,11 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 const FIRST_BACKOFF: Duration = Duration::from_millis(200);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// How often a holder looks whether its permit is still there between
+/// renewals: a permit that vanished (FLUSHALL, an eviction, a restart
+/// without data) is noticed within this, not a renewal period later. One
+/// read-only script call; the overlap a wipe allows is bounded by it.
+const PERMIT_CHECK: Duration = Duration::from_secs(1);
 
 /// What a run on Redis needs beyond the store-neutral options.
 #[derive(Debug, Clone)]
@@ -43,7 +48,12 @@ pub struct Settings {
     /// `host:port/db`, for messages: never the password.
     pub shown: String,
     pub ttl: Duration,
-    pub monitor_retry: u32,
+    /// Failed attempts in a row a holder bears; `None`: as many as fit in
+    /// its lease.
+    pub monitor_retry: Option<u32>,
+    /// Run even on a server whose eviction policy may evict the
+    /// semaphore's keys.
+    pub allow_eviction: bool,
 }
 
 impl Settings {
@@ -62,6 +72,7 @@ impl Settings {
         limit: u32,
         ttl: Option<Duration>,
         monitor_retry: Option<u32>,
+        allow_eviction: bool,
     ) -> Result<Settings, String> {
         let mut connection: redis::ConnectionInfo = redis::IntoConnectionInfo::into_connection_info(url)
             .map_err(|e| format!("--store: {} is not a Redis URL ({}); write redis://[user[:password]@]host[:port][/db]", crate::store::without_credentials(url), e.detail().unwrap_or("unreadable")))?;
@@ -88,7 +99,8 @@ impl Settings {
             connection,
             shown,
             ttl,
-            monitor_retry: monitor_retry.unwrap_or(3),
+            monitor_retry,
+            allow_eviction,
         })
     }
 }
@@ -104,6 +116,11 @@ struct Keys {
     limit: String,
     /// Waiters, scored by when their liveness runs out.
     alive: String,
+    /// When the semaphore's keys were made: another value than a
+    /// contender saw means they were lost meanwhile.
+    epoch: String,
+    /// While it lives, no slot is granted (after the keys were lost).
+    lock_delay: String,
     /// Per contender: `<base>info:<id>`, `fence:`, `wake:`.
     base: String,
 }
@@ -117,6 +134,8 @@ impl Keys {
             fence: format!("{holders}:fence"),
             limit: format!("{holders}:limit"),
             alive: format!("{holders}:alive"),
+            epoch: format!("{holders}:epoch"),
+            lock_delay: format!("{holders}:lock-delay"),
             base: format!("{holders}:"),
             holders,
         }
@@ -164,7 +183,7 @@ fn classify(error: RedisError, settings: &Settings) -> Failure {
             "permission denied: Redis at {shown} refused the credentials ({detail}): give the password in the URL or in REDISCLI_AUTH"
         ))),
         Some("NOPERM") => Failure::Final(StoreError::Denied(format!(
-            "permission denied: the Redis user may not do what consem needs ({detail}); it needs EVAL, EVALSHA, SCRIPT, BLPOP, GET, ZRANGE on the keys semaphore:<prefix>*"
+            "permission denied: the Redis user may not do what consem needs ({detail}); it needs INFO, EVAL, EVALSHA, SCRIPT, BLPOP, GET, ZRANGE on the keys semaphore:<prefix>*"
         ))),
         Some("READONLY") => Failure::Final(StoreError::Unavailable(format!(
             "Redis at {shown} is a read-only replica: point --store at the primary"
@@ -211,13 +230,18 @@ fn connect(settings: &Settings, read_timeout: Duration) -> Result<Connection, Re
 }
 
 /// What the acquire script answered.
+#[derive(Debug, PartialEq, Eq)]
 enum Answer {
     Acquired {
         fence: u64,
+        epoch: String,
     },
     Wait {
         held: usize,
         ahead: usize,
+        epoch: String,
+        /// What is left of a lock delay (the keys were lost).
+        lock_delay: Duration,
     },
     Full,
     Conflict(String),
@@ -225,26 +249,37 @@ enum Answer {
     Foreign(String, String),
 }
 
+fn text(value: &Value) -> String {
+    match value {
+        Value::BulkString(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+        Value::SimpleString(s) => s.clone(),
+        other => format!("{other:?}"),
+    }
+}
+
+fn number(value: Option<&Value>) -> Result<i64, String> {
+    match value {
+        Some(Value::Int(n)) => Ok(*n),
+        other => Err(format!("an unexpected answer: {other:?}")),
+    }
+}
+
 fn read_answer(value: Value) -> Result<Answer, String> {
     let Value::Array(items) = value else {
         return Err(format!("an unexpected answer: {value:?}"));
     };
-    let text = |v: &Value| match v {
-        Value::BulkString(bytes) => String::from_utf8_lossy(bytes).into_owned(),
-        Value::SimpleString(s) => s.clone(),
-        other => format!("{other:?}"),
-    };
-    let number = |v: Option<&Value>| match v {
-        Some(Value::Int(n)) => Ok(*n as u64),
-        other => Err(format!("an unexpected answer: {other:?}")),
-    };
+    let count = |v: Option<&Value>| number(v).map(|n| n.max(0) as usize);
+    let epoch = |at: usize| items.get(at).map(text).unwrap_or_default();
     match items.first().map(text).as_deref() {
         Some("acquired") => Ok(Answer::Acquired {
-            fence: number(items.get(1))?,
+            fence: number(items.get(1))? as u64,
+            epoch: epoch(2),
         }),
         Some("wait") => Ok(Answer::Wait {
-            held: number(items.get(1))? as usize,
-            ahead: number(items.get(2))? as usize,
+            held: count(items.get(1))?,
+            ahead: count(items.get(2))?,
+            epoch: epoch(3),
+            lock_delay: Duration::from_millis(count(items.get(4))? as u64),
         }),
         Some("full") => Ok(Answer::Full),
         Some("conflict") => Ok(Answer::Conflict(items.get(1).map(text).unwrap_or_default())),
@@ -256,6 +291,42 @@ fn read_answer(value: Value) -> Result<Answer, String> {
     }
 }
 
+/// What the renew script answered.
+#[derive(Debug, PartialEq, Eq)]
+enum Renewal {
+    Held,
+    Gone,
+    /// Gone with every key of the semaphore (a wipe, an eviction).
+    Lost,
+}
+
+fn read_renewal(value: Value) -> Result<(Renewal, String), String> {
+    let Value::Array(items) = value else {
+        return Err(format!("an unexpected answer: {value:?}"));
+    };
+    let renewal = match number(items.first())? {
+        1 => Renewal::Held,
+        0 => Renewal::Gone,
+        _ => Renewal::Lost,
+    };
+    Ok((renewal, items.get(1).map(text).unwrap_or_default()))
+}
+
+/// How a server's `INFO memory` says it evicts keys: `Some(policy)` when
+/// its policy may evict keys without a TTL (the permits) once its memory
+/// is full; `None` when it never evicts them (`noeviction`, a `volatile-*`
+/// policy, or no `maxmemory`).
+fn evicting_policy(info: &str) -> Option<String> {
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
+            .map(str::trim)
+    };
+    let policy = field("maxmemory_policy")?;
+    let limited = field("maxmemory").is_some_and(|bytes| bytes != "0");
+    (limited && policy.starts_with("allkeys-")).then(|| policy.to_string())
+}
+
 #[derive(Default)]
 struct Shared {
     closing: bool,
@@ -265,6 +336,8 @@ struct Shared {
     writing: bool,
     /// A script that writes was sent: release has something to undo.
     written: bool,
+    /// The semaphore's epoch as we last saw it.
+    epoch: Option<String>,
 }
 
 /// A semaphore at one prefix on Redis, for one run.
@@ -321,6 +394,7 @@ impl RedisSemaphore {
             shared.written = true;
         }
         let ttl_ms = self.settings.ttl.as_millis() as u64;
+        let seen = self.shared().epoch.clone().unwrap_or_default();
         let answer = acquire_script()
             .key(&self.keys.holders)
             .key(&self.keys.queue)
@@ -328,12 +402,15 @@ impl RedisSemaphore {
             .key(&self.keys.fence)
             .key(&self.keys.limit)
             .key(&self.keys.alive)
+            .key(&self.keys.epoch)
+            .key(&self.keys.lock_delay)
             .arg(&self.id)
             .arg(self.limit)
             .arg(ttl_ms)
             .arg(&self.keys.base)
             .arg(&self.info)
             .arg(if mode == Contend::Try { "try" } else { "wait" })
+            .arg(seen)
             .invoke::<Value>(connection);
         let mut shared = self.shared();
         shared.writing = false;
@@ -348,11 +425,12 @@ impl RedisSemaphore {
                 // The permit's expiry was set by the script that gave us
                 // the slot: the lease counts from then, so that a first
                 // renewal that never gets through is still bounded.
+                let lease_end = lease::lease_end(sent, self.settings.ttl);
                 notify(SlotEvent::Acquired {
                     fence,
-                    lease: Some(lease::lease_end(sent, self.settings.ttl)),
+                    lease: Some(lease_end),
                 });
-                if let Some(reason) = self.hold(&notify) {
+                if let Some(reason) = self.hold(lease_end, &notify) {
                     if !self.shared().closing {
                         notify(SlotEvent::Lost(reason));
                     }
@@ -379,6 +457,7 @@ impl RedisSemaphore {
                 Failure::Final(other) => other,
             }
         })?;
+        self.refuse_eviction(&mut connection)?;
         let mut reached = false;
         let mut outage: Option<Instant> = None;
         let mut backoff = FIRST_BACKOFF;
@@ -422,10 +501,11 @@ impl RedisSemaphore {
                 },
             };
             match answer {
-                Answer::Acquired { fence } => {
+                Answer::Acquired { fence, epoch } => {
                     let mut shared = self.shared();
                     shared.fence = Some(fence);
                     shared.holding = true;
+                    shared.epoch = Some(epoch);
                     return Ok(Some((fence, sent)));
                 }
                 Answer::Foreign(key, what) => {
@@ -447,7 +527,19 @@ impl RedisSemaphore {
                     }
                     return Ok(None);
                 }
-                Answer::Wait { held, ahead } => {
+                Answer::Wait {
+                    held,
+                    ahead,
+                    epoch,
+                    lock_delay,
+                } => {
+                    self.note_epoch(epoch);
+                    if !lock_delay.is_zero() {
+                        report::event(
+                            "lock-delay",
+                            &[("left", &crate::duration::human(lock_delay))],
+                        );
+                    }
                     let picture = Progress {
                         limit: self.limit,
                         holders: vec![Holder { host: None, pid: None, since: None }; held],
@@ -464,89 +556,167 @@ impl RedisSemaphore {
                         last_picture = Some(picture);
                     }
                     // Woken by the departure that may serve us, or after a
-                    // period: the next look also keeps our place alive.
+                    // period (or the lock delay's end): the next look also
+                    // keeps our place alive.
+                    let nap = if lock_delay.is_zero() {
+                        period
+                    } else {
+                        period.min(lock_delay)
+                    };
                     let _: Result<Value, RedisError> = redis::cmd("BLPOP")
                         .arg(self.keys.wake(&self.id))
-                        .arg(period.as_secs_f64())
+                        .arg(nap.as_secs_f64())
                         .query(&mut connection);
                 }
             }
         }
     }
 
-    /// Renews the permit every TTL/3, or at once when an operator wakes us;
-    /// returns why the slot is lost, or `None` once release began.
-    fn hold(&self, notify: &Notify) -> Option<String> {
-        let shown = &self.settings.shown;
+    /// Learns the semaphore's epoch from an answer; another than the one
+    /// seen before means its keys were lost meanwhile (the script has set
+    /// the lock delay).
+    fn note_epoch(&self, epoch: String) {
+        let mut shared = self.shared();
+        if shared.epoch.as_ref().is_some_and(|seen| *seen != epoch) {
+            report::event("keys-lost", &[("key", &self.keys.holders)]);
+        }
+        shared.epoch = Some(epoch);
+    }
+
+    /// Refuses a server whose eviction policy may evict the permits, unless
+    /// told to run there all the same.
+    fn refuse_eviction(&self, connection: &mut Connection) -> Result<(), StoreError> {
+        if self.settings.allow_eviction {
+            return Ok(());
+        }
+        let info: String = redis::cmd("INFO")
+            .arg("memory")
+            .query(connection)
+            .map_err(|error| match classify(error, &self.settings) {
+                Failure::Final(StoreError::Denied(_)) => StoreError::Denied(format!(
+                    "permission denied: the Redis user may not do what consem needs (INFO, which tells whether Redis may evict the semaphore's keys): allow it +info, or pass --redis-allow-eviction if this server never evicts"
+                )),
+                Failure::Transient(why) => StoreError::Unavailable(why),
+                Failure::Final(other) => other,
+            })?;
+        match evicting_policy(&info) {
+            None => Ok(()),
+            Some(policy) => Err(StoreError::Config(format!(
+                "Redis at {} evicts any key when its memory is full (maxmemory-policy {policy}), the semaphore's permits too, which would let more than --limit run: set maxmemory-policy noeviction (or a volatile-* policy), or pass --redis-allow-eviction to accept the risk",
+                self.settings.shown
+            ))),
+        }
+    }
+
+    /// Sleeps `pause`; true once release began.
+    fn pause(&self, pause: Duration) -> bool {
+        let shared = self.shared();
+        let (shared, _) = self
+            .changed
+            .wait_timeout_while(shared, pause, |s| !s.closing)
+            .unwrap_or_else(|e| e.into_inner());
+        shared.closing
+    }
+
+    /// Renews the permit every TTL/3, and looks every second in between
+    /// whether it is still there (at once when an operator wakes us);
+    /// retries what fails while the lease granted until `lease_end` lasts.
+    /// Returns why the slot is lost, or `None` once release began.
+    fn hold(&self, mut lease_end: Instant, notify: &Notify) -> Option<String> {
         let ttl = self.settings.ttl;
         let period = lease::renew_period(ttl);
         let mut failures = 0;
         let mut connection: Option<Connection> = None;
-        // At once on the first round, and after a failure: a renewal that
-        // failed is retried now, not a period later.
-        let mut renew_now = true;
+        // When the last confirmed renewal was sent; `None` renews at once
+        // (the first round, and after a failure).
+        let mut renewed: Option<Instant> = None;
         loop {
             if self.shared().closing {
                 return None;
             }
-            if connection.is_none() {
-                connection = connect(&self.settings, period + CALL_TIMEOUT).ok();
-            }
-            let Some(con) = connection.as_mut() else {
-                failures += 1;
-                if failures > self.settings.monitor_retry {
-                    return Some(format!("cannot reach Redis at {shown} ({failures} failures in a row, --monitor-retry is {})", self.settings.monitor_retry));
-                }
-                thread::sleep(FIRST_BACKOFF);
-                continue;
+            let attempt = match connection.as_mut() {
+                Some(con) => Ok(con),
+                None => connect(&self.settings, period + CALL_TIMEOUT)
+                    .map(|fresh| connection.insert(fresh)),
             };
-            if !renew_now {
-                // A period, or a push from `consem release`.
-                let _: Result<Value, RedisError> = redis::cmd("BLPOP")
-                    .arg(self.keys.wake(&self.id))
-                    .arg(period.as_secs_f64())
-                    .query(con);
-                if self.shared().closing {
-                    return None;
+            let result = attempt.and_then(|con| {
+                if let Some(at) = renewed {
+                    // A push from `consem release`, a look, or the renewal.
+                    let nap = (at + period)
+                        .saturating_duration_since(Instant::now())
+                        .min(PERMIT_CHECK);
+                    if !nap.is_zero() {
+                        redis::cmd("BLPOP")
+                            .arg(self.keys.wake(&self.id))
+                            .arg(nap.as_secs_f64())
+                            .query::<Value>(con)?;
+                    }
                 }
+                let renewing = renewed.is_none_or(|at| at.elapsed() >= period);
+                let sent = Instant::now();
+                let seen = self.shared().epoch.clone().unwrap_or_default();
+                renew_script()
+                    .key(&self.keys.holders)
+                    .key(&self.keys.epoch)
+                    .key(&self.keys.lock_delay)
+                    .arg(&self.id)
+                    .arg(ttl.as_millis() as u64)
+                    .arg(&self.keys.base)
+                    .arg(seen)
+                    .arg(if renewing { "renew" } else { "check" })
+                    .invoke::<Value>(con)
+                    .map(|answer| (answer, renewing.then_some(sent)))
+            });
+            if self.shared().closing {
+                return None;
             }
-            renew_now = false;
-            let sent = Instant::now();
-            let renewed: Result<i64, RedisError> = renew_script()
-                .key(&self.keys.holders)
-                .arg(&self.id)
-                .arg(ttl.as_millis() as u64)
-                .arg(&self.keys.base)
-                .invoke(con);
-            match renewed {
-                Ok(1) => {
-                    failures = 0;
-                    notify(SlotEvent::Leased {
-                        until: lease::lease_end(sent, ttl),
-                    });
-                }
-                Ok(_) => {
-                    return Some(format!(
-                    "our permit is gone from {} (expired, or taken out by consem release or reset)",
-                    self.keys.holders
-                ))
-                }
+            let why = match result {
+                Ok((answer, sent)) => match read_renewal(answer) {
+                    Ok((Renewal::Held, epoch)) => {
+                        failures = 0;
+                        self.note_epoch(epoch);
+                        if let Some(sent) = sent {
+                            renewed = Some(sent);
+                            lease_end = lease::lease_end(sent, ttl);
+                            notify(SlotEvent::Leased { until: lease_end });
+                        }
+                        continue;
+                    }
+                    Ok((Renewal::Gone, _)) => {
+                        return Some(format!(
+                            "our permit is gone from {} (expired, or taken out by consem release or reset)",
+                            self.keys.holders
+                        ))
+                    }
+                    Ok((Renewal::Lost, _)) => {
+                        return Some(format!(
+                            "the semaphore's keys vanished from Redis, our permit in {} with them (FLUSHALL, an eviction, or a restart without its data); no slot is granted on it for --ttl",
+                            self.keys.holders
+                        ))
+                    }
+                    Err(why) => format!("Redis at {} gave {why}", self.settings.shown),
+                },
                 Err(error) => match classify(error, &self.settings) {
                     Failure::Final(error) => return Some(error.to_string()),
-                    Failure::Transient(why) => {
-                        failures += 1;
-                        connection = None;
-                        renew_now = true;
-                        if failures > self.settings.monitor_retry {
-                            return Some(format!(
-                                "{why} ({failures} failures in a row, --monitor-retry is {})",
-                                self.settings.monitor_retry
-                            ));
-                        }
-                        report::event("watch-retry", &[("failures", &failures), ("error", &why)]);
-                        thread::sleep(FIRST_BACKOFF);
-                    }
+                    Failure::Transient(why) => why,
                 },
+            };
+            failures += 1;
+            connection = None;
+            renewed = None;
+            match lease::after_failure(
+                failures,
+                self.settings.monitor_retry,
+                lease_end,
+                Instant::now(),
+            ) {
+                lease::AfterFailure::RetryIn(pause) => {
+                    report::event("watch-retry", &[("failures", &failures), ("error", &why)]);
+                    if self.pause(pause) {
+                        return None;
+                    }
+                }
+                gave_up => return Some(format!("{why} ({gave_up})")),
             }
         }
     }
@@ -567,6 +737,8 @@ impl SlotBackend for RedisSemaphore {
             let mut shared = self.shared();
             shared.closing = true;
             shared.holding = false;
+            // A holder pausing between retries stops at once.
+            self.changed.notify_all();
             let (shared, _) = self
                 .changed
                 .wait_timeout_while(shared, budget / 2, |s| s.writing)
@@ -790,6 +962,7 @@ impl Admin for RedisAdmin {
         }
         let now = self.now(&mut connection)?;
         let mut waiters = Vec::new();
+        let mut stale = Vec::new();
         for (id, ticket) in queue {
             let until: Option<f64> = redis::cmd("ZSCORE")
                 .arg(&self.keys.alive)
@@ -798,8 +971,23 @@ impl Admin for RedisAdmin {
                 .map_err(|e| self.failure(e))?;
             if until.is_some_and(|until| until > now) {
                 waiters.push(self.describe(&mut connection, &id, ticket as u64)?);
+            } else {
+                stale.push(format!(
+                    "waiter {id} in {}, which stopped looking: the next contender drops it",
+                    self.keys.queue
+                ));
             }
         }
+        if let Some(limit) = limit.filter(|_| holders.is_empty() && waiters.is_empty()) {
+            stale.push(format!(
+                "{} (limit {limit}) with no live holder or waiter: the next contender replaces it, or consem reset removes it",
+                self.keys.limit
+            ));
+        }
+        let lock_delay: i64 = redis::cmd("PTTL")
+            .arg(&self.keys.lock_delay)
+            .query(&mut connection)
+            .map_err(|e| self.failure(e))?;
         Ok(Status {
             prefix: self.prefix.clone(),
             limit,
@@ -809,6 +997,8 @@ impl Admin for RedisAdmin {
             dead_holders: dead,
             store: "redis",
             conflict: None,
+            stale,
+            lock_delay_ms: u64::try_from(lock_delay).ok(),
         })
     }
 
@@ -888,5 +1078,78 @@ impl Admin for RedisAdmin {
             limit,
             evicted: live.len(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_policy_that_may_evict_keys_without_a_ttl_is_refused() {
+        let info = |max: &str, policy: &str| {
+            format!("# Memory\r\nused_memory:1000\r\nmaxmemory:{max}\r\nmaxmemory_human:1M\r\nmaxmemory_policy:{policy}\r\n")
+        };
+        for policy in ["allkeys-lru", "allkeys-lfu", "allkeys-random"] {
+            assert_eq!(
+                evicting_policy(&info("1048576", policy)),
+                Some(policy.to_string())
+            );
+            // Without maxmemory, Redis never evicts.
+            assert_eq!(evicting_policy(&info("0", policy)), None);
+        }
+        for policy in [
+            "noeviction",
+            "volatile-lru",
+            "volatile-lfu",
+            "volatile-random",
+            "volatile-ttl",
+        ] {
+            assert_eq!(evicting_policy(&info("1048576", policy)), None);
+        }
+        // `maxmemory_human` is not `maxmemory`.
+        assert_eq!(
+            evicting_policy("maxmemory_human:1M\r\nmaxmemory_policy:allkeys-lru\r\n"),
+            None
+        );
+        assert_eq!(evicting_policy(""), None);
+    }
+
+    #[test]
+    fn answers_carry_the_epoch_and_the_lock_delay() {
+        let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        assert_eq!(
+            read_answer(Value::Array(vec![
+                bulk("wait"),
+                Value::Int(2),
+                Value::Int(1),
+                bulk("1700000000000001"),
+                Value::Int(1500),
+            ])),
+            Ok(Answer::Wait {
+                held: 2,
+                ahead: 1,
+                epoch: "1700000000000001".into(),
+                lock_delay: Duration::from_millis(1500),
+            })
+        );
+        assert_eq!(
+            read_answer(Value::Array(vec![
+                bulk("acquired"),
+                Value::Int(7),
+                bulk("e")
+            ])),
+            Ok(Answer::Acquired {
+                fence: 7,
+                epoch: "e".into()
+            })
+        );
+        for (code, renewal) in [(1, Renewal::Held), (0, Renewal::Gone), (-1, Renewal::Lost)] {
+            assert_eq!(
+                read_renewal(Value::Array(vec![Value::Int(code), bulk("e")])),
+                Ok((renewal, "e".to_string()))
+            );
+        }
+        assert!(read_renewal(Value::Int(1)).is_err());
     }
 }
