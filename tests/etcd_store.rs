@@ -910,3 +910,27 @@ fn etcds_presents_the_client_certificate() {
     assert_eq!(etcd.keys(&world.prefix), Vec::<String>::new());
     assert_eq!(etcd.leases(), Vec::<String>::new());
 }
+
+/// A limit record left with no contender (every contender ended while etcd
+/// could not be reached) is shown as stale, and the next contender, with
+/// another limit, replaces it.
+#[test]
+fn a_limit_record_left_by_an_outage_is_stale_and_replaced() {
+    let world = World::etcd("stale-limit");
+    let etcd = world.etcd.as_ref().unwrap();
+    etcd.put(&format!("{}/.limit", world.prefix), "2");
+    let (code, status) = status_on(&world, &etcd.url());
+    assert_eq!(code, Some(0), "{status}");
+    let stale = status["stale"].as_array().unwrap();
+    assert_eq!(stale.len(), 1, "{status}");
+    assert!(
+        stale[0]
+            .as_str()
+            .unwrap()
+            .contains(".limit (limit 2) with no contender"),
+        "{status}"
+    );
+    let run = output(&world, 3, &[], &["true"]);
+    assert_eq!(run.status.code(), Some(0), "{}", stderr(&run));
+    world.assert_clean();
+}

@@ -649,7 +649,8 @@ fn the_fence_grows_on_across_a_server_restart() {
 }
 
 /// A waiter killed in the queue leaves its entries until the next
-/// contender drops them; `reset` drops them too.
+/// contender drops them; `status` says they are stale, and `reset` drops
+/// them too.
 #[test]
 fn reset_drops_waiters_that_died_in_the_queue() {
     let world = World::redis("reset-dead-waiter");
@@ -676,6 +677,20 @@ fn reset_drops_waiters_that_died_in_the_queue() {
                 .unwrap();
             live == 0
         },
+    );
+    let status = world.admin("status", &["--json"]).output().unwrap();
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let stale: Vec<&str> = status["stale"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|item| item.as_str().unwrap())
+        .collect();
+    assert_eq!(stale.len(), 2, "{status}");
+    assert!(stale[0].contains("stopped looking"), "{status}");
+    assert!(
+        stale[1].contains("with no live holder or waiter"),
+        "{status}"
     );
     let reset = world.admin("reset", &[]).output().unwrap();
     assert_eq!(reset.status.code(), Some(0), "{}", stderr(&reset));

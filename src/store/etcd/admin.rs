@@ -104,7 +104,18 @@ impl Admin for EtcdAdmin {
                     self.prefix
                 )
             }),
-            stale: Vec::new(),
+            // Left when every contender ended while etcd could not be
+            // reached (a quorum lost): nobody can delete it then.
+            stale: limit
+                .filter(|_| contenders.is_empty())
+                .map(|limit| {
+                    format!(
+                        "{} (limit {limit}) with no contender: the next contender replaces it, or consem reset removes it",
+                        String::from_utf8_lossy(&self.limit_key)
+                    )
+                })
+                .into_iter()
+                .collect(),
             lock_delay_ms: None,
         })
     }
