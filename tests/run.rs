@@ -638,6 +638,9 @@ fn waiters_further_back_block_on_the_key_ahead_and_handoffs_stay_cheap() {
     // rewrote its key with a CAS on the index the confirming read showed,
     // never with an acquire, which would bring back a key that an operator
     // deleted or released in between (and start the command without a slot).
+    // The holder that handed it the slot rewrote it too, with a CAS on the
+    // index its own listing showed (the relay then finds the key changed
+    // if that came first, and writes nothing).
     for name in &arrivals[..WAITERS - 1] {
         let path = format!("/v1/kv/{}", world.key(name));
         let writes: Vec<&str> = double
@@ -656,8 +659,8 @@ fn waiters_further_back_block_on_the_key_ahead_and_handoffs_stay_cheap() {
             .collect();
         assert_eq!(
             writes,
-            ["acquire", "cas"],
-            "writes of {name}'s key: joining, then the relay"
+            ["acquire", "cas", "cas"],
+            "writes of {name}'s key: joining, then the wake-up and the relay"
         );
     }
     let listings = double.requests()[before..]

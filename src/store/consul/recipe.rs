@@ -19,7 +19,9 @@ use crate::store::consul::client::{
 use crate::store::consul::contender::{
     Answer, Call, Contender, Note, Step, WaitPicture, Watched, Watcher, UNMATCHED_CAS,
 };
-use crate::store::consul::semaphore::{self, Loss, ReleaseStep, Snapshot, SEMAPHORE_FLAGS};
+use crate::store::consul::semaphore::{
+    self, KeyRewrite, Loss, ReleaseStep, Snapshot, SEMAPHORE_FLAGS,
+};
 use crate::store::lease::{self, lease_end};
 use crate::store::outage::{Outage, FIRST_BACKOFF, MAX_BACKOFF};
 use crate::store::{
@@ -712,6 +714,16 @@ impl ConsulSemaphore {
         Ok(snapshot)
     }
 
+    /// Makes the write of [`semaphore::wake_behind_heir`], if any. Should it
+    /// fail, the waiter behind the heir wakes when the heir relays or
+    /// leaves, or its session ends.
+    fn wake_behind_heir(&self, client: &Client, wake: Option<&KeyRewrite>) {
+        if let Some(wake) = wake {
+            let key = self.key(&wake.name);
+            let _ = client.put_cas(&key, wake.value.clone(), wake.cas, SEMAPHORE_FLAGS);
+        }
+    }
+
     fn report_loss_if_holding(&self, reason: &str) {
         let holding = {
             let shared = self.shared();
@@ -844,8 +856,10 @@ impl SlotBackend for ConsulSemaphore {
                     heir: Some(heir),
                 } = semaphore::plan_release(&snapshot, &session, self.settings.limit)
                 {
+                    let wake =
+                        semaphore::wake_behind_heir(&snapshot, &heir, self.settings.limit, cas);
                     if let Ok(true) = client.put_cas(&lock_key, value, cas, SEMAPHORE_FLAGS) {
-                        handed_to = Some(heir);
+                        handed_to = Some((heir, wake));
                     }
                 }
             }
@@ -869,11 +883,12 @@ impl SlotBackend for ConsulSemaphore {
         // Told only now: until the session is gone, our key looks like the
         // first waiter's to whoever leaves next.
         let left_lock = handed_to.is_some();
-        if let Some(heir) = &handed_to {
+        if let Some((heir, wake)) = &handed_to {
             report::event(
                 "handed-over",
                 &[("prefix", &self.settings.prefix), ("to", heir)],
             );
+            self.wake_behind_heir(&client, wake.as_ref());
         }
 
         // 3. Leave `.lock`: take ourselves out (handing the slot on), or
@@ -889,15 +904,22 @@ impl SlotBackend for ConsulSemaphore {
                     break;
                 }
             };
-            let written = match semaphore::plan_release(&snapshot, &session, self.settings.limit) {
-                ReleaseStep::Nothing => break,
-                ReleaseStep::Rewrite { value, cas, .. } => {
-                    client.put_cas(&lock_key, value, cas, SEMAPHORE_FLAGS)
-                }
-                ReleaseStep::Delete { cas } => client.delete(&lock_key, Some(cas)),
-            };
+            let (written, wake) =
+                match semaphore::plan_release(&snapshot, &session, self.settings.limit) {
+                    ReleaseStep::Nothing => break,
+                    ReleaseStep::Rewrite { value, cas, heir } => {
+                        let wake = heir.and_then(|heir| {
+                            semaphore::wake_behind_heir(&snapshot, &heir, self.settings.limit, cas)
+                        });
+                        (client.put_cas(&lock_key, value, cas, SEMAPHORE_FLAGS), wake)
+                    }
+                    ReleaseStep::Delete { cas } => (client.delete(&lock_key, Some(cas)), None),
+                };
             match written {
-                Ok(true) => break,
+                Ok(true) => {
+                    self.wake_behind_heir(&client, wake.as_ref());
+                    break;
+                }
                 Ok(false) if attempt < RELEASE_CAS_ATTEMPTS && Instant::now() < deadline => {
                     continue
                 }
