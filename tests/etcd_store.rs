@@ -934,3 +934,51 @@ fn a_limit_record_left_by_an_outage_is_stale_and_replaced() {
     assert_eq!(run.status.code(), Some(0), "{}", stderr(&run));
     world.assert_clean();
 }
+
+/// etcd down for longer than three failures in a row, then back with its
+/// data: holders with the default settings retry while their lease lasts
+/// and go on (exit 0), as on Redis.
+#[test]
+fn holders_ride_out_a_restart_of_etcd() {
+    let mut world = World::etcd("ride-out");
+    let holders: Vec<_> = (0..2)
+        .map(|n| {
+            let ready = format!("ready{n}");
+            spawn_verbose(
+                &world,
+                2,
+                &[],
+                &strs(&world.held_until(&ready, "go", 0)),
+                &format!("holder{n}.log"),
+            )
+        })
+        .collect();
+    wait_until(PROMPT, "both commands to start", || {
+        world.exists("ready0") && world.exists("ready1")
+    });
+    world.etcd.as_mut().unwrap().stop();
+    wait_until(
+        PROMPT * 2,
+        "each holder to fail four times in a row",
+        || {
+            (0..2).all(|n| {
+                log_text(&world, &format!("holder{n}.log"))
+                    .matches("watch-retry")
+                    .count()
+                    >= 4
+            })
+        },
+    );
+    world.etcd.as_mut().unwrap().restart();
+    world.touch("go");
+    for (n, holder) in holders.into_iter().enumerate() {
+        let output = holder.wait_with_output().unwrap();
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{}",
+            log_text(&world, &format!("holder{n}.log"))
+        );
+    }
+    world.assert_clean();
+}
