@@ -19,9 +19,7 @@ use crate::store::consul::client::{
 use crate::store::consul::contender::{
     Answer, Call, Contender, Note, Step, WaitPicture, Watched, Watcher, UNMATCHED_CAS,
 };
-use crate::store::consul::semaphore::{
-    self, KeyRewrite, Loss, ReleaseStep, Snapshot, SEMAPHORE_FLAGS,
-};
+use crate::store::consul::semaphore::{self, Loss, ReleaseStep, Snapshot, SEMAPHORE_FLAGS};
 use crate::store::lease::{self, lease_end};
 use crate::store::outage::{Outage, FIRST_BACKOFF, MAX_BACKOFF};
 use crate::store::{
@@ -714,13 +712,15 @@ impl ConsulSemaphore {
         Ok(snapshot)
     }
 
-    /// Makes the write of [`semaphore::wake_behind_heir`], if any. Should it
-    /// fail, the waiter behind the heir wakes when the heir relays or
-    /// leaves, or its session ends.
-    fn wake_behind_heir(&self, client: &Client, wake: Option<&KeyRewrite>) {
-        if let Some(wake) = wake {
+    /// Once `.lock` names `heir` in our place (a CAS on `handed_at`,
+    /// decided on `snapshot`), rewrites the heir's key
+    /// ([`semaphore::wake_behind_heir`]). Should that fail, the waiter
+    /// behind the heir wakes when the heir relays or leaves, or its session
+    /// ends.
+    fn wake_behind_heir(&self, client: &Client, snapshot: &Snapshot, heir: &str, handed_at: u64) {
+        if let Some(wake) = semaphore::wake_behind_heir(snapshot, heir, handed_at) {
             let key = self.key(&wake.name);
-            let _ = client.put_cas(&key, wake.value.clone(), wake.cas, SEMAPHORE_FLAGS);
+            let _ = client.put_cas(&key, wake.value, wake.cas, SEMAPHORE_FLAGS);
         }
     }
 
@@ -842,10 +842,11 @@ impl SlotBackend for ConsulSemaphore {
         // 1. A holder hands its slot to the first consem waiter while its
         // session still holds it: once our key goes, `consul lock` waiters
         // prune us and race for the slot (see `semaphore::heir`). Only a
-        // hand-off is written before the session goes; a rewrite without an
-        // heir waits for step 3, so that of several holders leaving at once
-        // the last deletes `.lock`. A third of the budget at most: destroying
-        // the session matters more.
+        // hand-off, and the heir's key that wakes the waiter behind it, are
+        // written before the session goes; a rewrite without an heir waits
+        // for step 3, so that of several holders leaving at once the last
+        // deletes `.lock`. A third of the budget at most: destroying the
+        // session matters more.
         let mut handed_to = None;
         if held {
             let client = self.client.with_call_timeout(remaining() / 3);
@@ -856,10 +857,9 @@ impl SlotBackend for ConsulSemaphore {
                     heir: Some(heir),
                 } = semaphore::plan_release(&snapshot, &session, self.settings.limit)
                 {
-                    let wake =
-                        semaphore::wake_behind_heir(&snapshot, &heir, self.settings.limit, cas);
                     if let Ok(true) = client.put_cas(&lock_key, value, cas, SEMAPHORE_FLAGS) {
-                        handed_to = Some((heir, wake));
+                        self.wake_behind_heir(&client, &snapshot, &heir, cas);
+                        handed_to = Some(heir);
                     }
                 }
             }
@@ -883,12 +883,11 @@ impl SlotBackend for ConsulSemaphore {
         // Told only now: until the session is gone, our key looks like the
         // first waiter's to whoever leaves next.
         let left_lock = handed_to.is_some();
-        if let Some((heir, wake)) = &handed_to {
+        if let Some(heir) = &handed_to {
             report::event(
                 "handed-over",
                 &[("prefix", &self.settings.prefix), ("to", heir)],
             );
-            self.wake_behind_heir(&client, wake.as_ref());
         }
 
         // 3. Leave `.lock`: take ourselves out (handing the slot on), or
@@ -904,22 +903,19 @@ impl SlotBackend for ConsulSemaphore {
                     break;
                 }
             };
-            let (written, wake) =
-                match semaphore::plan_release(&snapshot, &session, self.settings.limit) {
-                    ReleaseStep::Nothing => break,
-                    ReleaseStep::Rewrite { value, cas, heir } => {
-                        let wake = heir.and_then(|heir| {
-                            semaphore::wake_behind_heir(&snapshot, &heir, self.settings.limit, cas)
-                        });
-                        (client.put_cas(&lock_key, value, cas, SEMAPHORE_FLAGS), wake)
+            let written = match semaphore::plan_release(&snapshot, &session, self.settings.limit) {
+                ReleaseStep::Nothing => break,
+                ReleaseStep::Rewrite { value, cas, heir } => {
+                    let written = client.put_cas(&lock_key, value, cas, SEMAPHORE_FLAGS);
+                    if let (Ok(true), Some(heir)) = (&written, heir) {
+                        self.wake_behind_heir(&client, &snapshot, &heir, cas);
                     }
-                    ReleaseStep::Delete { cas } => (client.delete(&lock_key, Some(cas)), None),
-                };
-            match written {
-                Ok(true) => {
-                    self.wake_behind_heir(&client, wake.as_ref());
-                    break;
+                    written
                 }
+                ReleaseStep::Delete { cas } => client.delete(&lock_key, Some(cas)),
+            };
+            match written {
+                Ok(true) => break,
                 Ok(false) if attempt < RELEASE_CAS_ATTEMPTS && Instant::now() < deadline => {
                     continue
                 }

@@ -341,25 +341,19 @@ pub struct KeyRewrite {
 
 /// The write a holder makes once it has handed its slot to `heir` (its
 /// `.lock` CAS on `handed_at`, decided on `snapshot`): the heir's key,
-/// rewritten, which wakes the waiter that blocks on it. That waiter is now
-/// first in line, and must block on the prefix to see the next departure.
-/// The heir's own rewrite (its relay) comes only once its command runs, and
-/// never from a heir that is stopped or killed, whose session lives on
-/// until its TTL runs out: the waiter slept until then, through the
-/// hand-off of its own slot, while waiters behind it that the departure of
-/// one in between had woken took slots after it (found by a crowd with
-/// stopped waiters). `None` when no queueing waiter arrived after the heir.
-pub fn wake_behind_heir(
-    snapshot: &Snapshot,
-    heir: &str,
-    limit: u32,
-    handed_at: u64,
-) -> Option<KeyRewrite> {
+/// rewritten, which wakes the waiter that may block on it. That waiter is
+/// now first in line, and must block on the prefix to see the next
+/// departure. The heir's own rewrite (its relay) comes only once its
+/// command runs, and never from a heir that is stopped or killed, whose
+/// session lives on until its TTL runs out: the waiter slept until then,
+/// through the hand-off of its own slot, while waiters behind it that the
+/// departure of one in between had woken took slots after it (found by a
+/// crowd with stopped waiters). Made whether or not the listing shows a
+/// waiter behind the heir: one may have joined since, and seen the heir
+/// waiting.
+pub fn wake_behind_heir(snapshot: &Snapshot, heir: &str, handed_at: u64) -> Option<KeyRewrite> {
     let entry = snapshot.contenders.get(heir)?;
-    let holders = snapshot.lock_record(limit).ok().flatten()?;
-    let behind =
-        waiters(snapshot, &holders).any(|e| e.create_index > entry.create_index && relays(e));
-    behind.then(|| KeyRewrite {
+    Some(KeyRewrite {
         name: heir.to_string(),
         value: with_field(&entry.value, HANDED_FIELD, handed_at),
         cas: entry.modify_index,
@@ -1195,32 +1189,16 @@ mod tests {
         let value = format!(r#"{{"Limit":1,"Holders":{{"{A}":true}}}}"#);
         let mut heir = relaying(B, 6);
         heir.modify_index = 8;
-        let snap = snapshot(vec![lock(&value, 9), relaying(A, 5), heir, relaying(C, 7)]);
+        let snap = snapshot(vec![lock(&value, 9), relaying(A, 5), heir]);
         // B's key, rewritten on the index the listing showed (a CAS keeps
         // B's session), with what it said kept.
-        let wake = wake_behind_heir(&snap, B, 1, 9).unwrap();
+        let wake = wake_behind_heir(&snap, B, 9).unwrap();
         assert_eq!((wake.name.as_str(), wake.cas), (B, 8));
         let written: Value = serde_json::from_slice(&wake.value).unwrap();
         assert_eq!(written["Host"], "h");
         assert_eq!(written[RELAYS_FIELD], true);
         assert_eq!(written[HANDED_FIELD], 9);
-        // Nobody queues behind the heir: a `consul lock` waiter blocks on the
-        // prefix, and a holder on nothing of the heir's.
-        let racer = snapshot(vec![
-            lock(&value, 9),
-            relaying(A, 5),
-            relaying(B, 6),
-            contender(C, 7),
-        ]);
-        assert_eq!(wake_behind_heir(&racer, B, 1, 9), None);
-        let two = format!(r#"{{"Limit":2,"Holders":{{"{A}":true,"{C}":true}}}}"#);
-        let holder = snapshot(vec![
-            lock(&two, 9),
-            relaying(A, 5),
-            relaying(B, 6),
-            relaying(C, 7),
-        ]);
-        assert_eq!(wake_behind_heir(&holder, B, 2, 9), None);
+        assert_eq!(wake_behind_heir(&snap, C, 9), None);
     }
 
     #[test]
