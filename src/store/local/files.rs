@@ -59,12 +59,11 @@ pub struct StaleFile {
     pub owner: u32,
 }
 
-/// Which of a ticket's files are there.
+/// Which of a ticket's files are there, besides its wake FIFO.
 #[derive(Debug, Clone, Copy, Default)]
 struct Present {
     contender: bool,
     queue: bool,
-    wake: bool,
 }
 
 /// What a contender file says besides its description (which
@@ -294,7 +293,7 @@ impl PrefixDir {
 
     /// Creates `path`, never over a file or through a link, with `mode`:
     /// set again with fchmod, since the umask takes off bits that the
-    /// other users need.
+    /// other users need. A file it cannot give that mode is removed.
     fn create_file(path: &Path, mode: u32) -> io::Result<File> {
         let file = OpenOptions::new()
             .read(true)
@@ -302,7 +301,10 @@ impl PrefixDir {
             .create_new(true)
             .mode(mode)
             .open(path)?;
-        file.set_permissions(fs::Permissions::from_mode(mode))?;
+        if let Err(error) = file.set_permissions(fs::Permissions::from_mode(mode)) {
+            let _ = fs::remove_file(path);
+            return Err(error);
+        }
         Ok(file)
     }
 
@@ -326,7 +328,7 @@ impl PrefixDir {
             {
                 let owner = user_name(metadata.uid());
                 StoreError::Denied(format!(
-                    "{what} {}: {error}; it belongs to {owner} with mode {:o}, which other users cannot use (an older consem made it): the next consem that {owner} runs on this prefix fixes its mode, or root can remove it (consem makes it again)",
+                    "{what} {}: {error}; it belongs to {owner} with mode {:o}, which other users cannot use (an older consem made it so, or a hand edit): the next consem that {owner} runs on this prefix fixes its mode, or root can remove it (consem makes it again)",
                     path.display(),
                     metadata.mode() & 0o7777
                 ))
@@ -628,18 +630,13 @@ impl PrefixDir {
             let Ok(ticket) = stem.parse::<u64>() else {
                 continue;
             };
-            if ticket.to_string() != stem {
+            if ticket.to_string() != stem || !["c", "q", "w"].contains(&kind) {
                 continue;
             }
             let present = tickets.entry(ticket).or_default();
-            match kind {
-                "c" => present.contender = true,
-                "q" => present.queue = true,
-                "w" => present.wake = true,
-                _ => {}
-            }
+            present.contender |= kind == "c";
+            present.queue |= kind == "q";
         }
-        tickets.retain(|_, p| p.contender || p.queue || p.wake);
         Ok(tickets)
     }
 
