@@ -494,6 +494,10 @@ fn finish_within(mut child: Child) -> Output {
     child.wait_with_output().unwrap()
 }
 
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
 fn code(output: &Output) -> Option<i32> {
     output.status.code()
 }
@@ -708,16 +712,23 @@ fn stray_files_wedge_nothing_status_shows_them_and_reset_removes_them() {
         assert!(path.exists(), "{}", path.display());
     }
 
-    for user in [User::Nobody, User::Root] {
+    for (user, remover) in [
+        (User::Nobody, "consem reset as root removes them"),
+        (User::Root, "consem reset removes them"),
+    ] {
         let status = users.admin(user, "status", &[]);
-        let text = stderr(&status);
-        assert!(text.contains("stale files"), "{user:?}: {text}");
+        let shown = stdout(&status);
+        assert!(shown.contains("STALE"), "{user:?}: {shown}");
         for path in &stale {
             assert!(
-                text.contains(&format!("{} (root)", path.display())),
-                "{text}"
+                shown.contains(&format!("{} (root)", path.display())),
+                "{shown}"
             );
         }
+        assert!(shown.contains(remover), "{user:?}: {shown}");
+        let json = users.admin(user, "status", &["--json"]);
+        let json: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+        assert_eq!(json["stale"].as_array().unwrap().len(), 1, "{json}");
     }
     let refused = users.admin(User::Nobody, "reset", &[]);
     let text = stderr(&refused);
@@ -735,7 +746,7 @@ fn stray_files_wedge_nothing_status_shows_them_and_reset_removes_them() {
     );
     assert_local_clean(&users.base);
     let status = users.admin(User::Nobody, "status", &[]);
-    assert!(!stderr(&status).contains("stale"), "{}", stderr(&status));
+    assert!(!stdout(&status).contains("STALE"), "{}", stdout(&status));
 }
 
 /// Either user releases the other's holder: its consem is woken through
@@ -777,10 +788,11 @@ fn a_dead_contender_of_another_user_is_skipped() {
     let ran = finish_within(users.run(User::Nobody, 1, &[], "true").spawn().unwrap());
     assert_eq!(code(&ran), Some(0), "{}", stderr(&ran));
     let status = users.admin(User::Nobody, "status", &[]);
+    let shown = stdout(&status);
+    assert!(shown.contains("STALE"), "{shown}");
     assert!(
-        stderr(&status).contains("stale files"),
-        "{}",
-        stderr(&status)
+        shown.contains("consem reset as root removes them"),
+        "{shown}"
     );
     let ran = finish_within(users.run(User::Root, 1, &[], "true").spawn().unwrap());
     assert_eq!(code(&ran), Some(0), "{}", stderr(&ran));

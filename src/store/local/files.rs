@@ -55,6 +55,7 @@ pub struct Joined {
 /// A file of a contender that is gone, which the contenders skip.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StaleFile {
+    pub ticket: u64,
     pub path: PathBuf,
     pub owner: u32,
 }
@@ -109,7 +110,7 @@ pub fn user_name(uid: u32) -> String {
     format!("uid {uid}")
 }
 
-fn effective_uid() -> u32 {
+pub fn effective_uid() -> u32 {
     // SAFETY: geteuid cannot fail.
     unsafe { libc::geteuid() }
 }
@@ -726,6 +727,7 @@ impl PrefixDir {
             for path in self.ticket_paths(ticket) {
                 if let Ok(metadata) = fs::symlink_metadata(&path) {
                     stale.push(StaleFile {
+                        ticket,
                         path,
                         owner: metadata.uid(),
                     });

@@ -19,7 +19,7 @@ mod record;
 
 pub use decide::{decide, Decision, WaitOn};
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -428,13 +428,6 @@ impl Admin for LocalAdmin {
         let _meta = place.lock()?;
         let state = place.read_state()?;
         let stale = place.stale_files()?;
-        if !stale.is_empty() {
-            report::warning(&format!(
-                "stale files at {}, of contenders that are gone (consem skips them; consem reset removes them): {}",
-                self.prefix,
-                listing(&stale)
-            ));
-        }
         let live: BTreeSet<u64> = place.live_tickets()?.into_iter().collect();
         let describe = |t: u64| ContenderStatus::new(t.to_string(), place.describe(t), t);
         let (holders, dead): (Vec<u64>, Vec<u64>) =
@@ -449,6 +442,7 @@ impl Admin for LocalAdmin {
                 .map(describe)
                 .collect(),
             dead_holders: dead.iter().map(u64::to_string).collect(),
+            stale: stale_lines(&stale),
             ..self.empty_status()
         })
     }
@@ -523,15 +517,44 @@ impl LocalAdmin {
 
     /// What to say of stale files that `reset` could not remove.
     fn stuck(&self, stuck: &[StaleFile]) -> String {
-        let owners: BTreeSet<String> = stuck.iter().map(|f| files::user_name(f.owner)).collect();
-        let owners: Vec<String> = owners.into_iter().collect();
         format!(
-            "could not remove the stale files {} at {} (in a shared directory only their owner or root may): consem skips them, so they are in nobody's way; to remove them, run consem reset on this prefix as {} or as root",
+            "could not remove the stale files {} at {} (in a shared directory only their owner or root may): consem skips them, so they are in nobody's way; to remove them, run consem reset on this prefix as {}",
             listing(stuck),
             self.prefix,
-            owners.join(" or ")
+            removers(stuck)
         )
     }
+}
+
+/// One line per ticket whose contender is gone: its files, their owners,
+/// and what removes them.
+fn stale_lines(stale: &[StaleFile]) -> Vec<String> {
+    let mut by_ticket: BTreeMap<u64, Vec<StaleFile>> = BTreeMap::new();
+    for file in stale {
+        by_ticket.entry(file.ticket).or_default().push(file.clone());
+    }
+    let uid = files::effective_uid();
+    by_ticket
+        .into_iter()
+        .map(|(ticket, left)| {
+            let remover = if uid == 0 || left.iter().all(|f| f.owner == uid) {
+                String::new()
+            } else {
+                format!(" as {}", removers(&left))
+            };
+            format!(
+                "{}: files of ticket {ticket}, whose contender is gone; consem skips them, and consem reset{remover} removes them",
+                listing(&left)
+            )
+        })
+        .collect()
+}
+
+/// Who may remove `files` in a shared directory: `nobody or root`.
+fn removers(files: &[StaleFile]) -> String {
+    let mut names: BTreeSet<String> = files.iter().map(|f| files::user_name(f.owner)).collect();
+    names.insert("root".into());
+    names.into_iter().collect::<Vec<_>>().join(" or ")
 }
 
 /// Stale files as `path (owner), ...`.
