@@ -593,9 +593,10 @@ impl RedisSemaphore {
             .arg("memory")
             .query(connection)
             .map_err(|error| match classify(error, &self.settings) {
-                Failure::Final(StoreError::Denied(_)) => StoreError::Denied(format!(
+                Failure::Final(StoreError::Denied(_)) => StoreError::Denied(
                     "permission denied: the Redis user may not do what consem needs (INFO, which tells whether Redis may evict the semaphore's keys): allow it +info, or pass --redis-allow-eviction if this server never evicts"
-                )),
+                        .to_string(),
+                ),
                 Failure::Transient(why) => StoreError::Unavailable(why),
                 Failure::Final(other) => other,
             })?;
