@@ -244,6 +244,7 @@ pub fn reset(args: ResetArgs, env: impl Fn(&str) -> Option<String>) -> i32 {
                     (Some(limit), n) => println!(
                         "reset {prefix}: released {n} holder(s), deleted the limit record (Limit {limit})"
                     ),
+                    (None, 0) => println!("reset {prefix}: removed what was left; no limit was recorded"),
                     (None, n) => println!("reset {prefix}: released {n} holder(s); the limit record is gone"),
                 }
                 Done::Ok
