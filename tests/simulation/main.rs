@@ -22,7 +22,7 @@ use consem::store::consul::contender::{
     Answer, Call, Contender, Step, Watched, Watcher, UNMATCHED_CAS,
 };
 use consem::store::consul::semaphore::{
-    self, Decision, ReleaseStep, Snapshot, LOCK_KEY_NAME, RELAYS_FIELD, SEMAPHORE_FLAGS,
+    self, Decision, KeyRewrite, ReleaseStep, Snapshot, LOCK_KEY_NAME, RELAYS_FIELD, SEMAPHORE_FLAGS,
 };
 use consem::store::Contend;
 
@@ -68,10 +68,31 @@ enum Exit {
     Refused,
 }
 
+/// What a seed throws at the clients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Trouble {
+    /// Every fault: failed calls, lost answers, crashes, stalled renewals,
+    /// operators, agents that restart or restore; ACLs that hide a client.
+    Everything,
+    /// A crowd of consem contenders, and signals only: some are killed or
+    /// stopped at any step (they act no more, and their sessions live on
+    /// until their TTL runs out), some terminated (they leave at once);
+    /// calls do not fail. The order in which the others take their slots
+    /// is checked ([`Sim::check_arrival_order`]).
+    Signals,
+}
+
 #[derive(Debug)]
 enum ReleaseStage {
     /// A holder first hands its slot to the first consem waiter, if any.
     HandOff,
+    /// Once `.lock` names the heir, its key is rewritten
+    /// (`semaphore::wake_behind_heir`); then the session goes, if it has
+    /// not yet.
+    WakeHeir {
+        rewrite: KeyRewrite,
+        session_left: bool,
+    },
     Session {
         handed_off: bool,
     },
@@ -177,6 +198,8 @@ struct Stats {
     keys_released: u64,
     restores: u64,
     hand_offs: u64,
+    signals: u64,
+    arrivals_checked: u64,
 }
 
 struct Sim {
@@ -198,6 +221,14 @@ struct Sim {
     /// by the next check.
     fifo_violation: Option<Violation>,
     faults: bool,
+    trouble: Trouble,
+    /// Clients that a crash or a signal reached.
+    signalled: BTreeSet<usize>,
+    /// Sessions a leaving holder handed its slot to.
+    handed: BTreeSet<String>,
+    /// Heirs whose key the holder that handed them their slot did not get
+    /// to rewrite: it was killed in between.
+    wakes_lost: BTreeSet<String>,
     trace: Option<String>,
     stats: Stats,
 }
@@ -205,14 +236,16 @@ struct Sim {
 type Violation = String;
 
 impl Sim {
-    fn new(seed: u64, trace: bool) -> Sim {
+    fn new(seed: u64, trace: bool, trouble: Trouble) -> Sim {
         let mut rng = Rng(seed);
-        let count = 2 + rng.below(6) as usize;
-        let limit = 1 + rng.below(3) as u32;
+        let (count, limit) = match trouble {
+            Trouble::Everything => (2 + rng.below(6) as usize, 1 + rng.below(3) as u32),
+            Trouble::Signals => (6 + rng.below(10) as usize, 1 + rng.below(4) as u32),
+        };
         // Drawn from a generator of its own, so that the seeds without a
         // hidden client run as they did before it existed.
         let mut acl_rng = Rng(seed ^ 0x05ee_dac1);
-        let hidden = acl_rng.chance(250).then_some(0);
+        let hidden = (trouble == Trouble::Everything && acl_rng.chance(250)).then_some(0);
         let clients = (0..count)
             .map(|i| Client {
                 phase: Phase::Contend {
@@ -220,7 +253,7 @@ impl Sim {
                     call: Call::CreateSession,
                     blocked_since: 0,
                 },
-                relays: !rng.chance(250),
+                relays: trouble == Trouble::Signals || !rng.chance(250),
                 gone_session: None,
                 restricted: hidden.is_some() && i > 0 && acl_rng.chance(600),
                 restores_seen: 0,
@@ -239,6 +272,10 @@ impl Sim {
             released: BTreeSet::new(),
             fifo_violation: None,
             faults: true,
+            trouble,
+            signalled: BTreeSet::new(),
+            handed: BTreeSet::new(),
+            wakes_lost: BTreeSet::new(),
             trace: trace.then(String::new),
             stats: Stats::default(),
         }
@@ -276,8 +313,15 @@ impl Sim {
         self.stats.steps += 1;
         let elapsed = 1 + self.rng.below(200);
         self.consul.advance(self.consul.now() + elapsed);
-        if self.faults && self.rng.chance(8) {
-            self.inject_fault();
+        let per_mille = match self.trouble {
+            Trouble::Everything => 8,
+            Trouble::Signals => 20,
+        };
+        if self.faults && self.rng.chance(per_mille) {
+            match self.trouble {
+                Trouble::Everything => self.inject_fault(),
+                Trouble::Signals => self.signal(),
+            }
         }
         let runnable: Vec<usize> = (0..self.clients.len())
             .filter(|&i| self.runnable(i))
@@ -306,6 +350,64 @@ impl Sim {
             self.renew(renewals[pick - runnable.len()]);
         }
         self.check()
+    }
+
+    /// Whether a call fails (or its answer is lost), as faults are being
+    /// injected.
+    fn call_fails(&mut self) -> bool {
+        self.faults && self.trouble == Trouble::Everything && self.rng.chance(30)
+    }
+
+    /// A signal to a client still running: SIGKILL or SIGSTOP (it acts no
+    /// more; its session lives until its TTL runs out), or SIGTERM (it
+    /// leaves at once, handing its slot on if it holds one).
+    fn signal(&mut self) {
+        let running: Vec<usize> = (0..self.clients.len())
+            .filter(|&i| !self.clients[i].finished())
+            .collect();
+        if running.is_empty() {
+            return;
+        }
+        let victim = running[self.rng.below(running.len() as u64) as usize];
+        self.stats.signals += 1;
+        self.signalled.insert(victim);
+        let terminated = self.rng.chance(333);
+        let phase = std::mem::replace(&mut self.clients[victim].phase, Phase::Crashed);
+        self.clients[victim].phase = match phase {
+            Phase::Contend { contender, .. } if terminated => {
+                self.log(|| format!("client {victim} is terminated while it waits"));
+                Phase::Release {
+                    session: contender.session().map(str::to_string),
+                    stage: ReleaseStage::Session { handed_off: false },
+                    exit: Exit::Ran,
+                }
+            }
+            Phase::Hold { session, .. } if terminated => {
+                self.log(|| format!("client {victim} is terminated while it holds"));
+                Phase::Release {
+                    session: Some(session),
+                    stage: ReleaseStage::HandOff,
+                    exit: Exit::Ran,
+                }
+            }
+            phase => {
+                if let Phase::Release {
+                    stage: ReleaseStage::WakeHeir { rewrite, .. },
+                    ..
+                } = &phase
+                {
+                    self.wakes_lost.insert(rewrite.name.clone());
+                }
+                self.log(|| format!("client {victim} is killed or stopped"));
+                self.clients[victim].gone_session = match &phase {
+                    Phase::Contend { contender, .. } => contender.session().map(str::to_string),
+                    Phase::Hold { session, .. } => Some(session.clone()),
+                    Phase::Release { session, .. } => session.clone(),
+                    Phase::Done(_) | Phase::Crashed => None,
+                };
+                Phase::Crashed
+            }
+        };
     }
 
     fn inject_fault(&mut self) {
@@ -418,7 +520,7 @@ impl Sim {
     /// Makes one call with a chance of failing before or after it takes
     /// effect. `None` when it failed.
     fn call(&mut self, i: usize, call: &Call) -> Option<Answer> {
-        let fail_before = self.faults && self.rng.chance(30);
+        let fail_before = self.call_fails();
         if fail_before {
             self.stats.failed_calls += 1;
             self.log(|| format!("client {i}: {call:?} fails (5xx)"));
@@ -501,7 +603,7 @@ impl Sim {
             call,
             Call::List { .. } | Call::Get { .. } | Call::CheckHolder { .. }
         );
-        if self.faults && is_write && self.rng.chance(30) {
+        if is_write && self.call_fails() {
             self.stats.lost_answers += 1;
             self.log(|| format!("client {i}: {call:?} took effect, answer lost"));
             return None;
@@ -577,6 +679,7 @@ impl Sim {
                         self.stats.acquisitions += 1;
                         let session = contender.session().unwrap().to_string();
                         self.log(|| format!("client {i}: acquired, runs its command"));
+                        self.check_arrival_order(i, &session)?;
                         let restores_seen = self.consul.restores();
                         let watch = |what, index| Watch {
                             watcher: Watcher::new(
@@ -664,7 +767,7 @@ impl Sim {
         if let Some(owed) = relay {
             // The command runs; the relay write comes first of the holder's
             // requests, retried after a failure, dropped once our key changed.
-            let relay = if self.faults && self.rng.chance(30) {
+            let relay = if self.call_fails() {
                 self.stats.failed_calls += 1;
                 self.log(|| format!("client {i}: relay fails (5xx)"));
                 (owed.attempts_left > 1).then_some(Relay {
@@ -821,6 +924,104 @@ impl Sim {
         Ok(())
     }
 
+    /// Among clients that no signal reached, slots are taken in order of
+    /// arrival (their contender keys' CreateIndex), the order a crowd sees
+    /// from outside: when client `b` (holding `session`) starts its command,
+    /// each such client that arrived before it and still waits is awake
+    /// (its turn came with `b`'s, and the scheduler ran `b` first), or
+    /// cannot take a slot, or sleeps on a key that a client still running
+    /// will write. The skips allowed are behind a signalled client whose
+    /// session lives on: one killed or stopped while it waited (it still
+    /// counts), or after it took a free slot itself but before its relay,
+    /// or after a holder handed it its slot but was itself killed before it
+    /// rewrote the heir's key.
+    fn check_arrival_order(&mut self, b: usize, session: &str) -> Result<(), Violation> {
+        if self.trouble != Trouble::Signals || self.signalled.contains(&b) {
+            return Ok(());
+        }
+        let (_, entries) = self.consul.list(DIR);
+        let snapshot = Snapshot::from_entries(entries);
+        let Some(arrived) = snapshot.contenders.get(session).map(|e| e.create_index) else {
+            return Ok(());
+        };
+        for (a, client) in self.clients.iter().enumerate() {
+            let Phase::Contend {
+                contender, call, ..
+            } = &client.phase
+            else {
+                continue;
+            };
+            let Some(waiter) = contender.session() else {
+                continue;
+            };
+            let earlier = snapshot
+                .contenders
+                .get(waiter)
+                .is_some_and(|e| e.create_index < arrived);
+            if a == b || !earlier || self.signalled.contains(&a) || self.runnable(a) {
+                continue;
+            }
+            let could_take = matches!(
+                semaphore::decide(&snapshot, waiter, self.limit),
+                Ok(Decision::Take { .. } | Decision::Holding)
+            );
+            let excused = match call {
+                Call::Get { name, .. } => {
+                    self.will_write(name, self.clients.len())
+                        || self.signalled_ahead(name, &snapshot)
+                }
+                _ => false,
+            };
+            if could_take && !excused {
+                return Err(self.describe(&format!(
+                    "client {a} arrived before client {b} and could take a slot, but sleeps ({call:?}) while client {b} starts its command"
+                )));
+            }
+        }
+        self.stats.arrivals_checked += 1;
+        Ok(())
+    }
+
+    /// Whether a client still running will write the contender key `name`
+    /// (or delete it): its owner will take its slot and relay, or leaves,
+    /// or a holder that handed it its slot is about to rewrite it. `depth`
+    /// bounds the chain of waiters, each asleep on the key of the one ahead.
+    fn will_write(&self, name: &str, depth: usize) -> bool {
+        let waking = self.clients.iter().any(|c| {
+            matches!(&c.phase, Phase::Release { stage: ReleaseStage::WakeHeir { rewrite, .. }, .. } if rewrite.name == name)
+        });
+        let Some(owner) = self.clients.iter().position(|c| c.session() == Some(name)) else {
+            return waking;
+        };
+        waking
+            || match &self.clients[owner].phase {
+                Phase::Contend { call, .. } => {
+                    depth > 0
+                        && (self.runnable(owner)
+                            || matches!(call, Call::Get { name, .. } if self.will_write(name, depth - 1)))
+                }
+                Phase::Hold { relay, .. } => relay.is_some(),
+                Phase::Release { .. } => true,
+                Phase::Done(_) | Phase::Crashed => false,
+            }
+    }
+
+    /// Whether the contender key `name` is that of a signalled client whose
+    /// session lives on, in one of the ways [`Sim::check_arrival_order`]
+    /// allows to be waited for.
+    fn signalled_ahead(&self, name: &str, snapshot: &Snapshot) -> bool {
+        let signalled = self.signalled.iter().any(|&c| {
+            self.clients[c].gone_session.as_deref() == Some(name)
+                && matches!(self.clients[c].phase, Phase::Crashed)
+        });
+        let granted = snapshot
+            .lock_record(self.limit)
+            .ok()
+            .flatten()
+            .is_some_and(|record| record.holds(name));
+        signalled && (!granted || !self.handed.contains(name) || self.wakes_lost.contains(name))
+    }
+
     /// X-Consul-Index of a read of `<prefix>/<name>`.
     fn key_index(&self, name: &str) -> u64 {
         self.consul.get(DIR, &format!("{DIR}{name}")).0
@@ -904,7 +1105,7 @@ impl Sim {
             return Phase::Done(exit);
         };
         self.clients[i].gone_session = Some(id.clone());
-        let fails = self.faults && self.rng.chance(30);
+        let fails = self.call_fails();
         match stage {
             ReleaseStage::HandOff => {
                 let mut handed_off = false;
@@ -924,6 +1125,18 @@ impl Sim {
                         handed_off = self.consul.put_cas(&lock_key, value, cas, SEMAPHORE_FLAGS);
                         if handed_off {
                             self.handed_over(i, &heir, &id);
+                            if let Some(rewrite) =
+                                semaphore::wake_behind_heir(&snapshot, &heir, cas)
+                            {
+                                return Phase::Release {
+                                    session,
+                                    stage: ReleaseStage::WakeHeir {
+                                        rewrite,
+                                        session_left: true,
+                                    },
+                                    exit,
+                                };
+                            }
                         }
                     }
                 }
@@ -932,6 +1145,31 @@ impl Sim {
                     stage: ReleaseStage::Session { handed_off },
                     exit,
                 }
+            }
+            ReleaseStage::WakeHeir {
+                rewrite,
+                session_left,
+            } => {
+                if fails {
+                    self.stats.failed_calls += 1;
+                } else {
+                    let key = format!("{DIR}{}", rewrite.name);
+                    let written =
+                        self.consul
+                            .put_cas(&key, rewrite.value, rewrite.cas, SEMAPHORE_FLAGS);
+                    self.log(|| {
+                        format!("client {i}: rewrites its heir's key (written: {written})")
+                    });
+                }
+                if session_left {
+                    return Phase::Release {
+                        session,
+                        stage: ReleaseStage::Session { handed_off: true },
+                        exit,
+                    };
+                }
+                self.log(|| format!("client {i}: done ({exit:?})"));
+                Phase::Done(exit)
             }
             ReleaseStage::Session { handed_off } => {
                 if fails {
@@ -967,6 +1205,18 @@ impl Sim {
                         let written = self.consul.put_cas(&lock_key, value, cas, SEMAPHORE_FLAGS);
                         if let (true, Some(heir)) = (written, heir) {
                             self.handed_over(i, &heir, &id);
+                            if let Some(rewrite) =
+                                semaphore::wake_behind_heir(&snapshot, &heir, cas)
+                            {
+                                return Phase::Release {
+                                    session,
+                                    stage: ReleaseStage::WakeHeir {
+                                        rewrite,
+                                        session_left: false,
+                                    },
+                                    exit,
+                                };
+                            }
                         }
                         written
                     }
@@ -996,6 +1246,7 @@ impl Sim {
     /// again, counted in `.lock`, and has no loss left to notice.
     fn handed_over(&mut self, i: usize, heir: &str, leaving: &str) {
         self.stats.hand_offs += 1;
+        self.handed.insert(heir.to_string());
         self.log(|| format!("client {i}: hands its slot to {heir}"));
         if let Err(violation) = self.check_fifo(i, heir, Some(leaving)) {
             self.fifo_violation.get_or_insert(violation);
@@ -1184,47 +1435,74 @@ impl Sim {
     }
 }
 
-fn run_seed(seed: u64, trace: bool) -> (Result<(), Violation>, Stats, Option<String>) {
-    let mut sim = Sim::new(seed, trace);
+fn run_seed(
+    seed: u64,
+    trace: bool,
+    trouble: Trouble,
+) -> (Result<(), Violation>, Stats, Option<String>) {
+    let mut sim = Sim::new(seed, trace, trouble);
     let outcome = sim.run();
     (outcome, sim.stats, sim.trace)
 }
 
-#[test]
-fn the_recipe_keeps_its_invariants_under_faults() {
+impl std::ops::AddAssign for Stats {
+    fn add_assign(&mut self, other: Stats) {
+        self.steps += other.steps;
+        self.acquisitions += other.acquisitions;
+        self.losses_noticed += other.losses_noticed;
+        self.crashes += other.crashes;
+        self.evictions += other.evictions;
+        self.expiries_forced += other.expiries_forced;
+        self.restarts += other.restarts;
+        self.failed_calls += other.failed_calls;
+        self.lost_answers += other.lost_answers;
+        self.refusals += other.refusals;
+        self.keys_released += other.keys_released;
+        self.restores += other.restores;
+        self.hand_offs += other.hand_offs;
+        self.signals += other.signals;
+        self.arrivals_checked += other.arrivals_checked;
+    }
+}
+
+/// Runs `CONSEM_SIM_SEEDS` seeds (else `default_seeds`) with `trouble` and
+/// returns the totals, or replays the one seed `CONSEM_SIM_SEED` and prints
+/// its trace (then `None`). `test` names the test, for the replay.
+fn run_seeds(test: &str, trouble: Trouble, default_seeds: u64) -> Option<Stats> {
     if let Ok(seed) = std::env::var("CONSEM_SIM_SEED") {
         let seed: u64 = seed.parse().expect("CONSEM_SIM_SEED is a number");
-        let (outcome, stats, trace) = run_seed(seed, true);
+        let (outcome, stats, trace) = run_seed(seed, true, trouble);
         println!("{}", trace.unwrap_or_default());
         println!("{stats:?}");
         if let Err(violation) = outcome {
             panic!("seed {seed}: {violation}");
         }
-        return;
+        return None;
     }
-    let seeds: u64 = std::env::var("CONSEM_SIM_SEEDS")
-        .map_or(2_000, |n| n.parse().expect("CONSEM_SIM_SEEDS is a number"));
+    let seeds: u64 = std::env::var("CONSEM_SIM_SEEDS").map_or(default_seeds, |n| {
+        n.parse().expect("CONSEM_SIM_SEEDS is a number")
+    });
     let mut total = Stats::default();
     for seed in 0..seeds {
-        let (outcome, stats, _) = run_seed(seed, false);
+        let (outcome, stats, _) = run_seed(seed, false, trouble);
         if let Err(violation) = outcome {
-            panic!("seed {seed}: {violation}\nreplay it with: CONSEM_SIM_SEED={seed} cargo test --test simulation -- --nocapture");
+            panic!("seed {seed}: {violation}\nreplay it with: CONSEM_SIM_SEED={seed} cargo test --test simulation {test} -- --nocapture");
         }
-        total.steps += stats.steps;
-        total.acquisitions += stats.acquisitions;
-        total.losses_noticed += stats.losses_noticed;
-        total.crashes += stats.crashes;
-        total.evictions += stats.evictions;
-        total.expiries_forced += stats.expiries_forced;
-        total.restarts += stats.restarts;
-        total.failed_calls += stats.failed_calls;
-        total.lost_answers += stats.lost_answers;
-        total.refusals += stats.refusals;
-        total.keys_released += stats.keys_released;
-        total.restores += stats.restores;
-        total.hand_offs += stats.hand_offs;
+        total += stats;
     }
-    println!("simulation: {seeds} seeds, 0 violations; totals: {total:?}");
+    println!("simulation ({trouble:?}): {seeds} seeds, 0 violations; totals: {total:?}");
+    Some(total)
+}
+
+#[test]
+fn the_recipe_keeps_its_invariants_under_faults() {
+    let Some(total) = run_seeds(
+        "the_recipe_keeps_its_invariants_under_faults",
+        Trouble::Everything,
+        2_000,
+    ) else {
+        return;
+    };
     // The paths worth checking were taken.
     assert!(
         total.hand_offs > 0 && total.acquisitions > total.hand_offs,
@@ -1232,11 +1510,31 @@ fn the_recipe_keeps_its_invariants_under_faults() {
     );
 }
 
+/// A crowd of consem contenders, some killed, stopped or terminated while
+/// they wait or hold: the others take their slots in order of arrival,
+/// but for the skips `Sim::check_arrival_order` allows.
+#[test]
+fn a_crowd_takes_its_slots_in_order_of_arrival() {
+    let Some(total) = run_seeds(
+        "a_crowd_takes_its_slots_in_order_of_arrival",
+        Trouble::Signals,
+        500,
+    ) else {
+        return;
+    };
+    assert!(
+        total.signals > 0 && total.hand_offs > 0 && total.arrivals_checked > 0,
+        "{total:?}"
+    );
+}
+
 #[test]
 fn a_seed_replays_the_same_way() {
-    let (first, stats_a, trace_a) = run_seed(42, true);
-    let (second, stats_b, trace_b) = run_seed(42, true);
-    assert_eq!(first, second);
-    assert_eq!(trace_a, trace_b);
-    assert_eq!(stats_a.steps, stats_b.steps);
+    for trouble in [Trouble::Everything, Trouble::Signals] {
+        let (first, stats_a, trace_a) = run_seed(42, true, trouble);
+        let (second, stats_b, trace_b) = run_seed(42, true, trouble);
+        assert_eq!(first, second);
+        assert_eq!(trace_a, trace_b);
+        assert_eq!(stats_a.steps, stats_b.steps);
+    }
 }
