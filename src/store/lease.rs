@@ -147,6 +147,27 @@ mod tests {
         assert!(pauses >= Duration::from_millis(2500), "{pauses:?}");
     }
 
+    /// The store counts a renewal's TTL from when it received it, which
+    /// is before its answer came back: a slow answer (a congested link, a
+    /// store that stalled) leaves consem less lease, never more.
+    #[test]
+    fn a_lease_counts_from_when_its_renewal_was_sent_not_from_its_answer() {
+        let ttl = Duration::from_secs(15);
+        let sent = Instant::now()
+            .checked_sub(Duration::from_secs(4))
+            .expect("the clock has run for 4 s");
+        // Answered 4 s after it was sent: 8.5 s of the 12.5 s are left.
+        assert_eq!(lease_end(sent, ttl), sent + Duration::from_millis(12_500));
+        assert!(lease_end(sent, ttl) < Instant::now() + Duration::from_millis(8_600));
+        // The same arithmetic whenever it is asked.
+        let later = sent + Duration::from_secs(100);
+        assert_eq!(lease_end(later, ttl) - lease_end(sent, ttl), later - sent);
+        assert_eq!(
+            lease_end(sent, Duration::from_secs(6)),
+            sent + Duration::from_secs(5)
+        );
+    }
+
     #[test]
     fn the_kill_grace_fits_between_the_next_renewal_and_the_lease_end() {
         let millis = |d: Duration| d.as_millis();

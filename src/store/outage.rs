@@ -72,6 +72,30 @@ mod tests {
         assert_eq!(outage.retry_after(), Some(FIRST_BACKOFF));
     }
 
+    /// Outages in a row, each shorter than the TTL, with the store
+    /// answering in between: each is judged by its own length, not by the
+    /// time since the first began.
+    #[test]
+    fn each_outage_counts_from_its_own_start() {
+        let ttl = Duration::from_secs(15);
+        let mut outage = Outage::new(ttl);
+        outage.recovered();
+        let first = Instant::now();
+        assert!(outage.retry_at(first).is_some());
+        assert!(outage.retry_at(first + Duration::from_secs(2)).is_some());
+        outage.recovered();
+        // A second outage, 20 s after the first began and 1 s long.
+        let second = first + Duration::from_secs(20);
+        assert_eq!(outage.retry_at(second), Some(FIRST_BACKOFF));
+        assert!(outage.retry_at(second + Duration::from_secs(1)).is_some());
+        assert!(outage.retry_at(second + ttl).is_some(), "one TTL into it");
+        assert_eq!(
+            outage.retry_at(second + ttl + Duration::from_millis(1)),
+            None,
+            "longer than the TTL"
+        );
+    }
+
     #[test]
     fn an_outage_longer_than_the_ttl_ends_the_run() {
         let ttl = Duration::from_secs(15);
