@@ -76,6 +76,12 @@ pub fn to_go(duration: Duration) -> String {
     format!("{}ms", duration.as_nanos().div_ceil(1_000_000))
 }
 
+/// Formats a duration that was measured (time left, time late) for people,
+/// to the millisecond: `4.999s`, not `4.999877069s`.
+pub fn measured(duration: Duration) -> String {
+    human(Duration::from_millis(duration.as_millis() as u64))
+}
+
 /// Formats a duration for people, exactly, in the form `parse` reads:
 /// `15s`, `1m30s`, `250ms`, `1.5s`, `0.1ms` (so that a value is never
 /// echoed back as one the operator did not give, nor a limit as the value
@@ -113,6 +119,13 @@ fn decimal(whole: u32, fraction: u32, digits: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn measured_durations_are_shown_to_the_millisecond() {
+        assert_eq!(measured(Duration::from_nanos(4_999_877_069)), "4.999s");
+        assert_eq!(measured(Duration::from_nanos(999_851_883)), "999ms");
+        assert_eq!(measured(Duration::from_micros(300)), "0ms");
+    }
 
     #[test]
     fn reads_the_usual_forms() {

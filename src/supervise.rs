@@ -353,7 +353,7 @@ impl Lease {
         } else {
             format!(
                 "no renewal of its lease was confirmed in time (it ends in {}; -v shows the renewals' errors)",
-                crate::duration::human(left)
+                crate::duration::measured(left)
             )
         }
     }
@@ -370,13 +370,13 @@ fn confirm_lease(inbox: &Receiver<Event>, lease: &mut Lease) -> Result<(), Outco
     if !lease.running_out() {
         return Ok(());
     }
-    let late = lease
-        .until
-        .map(|until| Instant::now().saturating_duration_since(until))
+    let past_stop = lease
+        .stop_at()
+        .map(|at| Instant::now().saturating_duration_since(at))
         .unwrap_or_default();
     report::event(
         "grant-late",
-        &[("past_stop", &crate::duration::human(late + lease.grace))],
+        &[("past_stop", &crate::duration::measured(past_stop))],
     );
     loop {
         // The store renews at once, or reports the slot gone; it bounds

@@ -35,11 +35,11 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 const FIRST_BACKOFF: Duration = Duration::from_millis(200);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
-/// How often a holder looks whether its permit is still there between
-/// renewals: a permit that vanished (FLUSHALL, an eviction, a restart
-/// without data) is noticed within this, not a renewal period later. One
-/// read-only script call; the overlap a wipe allows is bounded by it.
-const PERMIT_CHECK: Duration = Duration::from_secs(1);
+/// How often a holder renews its permit (or every TTL/3 if that is
+/// sooner): a permit that vanished (FLUSHALL, an eviction, a restart
+/// without data) is noticed within this, which bounds the overlap a wipe
+/// allows, and the lease stays fresh for outages. One script call.
+const RENEW_EVERY: Duration = Duration::from_secs(1);
 
 /// What a run on Redis needs beyond the store-neutral options.
 #[derive(Debug, Clone)]
@@ -191,6 +191,10 @@ fn classify(error: RedisError, settings: &Settings) -> Failure {
         Some("LOADING") | Some("BUSY") | Some("TRYAGAIN") | Some("MASTERDOWN") => {
             Failure::Transient(format!("Redis at {shown} is not ready ({detail})"))
         }
+        // Full with noeviction: a write is refused until memory is freed.
+        Some("OOM") => Failure::Transient(format!(
+            "Redis at {shown} is out of memory and refuses writes (used memory over maxmemory, with noeviction): free memory or raise maxmemory"
+        )),
         _ if error.kind() == redis::ErrorKind::AuthenticationFailed => {
             Failure::Final(StoreError::Denied(format!(
                 "permission denied: Redis at {shown} refused the credentials: give the password in the URL or in REDISCLI_AUTH"
@@ -229,17 +233,26 @@ fn connect(settings: &Settings, read_timeout: Duration) -> Result<Connection, Re
     Ok(connection)
 }
 
+/// What a script says of the semaphore's keys as a whole.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Epoch {
+    /// Made with the keys: another one means they were lost meanwhile.
+    id: String,
+    /// The longest TTL in use lately, which a lock delay must cover.
+    longest_ttl: Duration,
+}
+
 /// What the acquire script answered.
 #[derive(Debug, PartialEq, Eq)]
 enum Answer {
     Acquired {
         fence: u64,
-        epoch: String,
+        epoch: Epoch,
     },
     Wait {
         held: usize,
         ahead: usize,
-        epoch: String,
+        epoch: Epoch,
         /// What is left of a lock delay (the keys were lost).
         lock_delay: Duration,
     },
@@ -269,17 +282,16 @@ fn read_answer(value: Value) -> Result<Answer, String> {
         return Err(format!("an unexpected answer: {value:?}"));
     };
     let count = |v: Option<&Value>| number(v).map(|n| n.max(0) as usize);
-    let epoch = |at: usize| items.get(at).map(text).unwrap_or_default();
     match items.first().map(text).as_deref() {
         Some("acquired") => Ok(Answer::Acquired {
             fence: number(items.get(1))? as u64,
-            epoch: epoch(2),
+            epoch: read_epoch(&items, 2)?,
         }),
         Some("wait") => Ok(Answer::Wait {
             held: count(items.get(1))?,
             ahead: count(items.get(2))?,
-            epoch: epoch(3),
-            lock_delay: Duration::from_millis(count(items.get(4))? as u64),
+            lock_delay: Duration::from_millis(count(items.get(3))? as u64),
+            epoch: read_epoch(&items, 4)?,
         }),
         Some("full") => Ok(Answer::Full),
         Some("conflict") => Ok(Answer::Conflict(items.get(1).map(text).unwrap_or_default())),
@@ -291,16 +303,26 @@ fn read_answer(value: Value) -> Result<Answer, String> {
     }
 }
 
+/// The epoch in a script's answer: its id at `at`, the longest TTL in
+/// use (ms) after it.
+fn read_epoch(items: &[Value], at: usize) -> Result<Epoch, String> {
+    Ok(Epoch {
+        id: items.get(at).map(text).unwrap_or_default(),
+        longest_ttl: Duration::from_millis(number(items.get(at + 1))?.max(0) as u64),
+    })
+}
+
 /// What the renew script answered.
 #[derive(Debug, PartialEq, Eq)]
 enum Renewal {
     Held,
     Gone,
-    /// Gone with every key of the semaphore (a wipe, an eviction).
+    /// Gone with the semaphore's keys (a wipe, an eviction), or with the
+    /// data going back (a restart from an older snapshot).
     Lost,
 }
 
-fn read_renewal(value: Value) -> Result<(Renewal, String), String> {
+fn read_renewal(value: Value) -> Result<(Renewal, Epoch), String> {
     let Value::Array(items) = value else {
         return Err(format!("an unexpected answer: {value:?}"));
     };
@@ -309,7 +331,7 @@ fn read_renewal(value: Value) -> Result<(Renewal, String), String> {
         0 => Renewal::Gone,
         _ => Renewal::Lost,
     };
-    Ok((renewal, items.get(1).map(text).unwrap_or_default()))
+    Ok((renewal, read_epoch(&items, 1)?))
 }
 
 /// How a server's `INFO memory` says it evicts keys: `Some(policy)` when
@@ -337,7 +359,7 @@ struct Shared {
     /// A script that writes was sent: release has something to undo.
     written: bool,
     /// The semaphore's epoch as we last saw it.
-    epoch: Option<String>,
+    epoch: Option<Epoch>,
 }
 
 /// A semaphore at one prefix on Redis, for one run.
@@ -394,7 +416,7 @@ impl RedisSemaphore {
             shared.written = true;
         }
         let ttl_ms = self.settings.ttl.as_millis() as u64;
-        let seen = self.shared().epoch.clone().unwrap_or_default();
+        let (seen, delay_if_lost) = self.epoch_seen();
         let answer = acquire_script()
             .key(&self.keys.holders)
             .key(&self.keys.queue)
@@ -411,6 +433,7 @@ impl RedisSemaphore {
             .arg(&self.info)
             .arg(if mode == Contend::Try { "try" } else { "wait" })
             .arg(seen)
+            .arg(delay_if_lost.as_millis() as u64)
             .invoke::<Value>(connection);
         let mut shared = self.shared();
         shared.writing = false;
@@ -502,10 +525,10 @@ impl RedisSemaphore {
             };
             match answer {
                 Answer::Acquired { fence, epoch } => {
+                    self.note_epoch(epoch);
                     let mut shared = self.shared();
                     shared.fence = Some(fence);
                     shared.holding = true;
-                    shared.epoch = Some(epoch);
                     return Ok(Some((fence, sent)));
                 }
                 Answer::Foreign(key, what) => {
@@ -575,12 +598,26 @@ impl RedisSemaphore {
     /// Learns the semaphore's epoch from an answer; another than the one
     /// seen before means its keys were lost meanwhile (the script has set
     /// the lock delay).
-    fn note_epoch(&self, epoch: String) {
+    fn note_epoch(&self, epoch: Epoch) {
         let mut shared = self.shared();
-        if shared.epoch.as_ref().is_some_and(|seen| *seen != epoch) {
+        if shared
+            .epoch
+            .as_ref()
+            .is_some_and(|seen| seen.id != epoch.id)
+        {
             report::event("keys-lost", &[("key", &self.keys.holders)]);
         }
         shared.epoch = Some(epoch);
+    }
+
+    /// The epoch id we saw last ('' before the first answer), and the lock
+    /// delay a script sets should it find the keys lost since: a TTL, ours
+    /// or the longest in use when we last looked, whichever is longer.
+    fn epoch_seen(&self) -> (String, Duration) {
+        match &self.shared().epoch {
+            Some(epoch) => (epoch.id.clone(), epoch.longest_ttl.max(self.settings.ttl)),
+            None => (String::new(), self.settings.ttl),
+        }
     }
 
     /// Refuses a server whose eviction policy may evict the permits, unless
@@ -619,13 +656,17 @@ impl RedisSemaphore {
         shared.closing
     }
 
-    /// Renews the permit every TTL/3, and looks every second in between
-    /// whether it is still there (at once when an operator wakes us);
-    /// retries what fails while the lease granted until `lease_end` lasts.
-    /// Returns why the slot is lost, or `None` once release began.
+    /// Renews the permit every second (or every TTL/3 if that is sooner),
+    /// at once when an operator wakes us, and retries what fails while the
+    /// lease granted until `lease_end` lasts. Renewing this often keeps the
+    /// lease fresh, so that an outage that starts at any moment is ridden
+    /// out for as long as the lease can cover, and a permit that vanished
+    /// (a wipe, an eviction) is noticed within a second. Returns why the
+    /// slot is lost, or `None` once release began.
     fn hold(&self, mut lease_end: Instant, notify: &Notify) -> Option<String> {
         let ttl = self.settings.ttl;
-        let period = lease::renew_period(ttl);
+        let every = RENEW_EVERY.min(lease::renew_period(ttl));
+        let fence = self.shared().fence.unwrap_or_default();
         let mut failures = 0;
         let mut connection: Option<Connection> = None;
         // When the last confirmed renewal was sent; `None` renews at once
@@ -637,15 +678,13 @@ impl RedisSemaphore {
             }
             let attempt = match connection.as_mut() {
                 Some(con) => Ok(con),
-                None => connect(&self.settings, period + CALL_TIMEOUT)
+                None => connect(&self.settings, every + CALL_TIMEOUT)
                     .map(|fresh| connection.insert(fresh)),
             };
             let result = attempt.and_then(|con| {
                 if let Some(at) = renewed {
-                    // A push from `consem release`, a look, or the renewal.
-                    let nap = (at + period)
-                        .saturating_duration_since(Instant::now())
-                        .min(PERMIT_CHECK);
+                    // The next renewal, or a push from `consem release`.
+                    let nap = (at + every).saturating_duration_since(Instant::now());
                     if !nap.is_zero() {
                         redis::cmd("BLPOP")
                             .arg(self.keys.wake(&self.id))
@@ -653,20 +692,21 @@ impl RedisSemaphore {
                             .query::<Value>(con)?;
                     }
                 }
-                let renewing = renewed.is_none_or(|at| at.elapsed() >= period);
                 let sent = Instant::now();
-                let seen = self.shared().epoch.clone().unwrap_or_default();
+                let (seen, delay_if_lost) = self.epoch_seen();
                 renew_script()
                     .key(&self.keys.holders)
                     .key(&self.keys.epoch)
                     .key(&self.keys.lock_delay)
+                    .key(&self.keys.fence)
                     .arg(&self.id)
                     .arg(ttl.as_millis() as u64)
                     .arg(&self.keys.base)
                     .arg(seen)
-                    .arg(if renewing { "renew" } else { "check" })
+                    .arg(fence)
+                    .arg(delay_if_lost.as_millis() as u64)
                     .invoke::<Value>(con)
-                    .map(|answer| (answer, renewing.then_some(sent)))
+                    .map(|answer| (answer, sent))
             });
             if self.shared().closing {
                 return None;
@@ -676,11 +716,9 @@ impl RedisSemaphore {
                     Ok((Renewal::Held, epoch)) => {
                         failures = 0;
                         self.note_epoch(epoch);
-                        if let Some(sent) = sent {
-                            renewed = Some(sent);
-                            lease_end = lease::lease_end(sent, ttl);
-                            notify(SlotEvent::Leased { until: lease_end });
-                        }
+                        renewed = Some(sent);
+                        lease_end = lease::lease_end(sent, ttl);
+                        notify(SlotEvent::Leased { until: lease_end });
                         continue;
                     }
                     Ok((Renewal::Gone, _)) => {
@@ -691,7 +729,7 @@ impl RedisSemaphore {
                     }
                     Ok((Renewal::Lost, _)) => {
                         return Some(format!(
-                            "the semaphore's keys vanished from Redis, our permit in {} with them (FLUSHALL, an eviction, or a restart without its data); no slot is granted on it for --ttl",
+                            "Redis lost the semaphore's keys, our permit in {} with them (FLUSHALL, an eviction, a restart without its data or from an older snapshot, a failover); no slot is granted on the prefix until every lease granted before could have ended",
                             self.keys.holders
                         ))
                     }
@@ -1119,38 +1157,49 @@ mod tests {
     #[test]
     fn answers_carry_the_epoch_and_the_lock_delay() {
         let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        let epoch = |id: &str, ms: u64| Epoch {
+            id: id.to_string(),
+            longest_ttl: Duration::from_millis(ms),
+        };
         assert_eq!(
             read_answer(Value::Array(vec![
                 bulk("wait"),
                 Value::Int(2),
                 Value::Int(1),
-                bulk("1700000000000001"),
                 Value::Int(1500),
+                bulk("1700000000000001"),
+                Value::Int(30_000),
             ])),
             Ok(Answer::Wait {
                 held: 2,
                 ahead: 1,
-                epoch: "1700000000000001".into(),
                 lock_delay: Duration::from_millis(1500),
+                epoch: epoch("1700000000000001", 30_000),
             })
         );
         assert_eq!(
             read_answer(Value::Array(vec![
                 bulk("acquired"),
                 Value::Int(7),
-                bulk("e")
+                bulk("e"),
+                Value::Int(6000)
             ])),
             Ok(Answer::Acquired {
                 fence: 7,
-                epoch: "e".into()
+                epoch: epoch("e", 6000)
             })
         );
         for (code, renewal) in [(1, Renewal::Held), (0, Renewal::Gone), (-1, Renewal::Lost)] {
             assert_eq!(
-                read_renewal(Value::Array(vec![Value::Int(code), bulk("e")])),
-                Ok((renewal, "e".to_string()))
+                read_renewal(Value::Array(vec![
+                    Value::Int(code),
+                    bulk("e"),
+                    Value::Int(4000)
+                ])),
+                Ok((renewal, epoch("e", 4000)))
             );
         }
         assert!(read_renewal(Value::Int(1)).is_err());
+        assert!(read_renewal(Value::Array(vec![Value::Int(1), bulk("e")])).is_err());
     }
 }
