@@ -68,6 +68,8 @@ on_every_store!(
     a_killed_watchdog_is_replaced_and_still_takes_the_group_along,
     what_the_command_leaves_running_is_stopped_before_the_slot_goes,
     wait_group_keeps_the_slot_until_the_group_is_done,
+    a_freed_slot_wakes_its_waiter_at_once_all_down_the_queue,
+    an_operator_s_release_stops_the_holder_at_once_not_at_its_next_renewal,
 );
 
 /// Behaviours of the stores whose grant can reach consem after the lease
@@ -91,6 +93,40 @@ macro_rules! on_every_store_granting_in_an_answer {
 on_every_store_granting_in_an_answer!(
     a_grant_that_arrives_after_its_lease_starts_nothing_unconfirmed
 );
+
+/// Behaviours of the stores whose slot outlives consem until a lease runs
+/// out on the server (Consul's session, a Redis permit, an etcd lease).
+macro_rules! on_every_store_with_a_lease {
+    ($($test:ident),* $(,)?) => {
+        mod leased_consul {
+            $( #[test] fn $test() { super::$test(super::World::new) } )*
+        }
+        mod leased_redis {
+            $( #[test] fn $test() { super::$test(super::World::redis) } )*
+        }
+        mod leased_etcd {
+            $( #[test] fn $test() { super::$test(super::World::etcd) } )*
+        }
+    };
+}
+
+on_every_store_with_a_lease!(a_slot_s_lease_on_the_server_is_the_ttl_15s_by_default);
+
+/// Behaviours of the stores with a lease of seconds: Consul's is 10 s at
+/// least, and its session may outlive that twice over, so that waiting for
+/// it costs half a minute a test; Consul's server, not consem, extends it.
+macro_rules! on_every_store_with_a_short_lease {
+    ($($test:ident),* $(,)?) => {
+        mod short_redis {
+            $( #[test] fn $test() { super::$test(super::World::redis) } )*
+        }
+        mod short_etcd {
+            $( #[test] fn $test() { super::$test(super::World::etcd) } )*
+        }
+    };
+}
+
+on_every_store_with_a_short_lease!(a_killed_holder_s_slot_comes_back_within_its_ttl_after_renewals);
 
 fn output(world: &World, limit: u32, extra: &[&str], command: &[&str]) -> Output {
     let child = world.spawn(limit, extra, command);
@@ -802,29 +838,68 @@ fn a_killed_watchdog_is_replaced_and_still_takes_the_group_along(make: MakeWorld
 
 /// The command exits but leaves a job running in its process group: the
 /// job is stopped before the slot is released, so that the next holder
-/// never runs beside it.
+/// never runs beside it. A job that ignores SIGTERM is SIGKILLed once the
+/// kill grace has passed (5 s when none is given, as documented).
 fn what_the_command_leaves_running_is_stopped_before_the_slot_goes(make: MakeWorld) {
     let world = make("leftover");
     let log = world.path("log");
-    // The worker logs while it runs; the shell exits at once.
-    let worker = |name: &str| {
+    // The worker logs while it runs; the shell exits at once. The first
+    // one ignores SIGTERM (and so do the commands it runs).
+    let worker = |name: &str, on_term: &str| {
         format!(
-            "(trap 'exit 0' TERM; while :; do echo {name} >> '{log}'; sleep 0.05; done) > /dev/null 2>&1 & sleep 0.2"
+            "(trap {on_term} TERM; echo $BASHPID > '{dir}/{name}.pid'; while :; do echo {name} >> '{log}'; sleep 0.05; done) > /dev/null 2>&1 & while [ ! -s '{dir}/{name}.pid' ]; do sleep 0.01; done; sleep 0.2",
+            dir = world.dir.display()
         )
     };
-    for name in ["first", "second"] {
-        let output = output(
-            &world,
-            1,
-            &["-v", "--kill-grace", "1s"],
-            &["sh", "-c", &worker(name)],
-        );
+    // The local store's default grace; 1 s on the stores with a lease,
+    // whose renewals the supervisor does not take while it waits for a
+    // group to end: a grace near the longest that fits would outlast the
+    // lease it started on (see docs/reliability.md, "What is not covered").
+    let (ignoring_args, grace) = match world.local {
+        Some(_) => (vec!["-v"], Duration::from_secs(5)),
+        None => (vec!["-v", "--kill-grace", "1s"], Duration::from_secs(1)),
+    };
+    let runs = [
+        ("first", "''", ignoring_args),
+        ("second", "'exit 0'", vec!["-v", "--kill-grace", "1s"]),
+    ];
+    for (name, on_term, args) in runs {
+        let script = worker(name, on_term);
+        let output = output(&world, 1, &args, &["bash", "-c", &script]);
         assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+        let log = stderr(&output);
         assert!(
-            stderr(&output).contains(" stopping-group "),
-            "says it stopped the group: {}",
-            stderr(&output)
+            log.contains(" stopping-group "),
+            "says it stopped the group: {log}"
         );
+        let pid: i32 = std::fs::read_to_string(world.dir.join(format!("{name}.pid")))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        if !process_gone(pid) {
+            // SAFETY: getpgid(2) and killpg(2) on the worker this test's
+            // command started, which must not run on after the test.
+            unsafe { libc::killpg(libc::getpgid(pid), libc::SIGKILL) };
+            panic!("{name}'s worker outlived consem: {log}");
+        }
+        if name == "first" {
+            // SIGTERM, which it ignores, then SIGKILL after the grace.
+            let at = |signal: &str| {
+                log.lines()
+                    .find(|line| {
+                        line.contains(" stopping-group ")
+                            && line.ends_with(&format!(" signal={signal}"))
+                    })
+                    .map(event_seconds)
+                    .unwrap_or_else(|| panic!("no stopping-group with signal {signal}: {log}"))
+            };
+            let waited = (at("9") - at("15")).rem_euclid(86_400.0);
+            assert!(
+                waited >= grace.as_secs_f64() - 0.002 && waited < grace.as_secs_f64() + 0.9,
+                "SIGKILL came {waited:.3} s after SIGTERM, for a grace of {grace:?}: {log}"
+            );
+        }
     }
     let lines = std::fs::read_to_string(&log).unwrap();
     let lines_in_order: Vec<&str> = lines.lines().collect();
@@ -835,6 +910,19 @@ fn what_the_command_leaves_running_is_stopped_before_the_slot_goes(make: MakeWor
         "the first worker ran beside the second:\n{lines}"
     );
     world.assert_clean();
+}
+
+/// The time of day of a `-v` line (`2026-11-22T10:04:05.123Z consem[..] ...`),
+/// in seconds.
+fn event_seconds(line: &str) -> f64 {
+    let time = line
+        .split_whitespace()
+        .next()
+        .and_then(|stamp| stamp.split_once('T'))
+        .map(|(_, time)| time.trim_end_matches('Z'))
+        .unwrap_or_else(|| panic!("not an event line: {line}"));
+    let parts: Vec<f64> = time.split(':').map(|p| p.parse().unwrap()).collect();
+    parts[0] * 3600.0 + parts[1] * 60.0 + parts[2]
 }
 
 /// With `--wait-group`, the slot is kept until what the command left
@@ -935,5 +1023,303 @@ fn a_grant_that_arrives_after_its_lease_starts_nothing_unconfirmed(make: MakeWor
         late_status.code() == Some(0),
         "{ran}"
     );
+    world.assert_clean();
+}
+
+/// `--ttl <ttl>` where the store has a lease; nothing on the local store,
+/// which refuses it (its slot lasts as long as consem does).
+fn ttl_args<'a>(world: &World, ttl: &'a str) -> Vec<&'a str> {
+    if world.local.is_some() {
+        Vec::new()
+    } else {
+        vec!["--ttl", ttl]
+    }
+}
+
+/// Contenders a test started; those still running when it ends (it failed
+/// early) are SIGKILLed, so that their commands, which wait for files in a
+/// directory that goes with the world, do not run on (the watchdog takes
+/// a killed consem's command along).
+struct Contenders(Vec<Child>);
+
+impl Contenders {
+    /// Waits for each to end, and checks that each exited 0.
+    fn finish_all(mut self) {
+        for child in std::mem::take(&mut self.0) {
+            let output = finish_within(child, "a contender to end");
+            assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+        }
+    }
+}
+
+impl Drop for Contenders {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// How soon a waiter must start once the slot it waits for is free: far
+/// below the periodic look (TTL/3, 10 s at `--ttl 30s`) that would serve
+/// it if the wake-up meant for it never came, and generous for a loaded
+/// machine.
+const AT_ONCE: Duration = Duration::from_secs(4);
+
+/// Each slot that frees wakes the waiter it is for at once, the second,
+/// third, ... in line too, and not at that waiter's next periodic look
+/// (every TTL/3: 10 s at `--ttl 30s`). Two slots, two holders and five
+/// waiters; slots free one at a time and two at once, and each waiter
+/// must start within seconds. Two slots freed while the first in line is
+/// stopped (it cannot look yet) serve the second in line too: the first,
+/// when it takes its slot, wakes the next (Redis: the grant pushes to the
+/// waiter now first in line; etcd: the relay write owed to the waiter
+/// behind; Consul: the hand-off's rewrite of the heir's key; local: the
+/// queue file's lock let go).
+fn a_freed_slot_wakes_its_waiter_at_once_all_down_the_queue(make: MakeWorld) {
+    let world = make("handoff-at-once");
+    let ttl = ttl_args(&world, "30s");
+    let mut contenders = Contenders(Vec::new());
+    let started = |name: &str| world.exists(&format!("started-{name}"));
+    let go = |name: &str| world.touch(&format!("go-{name}"));
+    let spawn = |name: &str| {
+        let command = world.held_until(&format!("started-{name}"), &format!("go-{name}"), 0);
+        world.spawn(2, &ttl, &strs(&command))
+    };
+    for name in ["h1", "h2"] {
+        contenders.0.push(spawn(name));
+        wait_until(PROMPT, "a holder's command to start", || started(name));
+    }
+    let waiters = ["w1", "w2", "w3", "w4", "w5"];
+    for (position, name) in waiters.iter().enumerate() {
+        contenders.0.push(spawn(name));
+        wait_until(PROMPT, "the waiter to join the queue", || {
+            world.contender_keys() == 3 + position
+        });
+    }
+    assert!(
+        waiters.iter().all(|name| !started(name)),
+        "a waiter started while both slots were held"
+    );
+    let starts_at_once = |name: &str, freed: &str| {
+        wait_until(
+            AT_ONCE,
+            &format!("{name} to start at once when {freed} left (not at its next look)"),
+            || started(name),
+        );
+    };
+    // One at a time: the first waiter, then the second, which was further
+    // back when the first one's slot freed.
+    go("h1");
+    starts_at_once("w1", "h1");
+    go("h2");
+    starts_at_once("w2", "h2");
+    // Two at once, while the first in line is stopped: its slot and the
+    // next are free before it looks.
+    let w3 = contenders.0[4].id() as i32;
+    // SAFETY: kill(2) on a consem this test started and has not reaped.
+    unsafe { libc::kill(w3, libc::SIGSTOP) };
+    go("w1");
+    go("w2");
+    wait_until(PROMPT, "w1 and w2 to leave", || world.contender_keys() == 3);
+    // SAFETY: as above.
+    unsafe { libc::kill(w3, libc::SIGCONT) };
+    starts_at_once("w3", "w1 and w2 (w3 stopped meanwhile)");
+    starts_at_once("w4", "w1 and w2 (w3 stopped meanwhile)");
+    go("w3");
+    starts_at_once("w5", "w3");
+    for name in ["h1", "h2", "w1", "w2", "w3", "w4", "w5"] {
+        go(name);
+    }
+    contenders.finish_all();
+    world.assert_clean();
+}
+
+/// An operator's release reaches the holder through what it watches,
+/// not through its next renewal (every TTL/3: 10 s at `--ttl 30s`): the
+/// command is stopped, and consem exits 76, within seconds.
+fn an_operator_s_release_stops_the_holder_at_once_not_at_its_next_renewal(make: MakeWorld) {
+    let world = make("release-at-once");
+    let mut args = ttl_args(&world, "30s");
+    args.extend(["--kill-grace", "1s"]);
+    let holder = world.spawn(1, &args, &strs(&world.held_until("ready", "go", 0)));
+    let mut contenders = Contenders(vec![holder]);
+    wait_until(PROMPT, "the holder's command to start", || {
+        world.exists("ready")
+    });
+    let (_, json) = status_json(&world);
+    let session = json["holders"][0]["session"].as_str().unwrap().to_string();
+    let released = admin(&world, "release", &["--session", &session]);
+    assert_eq!(released.status.code(), Some(0), "{}", stderr(&released));
+    let released_at = Instant::now();
+    let status = wait_with_deadline(
+        &mut contenders.0[0],
+        PROMPT,
+        "the holder to stop once released",
+    );
+    assert_eq!(status.code(), Some(76));
+    assert!(
+        released_at.elapsed() < AT_ONCE,
+        "the holder stopped {:?} after its release",
+        released_at.elapsed()
+    );
+    contenders.0.clear();
+    world.assert_clean();
+}
+
+/// What the server keeps a holder's slot for after each renewal, as it
+/// stands: Consul's session TTL and etcd's granted TTL, or the time left
+/// on a Redis permit, whose expiry each renewal sets from the server's
+/// clock (at most the TTL, at least the TTL less a renewal period and the
+/// time since).
+fn leases_on_the_server(world: &World) -> Vec<f64> {
+    if let Some(redis) = &world.redis {
+        let mut connection = redis.connection().unwrap();
+        let (seconds, micros): (f64, f64) = ::redis::cmd("TIME").query(&mut connection).unwrap();
+        let now = seconds + micros / 1e6;
+        let permits: Vec<(String, f64)> = ::redis::cmd("ZRANGE")
+            .arg(format!("semaphore:{}", world.prefix))
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .query(&mut connection)
+            .unwrap();
+        return permits.iter().map(|(_, expiry)| expiry - now).collect();
+    }
+    if let Some(etcd) = &world.etcd {
+        return etcd
+            .leases()
+            .iter()
+            .map(|lease| etcd.time_to_live(lease).0 as f64)
+            .collect();
+    }
+    let url = format!("http://{}/v1/session/list", world.consul.addr());
+    let (status, body) = common::http("GET", &url, b"");
+    assert_eq!(status, 200, "{body}");
+    let sessions: Vec<serde_json::Value> = serde_json::from_str(&body).unwrap();
+    sessions
+        .iter()
+        .filter(|s| {
+            world.consul.double().is_some()
+                || s["Name"]
+                    .as_str()
+                    .is_some_and(|n| n.contains(&world.prefix))
+        })
+        .map(|s| {
+            go_duration(s["TTL"].as_str().unwrap_or_default())
+                .unwrap_or_else(|| panic!("a session TTL: {s}"))
+        })
+        .collect()
+}
+
+/// A duration as Go writes it (`15s`, `15000ms`, `1m30s`), in seconds.
+fn go_duration(text: &str) -> Option<f64> {
+    let mut seconds = 0.0;
+    let mut rest = text;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit() && c != '.')
+            .unwrap_or(rest.len());
+        let number: f64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let (unit, scale) = [("ms", 0.001), ("s", 1.0), ("m", 60.0), ("h", 3600.0)]
+            .into_iter()
+            .find(|(unit, _)| rest.starts_with(unit))?;
+        rest = &rest[unit.len()..];
+        seconds += number * scale;
+    }
+    (!text.is_empty()).then_some(seconds)
+}
+
+/// The slot's lease on the server is `--ttl`, 15 s when none is given,
+/// as README documents: a longer one keeps a dead consem's slot from the
+/// others longer than they were told, a shorter one lets it go while the
+/// command may run.
+fn a_slot_s_lease_on_the_server_is_the_ttl_15s_by_default(make: MakeWorld) {
+    let world = make("lease-ttl");
+    for (args, ttl) in [(&[][..], 15.0), (&["--ttl", "21s"][..], 21.0)] {
+        let (ready, go) = (format!("ready-{ttl}"), format!("go-{ttl}"));
+        let holder = world.spawn(1, args, &strs(&world.held_until(&ready, &go, 0)));
+        let contenders = Contenders(vec![holder]);
+        wait_until(PROMPT, "the holder's command to start", || {
+            world.exists(&ready)
+        });
+        let leases = leases_on_the_server(&world);
+        assert_eq!(leases.len(), 1, "one lease: {leases:?}");
+        if world.redis.is_some() {
+            // Set by the grant or a renewal, at most a period ago.
+            assert!(
+                leases[0] <= ttl + 0.01 && leases[0] > ttl * 2.0 / 3.0 - 1.0,
+                "a permit that expires {leases:?} s from now, for a TTL of {ttl} s"
+            );
+        } else {
+            assert_eq!(leases[0], ttl, "for a TTL of {ttl} s");
+        }
+        world.touch(&go);
+        contenders.finish_all();
+    }
+    world.assert_clean();
+}
+
+/// A holder renews its lease every TTL/3; each renewal gives it one TTL
+/// from the server's now, never more (a renewal that extended the old
+/// expiry would add a TTL each time). So after many renewals a SIGKILLed
+/// consem's slot still comes back within about a TTL, and the waiter
+/// behind takes it.
+fn a_killed_holder_s_slot_comes_back_within_its_ttl_after_renewals(make: MakeWorld) {
+    const TTL: Duration = Duration::from_secs(2);
+    let world = make("killed-after-renewals");
+    // The kill grace that fits in a 2 s lease is none: SIGKILL at once.
+    let args = ["--ttl", "2s"];
+    let holder = world.spawn(1, &args, &strs(&world.held_until("ready", "go", 0)));
+    let mut contenders = Contenders(vec![holder]);
+    wait_until(PROMPT, "the holder's command to start", || {
+        world.exists("ready") || contenders.0[0].try_wait().unwrap().is_some()
+    });
+    assert!(world.exists("ready"), "the holder ended without running");
+    let waiter = world.spawn(1, &args, &["touch", &world.path("waiter-ran")]);
+    contenders.0.push(waiter);
+    wait_until(PROMPT, "the waiter to queue", || {
+        world.contender_keys() == 2
+    });
+    // Two TTLs: the slot is still the holder's only if it renewed, five
+    // times or so. What the server keeps it for stays within a TTL.
+    let holding = Instant::now();
+    while holding.elapsed() < TTL * 2 {
+        for lease in leases_on_the_server(&world) {
+            assert!(
+                lease <= TTL.as_secs_f64() + 0.01,
+                "the server keeps the slot {lease} s, for a TTL of {TTL:?}"
+            );
+        }
+        assert!(
+            !world.exists("waiter-ran"),
+            "the waiter ran beside the holder"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        contenders.0[0].try_wait().unwrap().is_none(),
+        "the holder kept its slot"
+    );
+    contenders.0[0].kill().unwrap();
+    contenders.0[0].wait().unwrap();
+    let killed = Instant::now();
+    // Its lease runs out within a TTL of the last renewal; the waiter
+    // notices within a renewal period (Redis) or at once (etcd).
+    let bound = TTL * 2;
+    wait_until(bound + PROMPT, "the waiter to get the slot", || {
+        world.exists("waiter-ran")
+    });
+    assert!(
+        killed.elapsed() < bound,
+        "the slot came back {:?} after the holder was killed, for a TTL of {TTL:?}",
+        killed.elapsed()
+    );
+    let waiter = contenders.0.pop().unwrap();
+    contenders.0.clear();
+    let output = finish_within(waiter, "the waiter to end");
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     world.assert_clean();
 }
