@@ -391,19 +391,29 @@ fn the_fence_is_the_create_revision_and_grows_across_a_restart() {
 
 /// An operator takes the slot away with etcdctl while the command runs
 /// (`take` is given the holder's key): the holder stops the command and
-/// exits 76, and the slot goes to the waiter.
+/// exits 76, and the slot goes to the waiter. The holder learns it from
+/// the watch of its key, at once: not from its next keep-alive (every
+/// 10 s at `--ttl 30s`), which a deletion of the key alone never tells.
 fn taken_away_with_etcdctl(name: &str, take: fn(&EtcdServer, &EtcdEntry)) {
     let world = World::etcd(name);
     let etcd = world.etcd.as_ref().unwrap();
     let script = format!("echo $$ > '{}'; exec sleep 60", world.path("pid"));
-    let holder = world.spawn(1, &["--kill-grace", "1s"], &["sh", "-c", &script]);
+    let args = ["--ttl", "30s", "--kill-grace", "1s"];
+    let holder = world.spawn(1, &args, &["sh", "-c", &script]);
     let pid = read_pid(&world, "pid");
     let waiter = world.spawn(1, &[], &["true"]);
     wait_until(PROMPT, "the waiter to queue", || {
         world.contender_keys() == 2
     });
     take(etcd, &contenders(etcd, &world.prefix)[0]);
+    let taken = Instant::now();
     let stopped = finish_within(holder, "the holder to stop its command");
+    assert!(
+        taken.elapsed() < Duration::from_secs(4),
+        "the holder stopped {:?} after its slot was taken: {}",
+        taken.elapsed(),
+        stderr(&stopped)
+    );
     assert_eq!(stopped.status.code(), Some(76), "{}", stderr(&stopped));
     assert!(
         stderr(&stopped).contains("slot lost"),
@@ -425,6 +435,84 @@ fn a_lease_revoked_with_etcdctl_stops_the_command_with_76() {
 #[test]
 fn a_contender_key_deleted_with_etcdctl_stops_the_command_with_76() {
     taken_away_with_etcdctl("deleted", |etcd, holder| etcd.delete(&holder.key));
+}
+
+/// A key an operator rewrites without its lease (`etcdctl put` with no
+/// `--lease`) is no contender's any more: the waiter behind may take the
+/// slot. The holder's watch sees the rewrite, and the holder stops its
+/// command (76) rather than run beside the next.
+#[test]
+fn a_key_rewritten_without_its_lease_is_a_lost_slot() {
+    let world = World::etcd("detached");
+    let etcd = world.etcd.as_ref().unwrap();
+    let script = format!("echo $$ > '{}'; exec sleep 60", world.path("pid"));
+    let holder = world.spawn(1, &["--kill-grace", "1s"], &["sh", "-c", &script]);
+    let pid = read_pid(&world, "pid");
+    let waiter = world.spawn(1, &[], &["true"]);
+    wait_until(PROMPT, "the waiter to queue", || {
+        world.contender_keys() == 2
+    });
+    let key = contenders(etcd, &world.prefix)[0].key.clone();
+    etcd.put(&key, "{}");
+    let stopped = finish_within(holder, "the holder to stop its command");
+    assert_eq!(stopped.status.code(), Some(76), "{}", stderr(&stopped));
+    assert!(
+        stderr(&stopped).contains("without our lease"),
+        "{}",
+        stderr(&stopped)
+    );
+    wait_until(PROMPT, "the command to be gone", || process_gone(pid));
+    // The key, on no lease, is left for the operator who wrote it.
+    etcd.delete(&key);
+    let waited = finish_within(waiter, "the waiter to run");
+    assert_eq!(waited.status.code(), Some(0), "{}", stderr(&waited));
+    world.assert_clean();
+}
+
+/// A keep-alive that etcd answers "no such lease" ends the run at once
+/// (76), as the watch of the key would have: it is not a failure to try
+/// again until the lease runs out. Here the watch never gets through (a
+/// proxy that swallows watches, as a middlebox that holds streamed answers
+/// back does), so the keep-alive is the holder's only news of the lease.
+#[test]
+fn a_keep_alive_that_finds_the_lease_gone_ends_the_run_at_once() {
+    let world = World::etcd("lease-gone");
+    let etcd = world.etcd.as_ref().unwrap();
+    let proxy = common::proxy::DelayingProxy::start(&etcd.address());
+    proxy.swallow_requests_with("/v3/watch");
+    let script = format!("echo $$ > '{}'; exec sleep 60", world.path("pid"));
+    let holder = world
+        .consem_via(
+            &proxy.addr(),
+            1,
+            &["-v", "--ttl", "9s", "--kill-grace", "1s"],
+            &["sh", "-c", &script],
+        )
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(world.path("holder.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let pid = read_pid(&world, "pid");
+    etcd.revoke(lease_of(&contenders(etcd, &world.prefix)[0]));
+    let revoked = Instant::now();
+    let mut holder = holder;
+    let status = wait_with_deadline(&mut holder, RUN_DEADLINE, "the holder to exit");
+    let log = log_text(&world, "holder.log");
+    assert_eq!(status.code(), Some(76), "{log}");
+    assert!(log.contains("is gone"), "{log}");
+    assert!(
+        !log.contains("watch-retry"),
+        "a lease etcd does not know is no failure to retry: {log}"
+    );
+    // The next keep-alive is due within 3 s; the lease's stop point, which
+    // retrying would have waited for, is 6.5 s after the last one.
+    assert!(
+        revoked.elapsed() < Duration::from_secs(5),
+        "the holder stopped {:?} after its lease was revoked: {log}",
+        revoked.elapsed()
+    );
+    assert!(process_gone(pid), "{log}");
+    world.assert_clean();
 }
 
 /// The lease is revoked just before the command exits, and consem hears of

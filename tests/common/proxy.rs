@@ -1,7 +1,10 @@
 //! A TCP proxy on a free loopback port that can hold back what the server
 //! sends: each chunk of an answer reaches the client a set delay after the
 //! proxy received it, while requests pass at once. The server acts on time
-//! and the client learns late, as behind a congested or stalled link.
+//! and the client learns late, as behind a congested or stalled link. It
+//! can also swallow the requests that carry a given text (and what follows
+//! them on their connection), as a middlebox that holds back streamed
+//! answers does: the client waits for an answer that never comes.
 
 use std::io::{Read as _, Write as _};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -14,6 +17,7 @@ use std::time::{Duration, Instant};
 pub struct DelayingProxy {
     pub port: u16,
     delay: Arc<Mutex<Duration>>,
+    swallowed: Arc<Mutex<Option<Vec<u8>>>>,
     closed: Arc<AtomicBool>,
 }
 
@@ -23,9 +27,11 @@ impl DelayingProxy {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let delay = Arc::new(Mutex::new(Duration::ZERO));
+        let swallowed = Arc::new(Mutex::new(None));
         let closed = Arc::new(AtomicBool::new(false));
-        let (shared, done, upstream) = (
+        let (shared, swallowing, done, upstream) = (
             Arc::clone(&delay),
+            Arc::clone(&swallowed),
             Arc::clone(&closed),
             upstream.to_string(),
         );
@@ -38,12 +44,13 @@ impl DelayingProxy {
                 let Ok(server) = TcpStream::connect(&upstream) else {
                     continue;
                 };
-                link(client, server, Arc::clone(&shared));
+                link(client, server, Arc::clone(&shared), Arc::clone(&swallowing));
             }
         });
         DelayingProxy {
             port,
             delay,
+            swallowed,
             closed,
         }
     }
@@ -57,6 +64,12 @@ impl DelayingProxy {
     pub fn delay_answers(&self, by: Duration) {
         *self.delay.lock().unwrap() = by;
     }
+
+    /// From now on, a request that carries `text` never reaches the
+    /// server, nor does anything after it on its connection.
+    pub fn swallow_requests_with(&self, text: &str) {
+        *self.swallowed.lock().unwrap() = Some(text.as_bytes().to_vec());
+    }
 }
 
 impl Drop for DelayingProxy {
@@ -67,15 +80,31 @@ impl Drop for DelayingProxy {
     }
 }
 
-/// Carries one connection: requests straight through; answers through a
-/// queue that releases each chunk at its time.
-fn link(client: TcpStream, server: TcpStream, delay: Arc<Mutex<Duration>>) {
+/// Carries one connection: requests straight through (but those it is to
+/// swallow); answers through a queue that releases each chunk at its time.
+fn link(
+    client: TcpStream,
+    server: TcpStream,
+    delay: Arc<Mutex<Duration>>,
+    swallowed: Arc<Mutex<Option<Vec<u8>>>>,
+) {
     let (mut client_in, mut client_out) = (client.try_clone().unwrap(), client);
     let (mut server_in, mut server_out) = (server.try_clone().unwrap(), server);
     thread::spawn(move || {
         let mut buffer = [0u8; 16384];
+        let mut swallowing = false;
         while let Ok(n @ 1..) = client_in.read(&mut buffer) {
-            if server_out.write_all(&buffer[..n]).is_err() {
+            let chunk = &buffer[..n];
+            swallowing = swallowing
+                || swallowed
+                    .lock()
+                    .unwrap()
+                    .as_ref()
+                    .is_some_and(|text| chunk.windows(text.len()).any(|w| w == &text[..]));
+            if swallowing {
+                continue;
+            }
+            if server_out.write_all(chunk).is_err() {
                 break;
             }
         }

@@ -859,6 +859,19 @@ impl EtcdSemaphore {
                         Ok(reply) if reply.kvs.is_empty() => {
                             return Some(self.why_gone(lease_id, &shown_key))
                         }
+                        // Put again without our lease (etcdctl put), or
+                        // deleted and put again: no longer our contender,
+                        // or no longer where it stood in the queue.
+                        Ok(reply) if reply.kvs[0].lease != lease_id => {
+                            return Some(format!(
+                                "our key {shown_key} was written again without our lease {lease_id:x} (by hand, etcdctl put): it no longer counts as a contender, and the next may take the slot"
+                            ))
+                        }
+                        Ok(reply) if reply.kvs[0].create_revision != fence => {
+                            return Some(format!(
+                                "our key {shown_key} was deleted and written again (by hand): it stands behind every other contender now"
+                            ))
+                        }
                         Ok(reply) => seen = reply.header.revision,
                         Err(_) => {
                             renew_now = true;
