@@ -38,6 +38,96 @@ fn lock_holders(lock: &serde_json::Value) -> Vec<String> {
     }
 }
 
+/// A consem that a failing test leaves behind is SIGKILLed (its watchdog
+/// takes its command along), rather than left waiting for a file in a
+/// directory that goes with the world.
+struct KilledIfLeft(Option<std::process::Child>);
+
+impl KilledIfLeft {
+    fn finish(mut self) -> std::process::Output {
+        finish(self.0.take().unwrap())
+    }
+}
+
+impl Drop for KilledIfLeft {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+// ---- outages while waiting --------------------------------------------
+
+/// A waiter rides out outages of the store that are each shorter than its
+/// TTL, with answers in between, however long ago the first one began:
+/// each counts from its own start (a waiter gives up only on one outage
+/// longer than its TTL). Two outages of about a second, the second
+/// beginning more than a TTL after the first; the waiter then takes its
+/// turn and runs, rather than exiting 69.
+#[test]
+fn a_waiter_rides_out_outages_in_a_row_each_shorter_than_its_ttl() {
+    let world = World::on_the_double("outages-in-a-row");
+    let double = world.the_double();
+    let ttl = Duration::from_secs(10);
+    let holder = KilledIfLeft(Some(world.spawn(
+        1,
+        &["--ttl", "30s", "--kill-grace", "1s"],
+        &strs(&world.held_until("ready", "go", 0)),
+    )));
+    wait_until(PROMPT, "the holder's child to start", || {
+        world.exists("ready")
+    });
+    let mut waiter = spawn_verbose(
+        &world,
+        1,
+        &["--ttl", "10s"],
+        &["touch", &world.path("waiter-ran")],
+        "waiter.log",
+    );
+    wait_until(PROMPT, "the waiter to queue", || {
+        world.contender_keys() == 2
+    });
+    let retries = || log_text(&world, "waiter.log").matches(" retry ").count();
+    // The store down until the waiter has failed twice, then back until the
+    // waiter has had an answer and blocks on the prefix again.
+    let outage = |waiter: &mut std::process::Child| {
+        let before = retries();
+        double.set_down(true);
+        wait_until(PROMPT, "the waiter to fail and retry", || {
+            retries() >= before + 2 || waiter.try_wait().unwrap().is_some()
+        });
+        double.set_down(false);
+        let back = Instant::now();
+        wait_until(PROMPT, "the waiter to be answered again", || {
+            waiter.try_wait().unwrap().is_some()
+                || double.requests().iter().any(|r| {
+                    r.at >= back
+                        && r.query.iter().any(|(k, _)| k == "recurse")
+                        && r.query.iter().any(|(k, v)| k == "index" && v != "0")
+                })
+        });
+        assert!(
+            waiter.try_wait().unwrap().is_none(),
+            "the waiter gave up: {}",
+            log_text(&world, "waiter.log")
+        );
+    };
+    let first = Instant::now();
+    outage(&mut waiter);
+    wait_until(ttl * 2, "a TTL since the first outage began", || {
+        first.elapsed() > ttl + Duration::from_millis(500)
+    });
+    outage(&mut waiter);
+    world.touch("go");
+    assert_eq!(holder.finish().status.code(), Some(0));
+    let status = wait_with_deadline(&mut waiter, PROMPT, "the waiter to run");
+    assert_eq!(status.code(), Some(0), "{}", log_text(&world, "waiter.log"));
+    assert!(world.exists("waiter-ran"));
+    world.assert_clean();
+}
+
 // ---- a killed consem ----------------------------------------------------
 
 /// SIGKILL gives consem no chance to clean up. Its child must not outlive it

@@ -344,6 +344,87 @@ fn failures_within_monitor_retry_do_not_stop_the_child() {
     );
 }
 
+/// With the default settings (no `--monitor-retry`), a holder tries again
+/// for as long as its lease lasts, as README documents ("no limit: the
+/// lease decides"): five failures in a row of its watch of `.lock` (0.5 s,
+/// then 1 s apart, well within the 12.5 s of a 15 s TTL's lease) do not
+/// stop its command.
+#[test]
+fn with_the_default_settings_a_holder_retries_while_its_lease_lasts() {
+    let world = World::on_the_double("faults-default");
+    let double = world.the_double();
+    let holder = spawn_verbose(
+        &world,
+        1,
+        &[],
+        &strs(&world.held_until("ready", "go", 0)),
+        "holder.log",
+    );
+    wait_until(PROMPT, "the child to start", || world.exists("ready"));
+    let lock_reads = Match::method_path("GET", "/.lock");
+    let reads = |double: &common::ConsulDouble| {
+        double
+            .requests()
+            .iter()
+            .filter(|r| r.method == "GET" && r.path.ends_with("/.lock"))
+            .count()
+    };
+    let before = reads(double);
+    double.inject(Fault::status(500, "No cluster leader", 5).on(lock_reads));
+    nudge(double, &world);
+    wait_until(PROMPT, "five failed reads of .lock and a good one", || {
+        reads(double) > before + 5
+    });
+    world.touch("go");
+    let output = finish(holder);
+    let log = log_text(&world, "holder.log");
+    assert_eq!(output.status.code(), Some(0), "{log}");
+    assert!(log.contains(" watch-retry failures=5 "), "{log}");
+    world.assert_clean();
+}
+
+/// `--timeout` bounds the wait, not the first attempt, which gets up to
+/// 2 s for the store's answer (README, `--timeout`): a session created in
+/// 1.2 s still takes the free slot under `--timeout 1ms`, and a store that
+/// never answers is given up with 75 at 2 s, not at the timeout nor at the
+/// call's own budget (10 s).
+#[test]
+fn a_short_timeout_gives_the_first_attempt_2s() {
+    let world = World::on_the_double("first-attempt");
+    let double = world.the_double();
+    let creates = Match::path("/v1/session/create");
+    double.inject(Fault::delay(Duration::from_millis(1200), 1).on(creates.clone()));
+    let slow = world
+        .consem(1, &["--timeout", "1ms"], &["printf", "ran"])
+        .output()
+        .unwrap();
+    assert_eq!(slow.status.code(), Some(0), "{}", stderr(&slow));
+    assert_eq!(slow.stdout, b"ran");
+    double.inject(Fault::stall(1).on(creates));
+    let started = Instant::now();
+    let stalled = world
+        .consem(
+            1,
+            &["-v", "--timeout", "1ms"],
+            &["touch", &world.path("ran")],
+        )
+        .output()
+        .unwrap();
+    let took = started.elapsed();
+    assert_eq!(stalled.status.code(), Some(75), "{}", stderr(&stalled));
+    assert!(
+        stderr(&stalled).contains(" timed-out"),
+        "{}",
+        stderr(&stalled)
+    );
+    // Given up at 2 s; leaving then takes a second at most.
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_millis(4500),
+        "gave up after {took:?}"
+    );
+    assert!(!world.exists("ran"));
+}
+
 #[test]
 fn consul_down_at_start_exits_69_naming_the_address() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
