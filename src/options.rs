@@ -309,6 +309,52 @@ mod tests {
         );
     }
 
+    /// What README and `--help` say a run gets when it gives nothing: the
+    /// agent at 127.0.0.1:8500, a lease of 15 s on every store with one,
+    /// holders that retry for as long as their lease lasts (no
+    /// `--monitor-retry` bound), a kill grace of 5 s (the lease of 15 s
+    /// leaves room for it), no timeout, 75 when no slot is had, quiet text
+    /// on stderr.
+    #[test]
+    fn the_documented_defaults_hold_when_nothing_is_given() {
+        let options = parse(&["--prefix", "p"], &[]).unwrap();
+        assert_eq!(options.kill_grace, Duration::from_secs(5));
+        assert_eq!((options.mode, options.timeout), (Contend::Wait, None));
+        assert_eq!(options.no_slot_exit_code, 75);
+        assert!(!options.wait_group && !options.verbose);
+        assert_eq!(options.log_format, crate::report::LogFormat::Text);
+        let StoreOptions::Consul(consul) = options.store else {
+            panic!("the default store is Consul")
+        };
+        assert_eq!(consul.config.address.host_port, "127.0.0.1:8500");
+        assert!(!consul.config.address.https);
+        assert_eq!(consul.ttl, Duration::from_secs(15));
+        assert_eq!(consul.monitor_retry, None);
+        let redis = parse(&["--prefix", "p", "--store", "redis://h"], &[]).unwrap();
+        assert_eq!(redis.kill_grace, Duration::from_secs(5));
+        let StoreOptions::Redis(redis) = redis.store else {
+            panic!("redis://")
+        };
+        assert_eq!(
+            (redis.ttl, redis.monitor_retry, redis.allow_eviction),
+            (Duration::from_secs(15), None, false)
+        );
+        let etcd = parse(&["--prefix", "p", "--store", "etcd://h:1"], &[]).unwrap();
+        assert_eq!(etcd.kill_grace, Duration::from_secs(5));
+        let StoreOptions::Etcd(etcd) = etcd.store else {
+            panic!("etcd://")
+        };
+        assert_eq!(
+            (etcd.ttl, etcd.monitor_retry),
+            (Duration::from_secs(15), None)
+        );
+        let local = parse(&["--prefix", "p", "--store", "local:/tmp/x"], &[]).unwrap();
+        assert_eq!(local.kill_grace, Duration::from_secs(5));
+        // A lease too short for 5 s shortens the default to what fits.
+        let short = parse(&["--prefix", "p", "--ttl", "10s"], &[]).unwrap();
+        assert_eq!(short.kill_grace.as_millis(), 4000);
+    }
+
     #[test]
     fn names_the_session_after_the_command() {
         let options = parse(&["--prefix", "jobs"], &[]).unwrap();
