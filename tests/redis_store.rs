@@ -1121,3 +1121,56 @@ fn a_full_redis_is_ridden_out_by_holders() {
     );
     world.assert_clean();
 }
+
+/// The lease counts from when each call was sent, not from when its answer
+/// came: behind a link that holds every answer back 0.7 s, the grant (sent
+/// at `a`) leaves the command 2.5 s (`--ttl 3s`, a sixth less, no kill
+/// grace), so it starts; but the first renewal cannot be answered before
+/// `a` + 2.8 s (the answer to the grant, then the holder's new connection
+/// (the client's CLIENT SETINFO, consem's PING) and the renewal, each 0.7 s
+/// late), past that stop point: the command is stopped and consem exits
+/// 76, although Redis renewed the permit every time. Counted from the
+/// answers, each lease would have lasted until the next answer came (2.1 s
+/// after the grant's, then 1.7 s apart).
+#[test]
+fn answers_that_come_late_shorten_the_lease_to_nothing() {
+    let world = World::redis("late-answers");
+    // A run straight to Redis loads the scripts, so that each call behind
+    // the proxy is one round trip (not EVALSHA, SCRIPT LOAD, EVALSHA).
+    let direct = output(&world, 1, &[], &["true"]);
+    assert_eq!(direct.status.code(), Some(0), "{}", stderr(&direct));
+    let proxy = common::proxy::DelayingProxy::start(&world.server_addr().unwrap());
+    proxy.delay_answers(Duration::from_millis(700));
+    let script = format!(
+        "echo $$ > '{}'; while [ ! -e '{}' ]; do sleep 0.02; done",
+        world.path("pid"),
+        world.path("go")
+    );
+    let mut holder = world
+        .consem_via(
+            &proxy.addr(),
+            1,
+            &["-v", "--ttl", "3s", "--kill-grace", "0s"],
+            &["sh", "-c", &script],
+        )
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(world.path("holder.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let status = wait_with_deadline(&mut holder, Duration::from_secs(20), "the holder to stop");
+    let log = log_text(&world, "holder.log");
+    assert!(log.contains(" started "), "the command started: {log}");
+    let pid = read_pid(&world, "pid");
+    assert_eq!(status.code(), Some(76), "{log}");
+    assert!(
+        log.contains("slot lost: ") && log.contains(" was confirmed"),
+        "{log}"
+    );
+    assert!(!log.contains("watch-retry"), "no call failed: {log}");
+    assert!(process_gone(pid), "{log}");
+    proxy.delay_answers(Duration::ZERO);
+    wait_until(PROMPT, "the permit to be gone", || {
+        world.contender_keys() == 0
+    });
+    world.assert_clean();
+}
