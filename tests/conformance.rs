@@ -896,7 +896,7 @@ fn what_the_command_leaves_running_is_stopped_before_the_slot_goes(make: MakeWor
             };
             let waited = (at("9") - at("15")).rem_euclid(86_400.0);
             assert!(
-                waited >= grace.as_secs_f64() - 0.002 && waited < grace.as_secs_f64() + 0.9,
+                waited >= grace.as_secs_f64() - 0.002 && waited < grace.as_secs_f64() + 1.5,
                 "SIGKILL came {waited:.3} s after SIGTERM, for a grace of {grace:?}: {log}"
             );
         }
@@ -1307,8 +1307,9 @@ fn a_killed_holder_s_slot_comes_back_within_its_ttl_after_renewals(make: MakeWor
     contenders.0[0].wait().unwrap();
     let killed = Instant::now();
     // Its lease runs out within a TTL of the last renewal; the waiter
-    // notices within a renewal period (Redis) or at once (etcd).
-    let bound = TTL * 2;
+    // notices within a renewal period (Redis) or at once (etcd), and etcd
+    // looks for expired leases every 0.5 s.
+    let bound = TTL * 5 / 2;
     wait_until(bound + PROMPT, "the waiter to get the slot", || {
         world.exists("waiter-ran")
     });
