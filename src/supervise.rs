@@ -605,21 +605,19 @@ fn end_group(
         } else {
             report::event("stopping-group", &[("pid", &group), ("signal", &SIGTERM)]);
         }
-        stop_group(group, plan.kill_grace);
+        // Renewals go on while the leftovers have their grace; taken only
+        // afterwards, one confirmed in time would find the lease it
+        // replaces past its stop point.
+        stop_group(group, plan.kill_grace, |within| {
+            if let Ok(event) = inbox.recv_timeout(within) {
+                note_slot_event(event, lease, watchdog, &mut lost);
+            }
+        });
     }
     // What arrived while the command was ending: a loss means the command
     // may have run without the slot.
     while let Ok(event) = inbox.try_recv() {
-        match event {
-            Event::Slot(SlotEvent::Lost(reason)) => lost = lost.or(Some(reason)),
-            Event::Slot(SlotEvent::Failed(error)) => lost = lost.or(Some(error.to_string())),
-            Event::Slot(SlotEvent::Leased { until }) => {
-                if let Err(why) = lease.renewed(until, watchdog) {
-                    lost = lost.or(Some(why));
-                }
-            }
-            _ => {}
-        }
+        note_slot_event(event, lease, watchdog, &mut lost);
     }
     // Past the lease's stop point the watchdog may have stopped the
     // command: its status is not its own.
@@ -634,6 +632,25 @@ fn end_group(
             Outcome::SlotLost
         }
         None => Outcome::ChildExited(status),
+    }
+}
+
+/// Takes what the store said while the command's group was ending; the
+/// first reason the slot was lost is kept.
+fn note_slot_event(
+    event: Event,
+    lease: &mut Lease,
+    watchdog: &mut Watchdog,
+    lost: &mut Option<String>,
+) {
+    let why = match event {
+        Event::Slot(SlotEvent::Lost(reason)) => Some(reason),
+        Event::Slot(SlotEvent::Failed(error)) => Some(error.to_string()),
+        Event::Slot(SlotEvent::Leased { until }) => lease.renewed(until, watchdog).err(),
+        _ => None,
+    };
+    if lost.is_none() {
+        *lost = why;
     }
 }
 
@@ -667,15 +684,17 @@ fn wait_for_group(
 }
 
 /// Stops what is left of a group whose leader has exited: SIGTERM, then
-/// SIGKILL after the grace period.
-fn stop_group(group: u32, grace: Duration) {
-    let gone_within = |within: Duration| {
+/// SIGKILL after the grace period. `pause` waits up to the given time
+/// between looks (and takes what arrives meanwhile).
+fn stop_group(group: u32, grace: Duration, mut pause: impl FnMut(Duration)) {
+    let mut gone_within = |within: Duration| {
         let until = Instant::now() + within;
         while sys::group_exists(group) {
-            if Instant::now() >= until {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
                 return false;
             }
-            thread::sleep(GROUP_POLL);
+            pause(GROUP_POLL.min(left));
         }
         true
     };

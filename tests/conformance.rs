@@ -843,21 +843,22 @@ fn a_killed_watchdog_is_replaced_and_still_takes_the_group_along(make: MakeWorld
 fn what_the_command_leaves_running_is_stopped_before_the_slot_goes(make: MakeWorld) {
     let world = make("leftover");
     let log = world.path("log");
-    // The worker logs while it runs; the shell exits at once. The first
-    // one ignores SIGTERM (and so do the commands it runs).
+    // The worker logs while it runs; the shell exits a second later. The
+    // first one ignores SIGTERM (and so do the commands it runs).
     let worker = |name: &str, on_term: &str| {
         format!(
-            "(trap {on_term} TERM; echo $BASHPID > '{dir}/{name}.pid'; while :; do echo {name} >> '{log}'; sleep 0.05; done) > /dev/null 2>&1 & while [ ! -s '{dir}/{name}.pid' ]; do sleep 0.01; done; sleep 0.2",
+            "(trap {on_term} TERM; echo $BASHPID > '{dir}/{name}.pid'; while :; do echo {name} >> '{log}'; sleep 0.05; done) > /dev/null 2>&1 & while [ ! -s '{dir}/{name}.pid' ]; do sleep 0.01; done; sleep 1",
             dir = world.dir.display()
         )
     };
-    // The local store's default grace; 1 s on the stores with a lease,
-    // whose renewals the supervisor does not take while it waits for a
-    // group to end: a grace near the longest that fits would outlast the
-    // lease it started on (see docs/reliability.md, "What is not covered").
-    let (ignoring_args, grace) = match world.local {
-        Some(_) => (vec!["-v"], Duration::from_secs(5)),
-        None => (vec!["-v", "--kill-grace", "1s"], Duration::from_secs(1)),
+    // The default grace, 5 s, with a lease of 12 s (the longest grace that
+    // fits it): the command's second and the grace outlast the stop point
+    // of the lease it started on, so that the run ends 0 only if the
+    // renewals that come during the grace are taken.
+    let grace = Duration::from_secs(5);
+    let ignoring_args = match world.local {
+        Some(_) => vec!["-v"],
+        None => vec!["-v", "--ttl", "12s"],
     };
     let runs = [
         ("first", "''", ignoring_args),
