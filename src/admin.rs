@@ -3,11 +3,9 @@
 //! slot of a hung job, `reset` drops the limit record so that a new limit
 //! can be used. The store does the reading and the writing ([`Admin`]).
 
-use crate::cli::{ConsulArgs, EtcdArgs, ReleaseArgs, ResetArgs, StatusArgs, StoreArgs};
-use crate::options::{self, StoreChoice};
-use crate::store::consul::admin::ConsulAdmin;
-use crate::store::local::{self, LocalAdmin};
-use crate::store::{consul, Admin, ContenderStatus, ResetOutcome, Status, StoreError};
+use crate::cli::{ReleaseArgs, ResetArgs, StatusArgs, StoreArgs};
+use crate::options::{AdminOptions, GivenOptions, OptionsError};
+use crate::store::{Admin, ContenderStatus, ResetOutcome, Status, StoreError};
 use crate::{exit, report};
 
 /// How an operator's command ended: done (0), nothing to do (1, with a
@@ -19,7 +17,25 @@ enum Done {
     Nothing(String),
 }
 
-fn finish(outcome: Result<Done, StoreError>) -> i32 {
+/// Why an operator's command failed: its command line, or the store.
+enum Failure {
+    Options(OptionsError),
+    Store(StoreError),
+}
+
+impl From<OptionsError> for Failure {
+    fn from(error: OptionsError) -> Failure {
+        Failure::Options(error)
+    }
+}
+
+impl From<StoreError> for Failure {
+    fn from(error: StoreError) -> Failure {
+        Failure::Store(error)
+    }
+}
+
+fn finish(outcome: Result<Done, Failure>) -> i32 {
     match outcome {
         Ok(Done::Ok) => 0,
         Ok(Done::Quiet) => exit::NOTHING,
@@ -27,7 +43,11 @@ fn finish(outcome: Result<Done, StoreError>) -> i32 {
             report::error(&message);
             exit::NOTHING
         }
-        Err(error) => {
+        Err(Failure::Options(error)) => {
+            report::error(&error.to_string());
+            exit::USAGE
+        }
+        Err(Failure::Store(error)) => {
             report::error(&error.to_string());
             crate::exit_code_of(&error)
         }
@@ -37,55 +57,21 @@ fn finish(outcome: Result<Done, StoreError>) -> i32 {
 /// Opens the chosen store's admin side for `prefix`.
 fn open(
     prefix: &str,
-    store: StoreArgs,
-    consul_args: ConsulArgs,
-    etcd_args: EtcdArgs,
+    store: &StoreArgs,
+    given: &GivenOptions,
     env: impl Fn(&str) -> Option<String>,
-) -> Result<(String, Box<dyn Admin>), StoreError> {
-    let prefix = options::normalize_prefix(prefix).map_err(StoreError::Usage)?;
-    let choice = StoreChoice::from_args(store.store, &env).map_err(StoreError::Usage)?;
-    if !matches!(choice, StoreChoice::Etcd(_)) {
-        let name = match &choice {
-            StoreChoice::Consul => "consul",
-            StoreChoice::Local(_) => "local",
-            _ => "redis://",
-        };
-        options::refuse_etcd_options(&etcd_args, name).map_err(StoreError::Usage)?;
-    }
-    let admin: Box<dyn Admin> = match choice {
-        StoreChoice::Consul => {
-            let config = consul::config(consul_args, &env).map_err(StoreError::Usage)?;
-            let client = consul::Client::new(config).map_err(StoreError::Usage)?;
-            Box::new(ConsulAdmin::new(client, prefix.clone()))
-        }
-        StoreChoice::Local(dir) => {
-            options::refuse_consul_options(&consul_args, "local").map_err(StoreError::Usage)?;
-            let settings = local::Settings::new(dir, &env, 1).map_err(StoreError::Usage)?;
-            Box::new(LocalAdmin::open(&settings, &prefix)?)
-        }
-        StoreChoice::Redis(url) => {
-            options::refuse_consul_options(&consul_args, "redis://").map_err(StoreError::Usage)?;
-            let settings = crate::store::redis::Settings::new(&url, &env, 1, None, None, false)
-                .map_err(StoreError::Usage)?;
-            Box::new(crate::store::redis::RedisAdmin::new(settings, &prefix))
-        }
-        StoreChoice::Etcd(store) => {
-            options::refuse_consul_options(&consul_args, "etcd://").map_err(StoreError::Usage)?;
-            let settings =
-                crate::store::etcd::Settings::new(&store, etcd_args.given(), &env, 1, None, None)
-                    .map_err(StoreError::Usage)?;
-            Box::new(crate::store::etcd::EtcdAdmin::new(settings, &prefix)?)
-        }
-    };
-    Ok((prefix, admin))
+) -> Result<(String, Box<dyn Admin>), Failure> {
+    let options = AdminOptions::from_args(prefix, store, given, env)?;
+    let admin = options.store.open_admin(&options.prefix)?;
+    Ok((options.prefix, admin))
 }
 
 // ---- status ---------------------------------------------------------------
 
-pub fn status(args: StatusArgs, env: impl Fn(&str) -> Option<String>) -> i32 {
+pub fn status(args: StatusArgs, given: &GivenOptions, env: impl Fn(&str) -> Option<String>) -> i32 {
     let json = args.json;
     finish((|| {
-        let (_, admin) = open(&args.prefix, args.store, args.consul, args.etcd, env)?;
+        let (_, admin) = open(&args.prefix, &args.store, given, env)?;
         let mut status = admin.status()?;
         status.conflict = status.conflict.take().or_else(|| status.over_limit());
         if json {
@@ -97,7 +83,7 @@ pub fn status(args: StatusArgs, env: impl Fn(&str) -> Option<String>) -> i32 {
             print!("{}", render(&status));
         }
         if let Some(conflict) = status.conflict {
-            return Err(StoreError::Conflict(conflict));
+            return Err(StoreError::Conflict(conflict).into());
         }
         Ok(if status.limit.is_none() && status.waiters.is_empty() {
             Done::Quiet
@@ -184,9 +170,9 @@ fn render_leftovers(status: &Status, out: &mut String) {
 
 // ---- release --------------------------------------------------------------
 
-pub fn release(args: ReleaseArgs, env: impl Fn(&str) -> Option<String>) -> i32 {
+pub fn release(args: ReleaseArgs, given: &GivenOptions, env: impl Fn(&str) -> Option<String>) -> i32 {
     finish((|| {
-        let (prefix, admin) = open(&args.prefix, args.store, args.consul, args.etcd, env)?;
+        let (prefix, admin) = open(&args.prefix, &args.store, given, env)?;
         let status = admin.status()?;
         if status.limit.is_none() {
             return Ok(Done::Nothing(format!(
@@ -234,9 +220,9 @@ pub fn release(args: ReleaseArgs, env: impl Fn(&str) -> Option<String>) -> i32 {
 
 // ---- reset ----------------------------------------------------------------
 
-pub fn reset(args: ResetArgs, env: impl Fn(&str) -> Option<String>) -> i32 {
+pub fn reset(args: ResetArgs, given: &GivenOptions, env: impl Fn(&str) -> Option<String>) -> i32 {
     finish((|| {
-        let (prefix, admin) = open(&args.prefix, args.store, args.consul, args.etcd, env)?;
+        let (prefix, admin) = open(&args.prefix, &args.store, given, env)?;
         Ok(match admin.reset(args.force)? {
             ResetOutcome::Reset { limit, evicted } => {
                 match (limit, evicted) {

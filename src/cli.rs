@@ -1,5 +1,5 @@
 //! The command line, as clap reads it. Validation across flags and the
-//! conversion into settings live in `options`.
+//! conversion into each store's settings live in `options`.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -115,12 +115,6 @@ pub struct StatusArgs {
 
     #[command(flatten)]
     pub store: StoreArgs,
-
-    #[command(flatten)]
-    pub consul: ConsulArgs,
-
-    #[command(flatten)]
-    pub etcd: EtcdArgs,
 }
 
 /// `consem release`.
@@ -145,12 +139,6 @@ pub struct ReleaseArgs {
 
     #[command(flatten)]
     pub store: StoreArgs,
-
-    #[command(flatten)]
-    pub consul: ConsulArgs,
-
-    #[command(flatten)]
-    pub etcd: EtcdArgs,
 }
 
 /// `consem reset`.
@@ -166,12 +154,6 @@ pub struct ResetArgs {
 
     #[command(flatten)]
     pub store: StoreArgs,
-
-    #[command(flatten)]
-    pub consul: ConsulArgs,
-
-    #[command(flatten)]
-    pub etcd: EtcdArgs,
 }
 
 #[derive(Debug, Args)]
@@ -237,18 +219,12 @@ pub struct RunArgs {
     #[command(flatten)]
     pub store: StoreArgs,
 
-    #[command(flatten)]
-    pub consul: ConsulArgs,
-
-    #[command(flatten)]
-    pub etcd: EtcdArgs,
-
     /// The command and its arguments, after `--`; run directly, not by a shell
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
 }
 
-/// Which store keeps the semaphore.
+/// Which store keeps the semaphore, and how to reach it.
 #[derive(Debug, Args)]
 pub struct StoreArgs {
     /// Where the semaphore lives: consul, local (this host only, no server),
@@ -257,10 +233,16 @@ pub struct StoreArgs {
     /// (TLS; etcd alone: ETCDCTL_ENDPOINTS) [default: CONSEM_STORE, else consul]
     #[arg(long, value_name = "STORE")]
     pub store: Option<String>,
+
+    #[command(flatten)]
+    pub consul: ConsulArgs,
+
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
 }
 
 /// How to reach Consul (with `--store consul`); each option's default comes
-/// from the consul CLI's environment variable, read in `store::consul`.
+/// from the consul CLI's environment variable, read in `options::consul`.
 #[derive(Debug, Args)]
 #[command(next_help_heading = "Consul options")]
 pub struct ConsulArgs {
@@ -314,28 +296,6 @@ pub struct ConsulArgs {
     pub tls_server_name: Option<String>,
 }
 
-impl ConsulArgs {
-    /// The first Consul option given on the command line, to refuse it
-    /// with a store that does not use it.
-    pub fn first_given(&self) -> Option<&'static str> {
-        [
-            ("--http-addr", self.http_addr.is_some()),
-            ("--token", self.token.is_some()),
-            ("--token-file", self.token_file.is_some()),
-            ("--datacenter", self.datacenter.is_some()),
-            ("--namespace", self.namespace.is_some()),
-            ("--partition", self.partition.is_some()),
-            ("--ca-file", self.ca_file.is_some()),
-            ("--ca-path", self.ca_path.is_some()),
-            ("--client-cert", self.client_cert.is_some()),
-            ("--client-key", self.client_key.is_some()),
-            ("--tls-server-name", self.tls_server_name.is_some()),
-        ]
-        .into_iter()
-        .find_map(|(flag, given)| given.then_some(flag))
-    }
-}
-
 /// How to reach etcd (with `--store etcd://...`); each option's default
 /// comes from the variable etcdctl reads.
 #[derive(Debug, Args)]
@@ -362,32 +322,6 @@ pub struct EtcdArgs {
     /// PEM private key of the client certificate [default: ETCDCTL_KEY]
     #[arg(long, value_name = "PATH")]
     pub key: Option<PathBuf>,
-}
-
-impl EtcdArgs {
-    /// The first etcd option given on the command line, to refuse it with
-    /// a store that does not use it.
-    pub fn first_given(&self) -> Option<&'static str> {
-        [
-            ("--user", self.user.is_some()),
-            ("--password", self.password.is_some()),
-            ("--cacert", self.cacert.is_some()),
-            ("--cert", self.cert.is_some()),
-            ("--key", self.key.is_some()),
-        ]
-        .into_iter()
-        .find_map(|(flag, given)| given.then_some(flag))
-    }
-
-    pub fn given(self) -> crate::store::etcd::Given {
-        crate::store::etcd::Given {
-            user: self.user,
-            password: self.password,
-            cacert: self.cacert,
-            cert: self.cert,
-            key: self.key,
-        }
-    }
 }
 
 /// A command line clap could not read, as one line: what is wrong, and

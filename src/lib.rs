@@ -3,10 +3,11 @@
 //! local store (one host, no server).
 //!
 //! Layers, from the outside in: `cli` and `options` (the command line and
-//! the validated settings), `supervise` (the child, signals, exit paths;
-//! store-neutral), `admin` (the operators' commands, store-neutral),
-//! `store` (the store interface) and one folder per store below it. This
-//! file builds the chosen store and maps every outcome to an exit code.
+//! the validated settings; `options::stores` is the registry of stores),
+//! `supervise` (the child, signals, exit paths; store-neutral), `admin`
+//! (the operators' commands, store-neutral), `store` (the store interface)
+//! and one folder per store below it. This file opens the chosen store and
+//! maps every outcome to an exit code.
 
 pub mod admin;
 pub mod cli;
@@ -21,12 +22,9 @@ mod watchdog;
 
 use std::io::IsTerminal as _;
 use std::os::unix::process::ExitStatusExt as _;
-use std::sync::Arc;
 
-use options::{RunOptions, StoreOptions};
-use store::consul::recipe::{ConsulSemaphore, Settings};
-use store::local::LocalSemaphore;
-use store::{ContenderInfo, SlotBackend, StoreError};
+use options::RunOptions;
+use store::{ContenderInfo, StoreError};
 use supervise::{Outcome, Plan};
 
 /// Exit codes of consem's own (see `cli::EXIT_CODES`).
@@ -53,53 +51,6 @@ pub fn exit_code_of(error: &StoreError) -> i32 {
         StoreError::Denied(_) => exit::DENIED,
         StoreError::Config(_) => exit::CONFIG,
     }
-}
-
-/// Builds the chosen store for one run.
-fn open_store(
-    options: &RunOptions,
-    info: ContenderInfo,
-) -> Result<Arc<dyn SlotBackend>, StoreError> {
-    Ok(match &options.store {
-        StoreOptions::Consul(consul) => {
-            let client =
-                store::consul::Client::new(consul.config.clone()).map_err(StoreError::Usage)?;
-            if !consul.config.tls.verify && consul.config.address.https {
-                report::warning(
-                    "CONSUL_HTTP_SSL_VERIFY=false: the agent's certificate is not checked, so anyone on the path can pose as Consul",
-                );
-            }
-            Arc::new(ConsulSemaphore::new(
-                client,
-                Settings {
-                    prefix: options.prefix.clone(),
-                    limit: options.limit,
-                    ttl: consul.ttl,
-                    session_name: consul.session_name.clone(),
-                    contender_value: store::consul::recipe::contender_value(&info),
-                    monitor_retry: consul.monitor_retry,
-                },
-            ))
-        }
-        StoreOptions::Local(local) => Arc::new(LocalSemaphore::open(
-            local,
-            &options.prefix,
-            options.limit,
-            info,
-        )?),
-        StoreOptions::Redis(redis) => Arc::new(store::redis::RedisSemaphore::new(
-            (**redis).clone(),
-            &options.prefix,
-            options.limit,
-            &info,
-        )),
-        StoreOptions::Etcd(etcd) => Arc::new(store::etcd::EtcdSemaphore::new(
-            (**etcd).clone(),
-            &options.prefix,
-            options.limit,
-            &info,
-        )?),
-    })
 }
 
 /// How `consem run` ends.
@@ -130,7 +81,8 @@ pub fn run(options: RunOptions) -> Exit {
         .iter()
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
-    let backend = match open_store(&options, ContenderInfo::of_this_process(&command)) {
+    let info = ContenderInfo::of_this_process(&command);
+    let backend = match options.store.open_run(&options.prefix, options.limit, info) {
         Ok(backend) => backend,
         Err(error) => {
             report::error(&error.to_string());

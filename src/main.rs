@@ -1,11 +1,11 @@
-use clap::{CommandFactory as _, Parser as _};
+use clap::{CommandFactory as _, FromArgMatches as _};
 
 use consem::cli::{Cli, Command};
-use consem::options::RunOptions;
+use consem::options::{GivenOptions, RunOptions};
 
 fn main() {
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
+    let (cli, given) = match parse() {
+        Ok(parsed) => parsed,
         Err(error) => std::process::exit(usage_error(error)),
     };
     let env = environment_variable;
@@ -13,23 +13,36 @@ fn main() {
         Command::Run(args) => {
             // Errors in the options already speak the chosen format.
             consem::report::set_format(args.log_format);
-            match RunOptions::from_args(args, env) {
+            match RunOptions::from_args(args, &given, env) {
                 Ok(options) => consem::run(options).finish(),
-                Err(message) => {
-                    consem::report::error(&message);
+                Err(error) => {
+                    consem::report::error(&error.to_string());
                     consem::exit::USAGE
                 }
             }
         }
-        Command::Status(args) => consem::admin::status(args, env),
-        Command::Release(args) => consem::admin::release(args, env),
-        Command::Reset(args) => consem::admin::reset(args, env),
+        Command::Status(args) => consem::admin::status(args, &given, env),
+        Command::Release(args) => consem::admin::release(args, &given, env),
+        Command::Reset(args) => consem::admin::reset(args, &given, env),
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "consem", &mut std::io::stdout());
             0
         }
     };
     std::process::exit(code);
+}
+
+/// The command line, and which options it gives (which the store chosen
+/// may refuse), as `Cli::try_parse` reads it.
+fn parse() -> Result<(Cli, GivenOptions), clap::Error> {
+    let mut matches = Cli::command().try_get_matches()?;
+    let given = matches
+        .subcommand()
+        .map(|(_, matches)| GivenOptions::of(matches))
+        .unwrap_or_default();
+    let cli = Cli::from_arg_matches_mut(&mut matches)
+        .map_err(|error| error.format(&mut Cli::command()))?;
+    Ok((cli, given))
 }
 
 /// A variable consem reads. One that is set but not UTF-8 is refused, never

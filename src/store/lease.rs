@@ -21,7 +21,7 @@ pub fn lease_end(sent: Instant, ttl: Duration) -> Instant {
     sent + ttl - ttl / MARGIN_DIVISOR
 }
 
-/// The longest `--kill-grace` that fits in the lease: SIGTERM goes at the
+/// The longest kill grace that fits in the lease: SIGTERM goes at the
 /// lease's end less the grace, which must come after the next renewal is
 /// due (TTL/3 after the last) with a second to spare for its answer.
 pub fn max_kill_grace(ttl: Duration) -> Duration {
@@ -81,26 +81,6 @@ pub fn after_failure(
         _ if now >= lease_end => AfterFailure::LeaseOver,
         _ if failures <= 1 => AfterFailure::RetryIn(FIRST_RETRY_PAUSE),
         _ => AfterFailure::RetryIn(RETRY_PAUSE),
-    }
-}
-
-/// The kill grace for a store with leases of `ttl`: one asked for that does
-/// not fit is refused; the default is shortened to fit.
-pub fn fit_kill_grace(
-    asked: Option<Duration>,
-    ttl: Duration,
-    store: &str,
-) -> Result<Duration, String> {
-    let most = max_kill_grace(ttl);
-    match asked {
-        Some(grace) if grace > most => Err(format!(
-            "--kill-grace {} does not fit in the lease of --ttl {}: consem must have stopped the command before {store} may free the slot; use at most {}, or a longer --ttl",
-            crate::duration::human(grace),
-            crate::duration::human(ttl),
-            crate::duration::human(most)
-        )),
-        Some(grace) => Ok(grace),
-        None => Ok(crate::options::DEFAULT_KILL_GRACE.min(most)),
     }
 }
 
@@ -174,11 +154,5 @@ mod tests {
         let ttl = Duration::from_secs(10);
         assert_eq!(millis(max_kill_grace(ttl)), 4000);
         assert_eq!(millis(max_kill_grace(Duration::from_secs(15))), 6500);
-        assert!(fit_kill_grace(Some(Duration::from_secs(5)), ttl, "Consul").is_err());
-        assert_eq!(fit_kill_grace(None, ttl, "Consul").map(millis), Ok(4000));
-        assert_eq!(
-            fit_kill_grace(None, Duration::from_secs(60), "Consul"),
-            Ok(Duration::from_secs(5))
-        );
     }
 }

@@ -6,6 +6,7 @@
 
 pub mod consul;
 pub mod etcd;
+pub mod kind;
 pub mod lease;
 pub mod local;
 pub mod outage;

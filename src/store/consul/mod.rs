@@ -9,147 +9,68 @@ pub mod semaphore;
 
 pub use client::Client;
 
-use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
-use crate::cli::ConsulArgs;
-use crate::store::tls::TlsSettings;
-use client::{Address, ConsulConfig};
+use super::kind::{Lease, Store, StoreSettings};
+use super::{Admin, ContenderInfo, SlotBackend, StoreError};
+use client::ConsulConfig;
 
-/// The highest `--limit`: 1024 holders in map form take about 45 KiB of
-/// `.lock`, a tenth of Consul's 512 KiB value limit.
-pub const MAX_LIMIT: u32 = semaphore::MAX_LIMIT;
+/// The highest limit: 1024 holders in map form take about 45 KiB of
+/// `.lock`, a tenth of Consul's 512 KiB value limit. Consul accepts session
+/// TTLs of 10 s to 24 h.
+pub const STORE: Store = Store {
+    name: "consul",
+    title: "Consul",
+    schemes: &[],
+    largest_limit: semaphore::MAX_LIMIT,
+    lease: Some(Lease {
+        shortest: Duration::from_secs(10),
+        longest: Duration::from_secs(86_400),
+        default_ttl: Duration::from_secs(15),
+    }),
+    frees_slot_at_death: false,
+};
 
-/// The session TTLs Consul accepts.
-const TTL_RANGE: (Duration, Duration) = (Duration::from_secs(10), Duration::from_secs(86_400));
-
-/// What a run on Consul needs beyond the store-neutral options.
+/// What the Consul store needs beyond the store-neutral options.
 #[derive(Debug, Clone)]
-pub struct RunSettings {
-    pub config: ConsulConfig,
+pub struct Settings {
+    pub connection: ConsulConfig,
     pub ttl: Duration,
+    /// Failed attempts in a row a holder bears; `None`: as many as fit in
+    /// its lease.
     pub monitor_retry: Option<u32>,
     pub session_name: String,
 }
 
-impl RunSettings {
-    /// Checks the options only Consul uses against Consul's ranges.
-    pub fn new(
-        config: ConsulConfig,
+impl StoreSettings for Settings {
+    fn open_run(
+        &self,
+        prefix: &str,
         limit: u32,
-        ttl: Option<Duration>,
-        monitor_retry: Option<u32>,
-        session_name: String,
-    ) -> Result<RunSettings, String> {
-        if limit > MAX_LIMIT {
-            return Err(format!(
-                "--limit {limit} is more than the Consul store holds in .lock: use 1 to {MAX_LIMIT}"
-            ));
+        info: ContenderInfo,
+    ) -> Result<Arc<dyn SlotBackend>, StoreError> {
+        let client = Client::new(self.connection.clone()).map_err(StoreError::Usage)?;
+        if !self.connection.tls.verify && self.connection.address.https {
+            crate::report::warning(
+                "CONSUL_HTTP_SSL_VERIFY=false: the agent's certificate is not checked, so anyone on the path can pose as Consul",
+            );
         }
-        let ttl = ttl.unwrap_or(Duration::from_secs(15));
-        if ttl < TTL_RANGE.0 || ttl > TTL_RANGE.1 {
-            return Err(format!(
-                "--ttl {} is outside what Consul accepts: use 10s to 24h",
-                crate::duration::human(ttl)
-            ));
-        }
-        Ok(RunSettings {
-            config,
-            ttl,
-            monitor_retry,
-            session_name,
-        })
+        Ok(Arc::new(recipe::ConsulSemaphore::new(
+            client,
+            recipe::Settings {
+                prefix: prefix.to_string(),
+                limit,
+                ttl: self.ttl,
+                session_name: self.session_name.clone(),
+                contender_value: recipe::contender_value(&info),
+                monitor_retry: self.monitor_retry,
+            },
+        )))
     }
-}
 
-/// Resolves the connection settings as the consul CLI does. Tokens: a token
-/// file (`--token-file`, else `CONSUL_HTTP_TOKEN_FILE`) wins over a token
-/// (`--token`, else `CONSUL_HTTP_TOKEN`) when both are set, as in Consul's
-/// API client ("if the TokenFile is set, always use that"); an empty file
-/// falls back to the token.
-pub fn config(
-    args: ConsulArgs,
-    env: impl Fn(&str) -> Option<String>,
-) -> Result<ConsulConfig, String> {
-    let non_empty = |v: Option<String>| v.filter(|s| !s.trim().is_empty());
-    let flag = |name: &str| -> Result<Option<bool>, String> {
-        match non_empty(env(name)) {
-            None => Ok(None),
-            Some(value) => parse_bool(&value)
-                .map(Some)
-                .ok_or_else(|| format!("{name}='{value}' is not a boolean: use true or false")),
-        }
-    };
-    // A flag wins over its variable, as in the consul CLI.
-    let text = |flag: Option<String>, name: &str| non_empty(flag).or_else(|| non_empty(env(name)));
-    let path = |flag: Option<PathBuf>, name: &str| {
-        flag.or_else(|| non_empty(env(name)).map(PathBuf::from))
-    };
-    let http_addr =
-        text(args.http_addr, "CONSUL_HTTP_ADDR").unwrap_or_else(|| "127.0.0.1:8500".into());
-    let address = Address::parse(&http_addr, flag("CONSUL_HTTP_SSL")?.unwrap_or(false))?;
-    let token_file = match args.token_file {
-        Some(path) => Some((path, "--token-file")),
-        None => non_empty(env("CONSUL_HTTP_TOKEN_FILE"))
-            .map(|p| (PathBuf::from(p), "CONSUL_HTTP_TOKEN_FILE")),
-    };
-    let from_file = match token_file {
-        Some((path, source)) => read_token_file(&path, source)?,
-        None => None,
-    };
-    let token =
-        from_file.or_else(|| non_empty(args.token).or_else(|| non_empty(env("CONSUL_HTTP_TOKEN"))));
-    let verify = flag("CONSUL_HTTP_SSL_VERIFY")?.unwrap_or(true);
-    let client_cert = path(args.client_cert, "CONSUL_CLIENT_CERT");
-    let client_key = path(args.client_key, "CONSUL_CLIENT_KEY");
-    match (&client_cert, &client_key) {
-        (Some(_), None) => {
-            return Err(
-                "a client certificate needs its key: give --client-key or CONSUL_CLIENT_KEY".into(),
-            )
-        }
-        (None, Some(_)) => {
-            return Err(
-                "a client key needs its certificate: give --client-cert or CONSUL_CLIENT_CERT"
-                    .into(),
-            )
-        }
-        _ => {}
+    fn open_admin(&self, prefix: &str) -> Result<Box<dyn Admin>, StoreError> {
+        let client = Client::new(self.connection.clone()).map_err(StoreError::Usage)?;
+        Ok(Box::new(admin::ConsulAdmin::new(client, prefix.to_string())))
     }
-    Ok(ConsulConfig {
-        address,
-        token,
-        basic_auth: non_empty(env("CONSUL_HTTP_AUTH")),
-        datacenter: non_empty(args.datacenter),
-        namespace: text(args.namespace, "CONSUL_NAMESPACE"),
-        partition: text(args.partition, "CONSUL_PARTITION"),
-        tls: TlsSettings {
-            ca_file: path(args.ca_file, "CONSUL_CACERT"),
-            ca_path: path(args.ca_path, "CONSUL_CAPATH"),
-            client_cert,
-            client_key,
-            server_name: text(args.tls_server_name, "CONSUL_TLS_SERVER_NAME"),
-            verify,
-        },
-    })
-}
-
-/// Go's strconv.ParseBool, which the consul CLI uses for its variables.
-fn parse_bool(value: &str) -> Option<bool> {
-    match value.trim() {
-        "1" | "t" | "T" | "true" | "TRUE" | "True" => Some(true),
-        "0" | "f" | "F" | "false" | "FALSE" | "False" => Some(false),
-        _ => None,
-    }
-}
-
-fn read_token_file(path: &Path, source: &str) -> Result<Option<String>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        format!(
-            "cannot read the token file {} ({source}): {e}",
-            path.display()
-        )
-    })?;
-    let token = text.trim();
-    Ok((!token.is_empty()).then(|| token.to_string()))
 }

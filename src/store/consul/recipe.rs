@@ -946,7 +946,7 @@ impl SlotBackend for ConsulSemaphore {
     }
 
     fn frees_slot_at_death(&self) -> bool {
-        false
+        super::STORE.frees_slot_at_death
     }
 
     fn command_started(&self) {

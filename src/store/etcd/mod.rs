@@ -23,20 +23,28 @@ use queue::Place;
 
 use super::lease;
 use super::outage::{Outage, FIRST_BACKOFF};
-use super::tls::TlsSettings;
+use super::kind::{Lease, Store, StoreSettings};
 use super::{
-    Contend, ContenderInfo, Holder, Notify, Progress, Released, SlotBackend, SlotEvent, StoreError,
+    Admin, Contend, ContenderInfo, Holder, Notify, Progress, Released, SlotBackend, SlotEvent, StoreError,
 };
 use crate::report;
 
 pub use admin::EtcdAdmin;
 
-/// The highest `--limit`.
-pub const MAX_LIMIT: u32 = 1024;
-/// TTLs a lease may have (etcd counts them in whole seconds).
-const TTL_RANGE: (Duration, Duration) = (Duration::from_secs(2), Duration::from_secs(86_400));
-const DEFAULT_TTL: Duration = Duration::from_secs(15);
-const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:2379";
+/// Leases may have TTLs of 2 s to 24 h (etcd counts them in whole seconds).
+pub const STORE: Store = Store {
+    name: "etcd",
+    title: "etcd",
+    schemes: &["etcd://", "etcds://"],
+    largest_limit: 1024,
+    lease: Some(Lease {
+        shortest: Duration::from_secs(2),
+        longest: Duration::from_secs(86_400),
+        default_ttl: Duration::from_secs(15),
+    }),
+    frees_slot_at_death: false,
+};
+
 /// The longest a keep-alive may take: one stuck behind a dead leader is
 /// sent again, to another member, while the lease still has room (a leader
 /// election takes about a second with etcd's defaults).
@@ -56,152 +64,24 @@ pub struct Settings {
     pub monitor_retry: Option<u32>,
 }
 
-/// The etcd options as given on the command line (`cli::EtcdArgs`), each
-/// defaulting to the variable etcdctl reads.
-#[derive(Debug, Clone, Default)]
-pub struct Given {
-    pub user: Option<String>,
-    pub password: Option<String>,
-    pub cacert: Option<std::path::PathBuf>,
-    pub cert: Option<std::path::PathBuf>,
-    pub key: Option<std::path::PathBuf>,
-}
-
-impl Settings {
-    /// Reads `etcd://host:port[,host:port...]`, `etcds://...` (TLS), or
-    /// `etcd` alone for `ETCDCTL_ENDPOINTS` (else 127.0.0.1:2379).
-    pub fn new(
-        store: &str,
-        given: Given,
-        env: impl Fn(&str) -> Option<String>,
+impl StoreSettings for Settings {
+    fn open_run(
+        &self,
+        prefix: &str,
         limit: u32,
-        ttl: Option<Duration>,
-        monitor_retry: Option<u32>,
-    ) -> Result<Settings, String> {
-        let endpoints = endpoints(store, &env)?;
-        let from_env = |value: Option<String>, name: &str| {
-            value.or_else(|| env(name).filter(|v| !v.is_empty()))
-        };
-        let user = match from_env(given.user, "ETCDCTL_USER") {
-            None => None,
-            Some(user) => {
-                let (name, inline) = match user.split_once(':') {
-                    Some((name, password)) => (name.to_string(), Some(password.to_string())),
-                    None => (user, None),
-                };
-                let password = inline
-                    .or_else(|| from_env(given.password, "ETCDCTL_PASSWORD"))
-                    .ok_or_else(|| {
-                        format!("--user {name} has no password: write --user {name}:PASSWORD, or set --password or ETCDCTL_PASSWORD")
-                    })?;
-                if name.is_empty() {
-                    return Err("--user names no user: write --user NAME:PASSWORD".into());
-                }
-                Some((name, password))
-            }
-        };
-        let path = |value: Option<std::path::PathBuf>, name: &str| {
-            value.or_else(|| env(name).filter(|v| !v.is_empty()).map(Into::into))
-        };
-        let tls = TlsSettings {
-            ca_file: path(given.cacert, "ETCDCTL_CACERT"),
-            ca_path: None,
-            client_cert: path(given.cert, "ETCDCTL_CERT"),
-            client_key: path(given.key, "ETCDCTL_KEY"),
-            server_name: None,
-            verify: true,
-        };
-        if limit > MAX_LIMIT {
-            return Err(format!(
-                "--limit {limit} is more than the etcd store keeps: use 1 to {MAX_LIMIT}"
-            ));
-        }
-        let ttl = ttl.unwrap_or(DEFAULT_TTL);
-        if ttl < TTL_RANGE.0 || ttl > TTL_RANGE.1 {
-            return Err(format!(
-                "--ttl {} is outside what the etcd store takes: use 2s to 24h",
-                crate::duration::human(ttl)
-            ));
-        }
-        Ok(Settings {
-            connection: client::Connection {
-                endpoints,
-                user,
-                tls,
-            },
-            ttl,
-            monitor_retry,
-        })
+        info: ContenderInfo,
+    ) -> Result<Arc<dyn SlotBackend>, StoreError> {
+        Ok(Arc::new(EtcdSemaphore::new(
+            self.clone(),
+            prefix,
+            limit,
+            &info,
+        )?))
     }
-}
 
-/// The endpoints of `--store`, as `http(s)://host:port`.
-fn endpoints(store: &str, env: impl Fn(&str) -> Option<String>) -> Result<Vec<String>, String> {
-    let (list, scheme, source) = match store.split_once("://") {
-        Some(("etcd", list)) => (list.to_string(), "http", "--store"),
-        Some(("etcds", list)) => (list.to_string(), "https", "--store"),
-        _ => match env("ETCDCTL_ENDPOINTS").filter(|e| !e.trim().is_empty()) {
-            Some(list) => (list, "http", "ETCDCTL_ENDPOINTS"),
-            None => (DEFAULT_ENDPOINT.to_string(), "http", "ETCDCTL_ENDPOINTS"),
-        },
-    };
-    let mut endpoints = Vec::new();
-    for item in list.split(',').map(str::trim).filter(|i| !i.is_empty()) {
-        let (scheme, address) = match item.split_once("://") {
-            Some((s @ ("http" | "https"), address)) if source == "ETCDCTL_ENDPOINTS" => {
-                (s, address)
-            }
-            Some(_) => {
-                return Err(format!(
-                    "{source}: '{}' is not an etcd endpoint: write {}",
-                    crate::store::without_credentials(item),
-                    if source == "--store" {
-                        "etcd://host:port[,host:port...] or etcds://... for TLS"
-                    } else {
-                        "http://host:port or https://host:port, comma-separated"
-                    }
-                ))
-            }
-            None => (scheme, item),
-        };
-        let address = address.trim_end_matches('/');
-        if address.contains('@') {
-            return Err(format!(
-                "{source}: '{}' carries credentials: give the user in --user or ETCDCTL_USER instead",
-                crate::store::without_credentials(item)
-            ));
-        }
-        if address.contains('/') || address.contains('?') || address.is_empty() {
-            return Err(format!(
-                "{source}: '{item}' is not host:port: an etcd endpoint has no path; write etcd://host:port"
-            ));
-        }
-        let bracketed_v6 = address.starts_with('[') && address.ends_with(']');
-        let address = match address.rsplit_once(':') {
-            Some((host, port)) if !bracketed_v6 && (host.starts_with('[') || !host.contains(':')) => {
-                if host.is_empty() || port.parse::<u16>().map_or(true, |p| p == 0) {
-                    return Err(format!(
-                        "{source}: '{item}' is not host:port (a port is 1 to 65535): write etcd://host:port"
-                    ));
-                }
-                address.to_string()
-            }
-            None => format!("{address}:2379"),
-            _ if bracketed_v6 => format!("{address}:2379"),
-            _ => {
-                return Err(format!(
-                    "{source}: '{item}' is not host:port: write etcd://host:port, an IPv6 address in brackets ([::1]:2379)"
-                ))
-            }
-        };
-        endpoints.push(format!("{scheme}://{address}"));
+    fn open_admin(&self, prefix: &str) -> Result<Box<dyn Admin>, StoreError> {
+        Ok(Box::new(EtcdAdmin::new(self.clone(), prefix)?))
     }
-    if endpoints.is_empty() {
-        return Err(format!(
-            "{source} '{store}' names no endpoint: write etcd://host:port[,host:port...]"
-        ));
-    }
-    Ok(endpoints)
 }
 
 #[derive(Default)]
@@ -1053,117 +933,11 @@ impl SlotBackend for EtcdSemaphore {
     }
 
     fn frees_slot_at_death(&self) -> bool {
-        false
+        STORE.frees_slot_at_death
     }
 
     fn command_started(&self) {
         self.shared().command_started = true;
         self.changed.notify_all();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let vars: Vec<(String, String)> = vars
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        move |name| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
-    }
-
-    #[test]
-    fn endpoints_come_from_the_store_or_etcdctls_variable() {
-        let none = env(&[]);
-        assert_eq!(
-            endpoints("etcd://a:1,b , [::1]:3", &none).unwrap(),
-            ["http://a:1", "http://b:2379", "http://[::1]:3"]
-        );
-        assert_eq!(endpoints("etcds://a", &none).unwrap(), ["https://a:2379"]);
-        assert_eq!(endpoints("etcd", &none).unwrap(), [DEFAULT_ENDPOINT]);
-        let etcdctl = env(&[("ETCDCTL_ENDPOINTS", "https://x:1,http://y:2")]);
-        assert_eq!(
-            endpoints("etcd", &etcdctl).unwrap(),
-            ["https://x:1", "http://y:2"]
-        );
-        assert!(endpoints("etcd://u:secret@a:1", &none)
-            .unwrap_err()
-            .contains("give the user in --user"));
-        assert!(endpoints("etcd://a:1/v3", &none)
-            .unwrap_err()
-            .contains("has no path"));
-        assert!(endpoints("etcd://", &none)
-            .unwrap_err()
-            .contains("names no endpoint"));
-        assert!(endpoints("etcd://http://a:1", &none)
-            .unwrap_err()
-            .contains("is not an etcd endpoint"));
-        for bad in [
-            "etcd://a:b:c",
-            "etcd://a:99999",
-            "etcd://a:0",
-            "etcd://:1",
-            "etcd://a:x",
-        ] {
-            assert!(
-                endpoints(bad, &none)
-                    .unwrap_err()
-                    .contains("is not host:port"),
-                "{bad}"
-            );
-        }
-    }
-
-    #[test]
-    fn the_user_and_password_come_from_the_flags_then_etcdctls_variables() {
-        let settings = |given: Given, vars: &[(&str, &str)]| {
-            Settings::new("etcd://a:1", given, env(vars), 2, None, None)
-        };
-        let user = |s: Result<Settings, String>| s.unwrap().connection.user;
-        let given = |user: Option<&str>, password: Option<&str>| Given {
-            user: user.map(String::from),
-            password: password.map(String::from),
-            ..Given::default()
-        };
-        assert_eq!(
-            user(settings(given(Some("root:pw"), None), &[])),
-            Some(("root".into(), "pw".into()))
-        );
-        assert_eq!(
-            user(settings(
-                given(None, None),
-                &[("ETCDCTL_USER", "app"), ("ETCDCTL_PASSWORD", "s3")]
-            )),
-            Some(("app".into(), "s3".into()))
-        );
-        assert_eq!(
-            user(settings(
-                given(Some("app"), Some("flag")),
-                &[("ETCDCTL_PASSWORD", "env")]
-            )),
-            Some(("app".into(), "flag".into()))
-        );
-        assert!(settings(given(Some("app"), None), &[])
-            .unwrap_err()
-            .contains("has no password"));
-        assert!(settings(Given::default(), &[])
-            .unwrap()
-            .connection
-            .user
-            .is_none());
-        let ttl = Settings::new(
-            "etcd",
-            Given::default(),
-            env(&[]),
-            1,
-            Some(Duration::from_millis(1500)),
-            None,
-        );
-        assert_eq!(
-            ttl.unwrap_err(),
-            "--ttl 1.5s is outside what the etcd store takes: use 2s to 24h"
-        );
     }
 }

@@ -28,14 +28,23 @@ use std::time::{Duration, Instant};
 
 use files::{PrefixDir, StaleFile, WakeFifo, Waker};
 
+use super::kind::{Store, StoreSettings};
 use super::{
     Admin, Contend, ContenderInfo, ContenderStatus, Holder, Notify, Progress, Released,
     ResetOutcome, SlotBackend, SlotEvent, Status, StoreError,
 };
 use crate::report;
 
-/// The highest `--limit`: every decision reads one file per contender.
-pub const MAX_LIMIT: u32 = 1024;
+/// The highest limit: every decision reads one file per contender. A slot
+/// is a kernel lock, so it has no lease and is free when its consem dies.
+pub const STORE: Store = Store {
+    name: "local",
+    title: "local",
+    schemes: &["local:"],
+    largest_limit: 1024,
+    lease: None,
+    frees_slot_at_death: true,
+};
 
 /// A blocked waiter or holder looks again this often even if nothing woke
 /// it, in case a wake-up was lost (an overflowing inotify queue).
@@ -54,33 +63,31 @@ pub struct Settings {
     pub base: PathBuf,
 }
 
-impl Settings {
-    /// `dir` from `--store local:<DIR>`, else the default directory.
-    pub fn new(
-        dir: Option<PathBuf>,
-        env: impl Fn(&str) -> Option<String>,
+impl StoreSettings for Settings {
+    fn open_run(
+        &self,
+        prefix: &str,
         limit: u32,
-    ) -> Result<Settings, String> {
-        if limit > MAX_LIMIT {
-            return Err(format!(
-                "--limit {limit} is more than the local store keeps: use 1 to {MAX_LIMIT}"
-            ));
-        }
-        Ok(Settings {
-            base: dir.unwrap_or_else(|| default_base(env)),
-        })
+        info: ContenderInfo,
+    ) -> Result<Arc<dyn SlotBackend>, StoreError> {
+        Ok(Arc::new(LocalSemaphore::open(self, prefix, limit, info)?))
+    }
+
+    fn open_admin(&self, prefix: &str) -> Result<Box<dyn Admin>, StoreError> {
+        Ok(Box::new(LocalAdmin::open(self, prefix)?))
     }
 }
 
 /// `/run/lock/consem`, shared by every user of the host (so that the cron
 /// jobs of different users share slots), where `/run/lock` can be written;
-/// else `$XDG_RUNTIME_DIR/consem` (this user only); else `/tmp/consem-<uid>`.
-pub fn default_base(env: impl Fn(&str) -> Option<String>) -> PathBuf {
+/// else `<runtime_dir>/consem` (`XDG_RUNTIME_DIR`: this user only); else
+/// `/tmp/consem-<uid>`.
+pub fn default_base(runtime_dir: Option<String>) -> PathBuf {
     let shared = Path::new("/run/lock/consem");
     if shared.is_dir() || files::writable(Path::new("/run/lock")) {
         return shared.to_path_buf();
     }
-    if let Some(runtime) = env("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+    if let Some(runtime) = runtime_dir.filter(|d| !d.is_empty()) {
         return Path::new(&runtime).join("consem");
     }
     // SAFETY: getuid cannot fail.
@@ -372,7 +379,7 @@ impl SlotBackend for LocalSemaphore {
     }
 
     fn frees_slot_at_death(&self) -> bool {
-        true
+        STORE.frees_slot_at_death
     }
 
     fn child_env(&self) -> Vec<(String, String)> {

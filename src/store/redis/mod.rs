@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use redis::{Connection, RedisError, Script, Value};
 
+use super::kind::{Lease, Store, StoreSettings};
 use super::lease;
 use super::{
     Admin, Contend, ContenderInfo, ContenderStatus, Holder, Notify, Progress, Released,
@@ -23,12 +24,19 @@ use super::{
 };
 use crate::report;
 
-/// The highest `--limit`.
-pub const MAX_LIMIT: u32 = 1024;
-
-/// TTLs a permit may have.
-const TTL_RANGE: (Duration, Duration) = (Duration::from_secs(2), Duration::from_secs(86_400));
-const DEFAULT_TTL: Duration = Duration::from_secs(15);
+/// Permits may have TTLs of 2 s to 24 h.
+pub const STORE: Store = Store {
+    name: "redis",
+    title: "Redis",
+    schemes: &["redis://", "rediss://"],
+    largest_limit: 1024,
+    lease: Some(Lease {
+        shortest: Duration::from_secs(2),
+        longest: Duration::from_secs(86_400),
+        default_ttl: Duration::from_secs(15),
+    }),
+    frees_slot_at_death: false,
+};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// Budget of one command (a `BLPOP` gets its own wait on top).
@@ -62,46 +70,40 @@ impl Settings {
         matches!(self.connection.addr(), redis::ConnectionAddr::TcpTls { .. })
     }
 
-    /// Reads `redis://[user[:password]@]host[:port][/db]`, or `rediss://`
-    /// for TLS (the server's certificate checked against the system's
-    /// roots, or the file `SSL_CERT_FILE` names, as OpenSSL has it); the
-    /// password may come from `REDISCLI_AUTH`, as redis-cli reads it.
     pub fn new(
-        url: &str,
-        env: impl Fn(&str) -> Option<String>,
-        limit: u32,
-        ttl: Option<Duration>,
+        connection: redis::ConnectionInfo,
+        ttl: Duration,
         monitor_retry: Option<u32>,
         allow_eviction: bool,
-    ) -> Result<Settings, String> {
-        let mut connection: redis::ConnectionInfo = redis::IntoConnectionInfo::into_connection_info(url)
-            .map_err(|e| format!("--store: {} is not a Redis URL ({}); write redis://[user[:password]@]host[:port][/db]", crate::store::without_credentials(url), e.detail().unwrap_or("unreadable")))?;
-        if connection.redis_settings().password().is_none() {
-            if let Some(password) = env("REDISCLI_AUTH").filter(|p| !p.is_empty()) {
-                let settings = connection.redis_settings().clone().set_password(password);
-                connection = connection.set_redis_settings(settings);
-            }
-        }
-        if limit > MAX_LIMIT {
-            return Err(format!(
-                "--limit {limit} is more than the Redis store keeps: use 1 to {MAX_LIMIT}"
-            ));
-        }
-        let ttl = ttl.unwrap_or(DEFAULT_TTL);
-        if ttl < TTL_RANGE.0 || ttl > TTL_RANGE.1 {
-            return Err(format!(
-                "--ttl {} is outside what the Redis store takes: use 2s to 24h",
-                crate::duration::human(ttl)
-            ));
-        }
+    ) -> Settings {
         let shown = format!("{}/{}", connection.addr(), connection.redis_settings().db());
-        Ok(Settings {
+        Settings {
             connection,
             shown,
             ttl,
             monitor_retry,
             allow_eviction,
-        })
+        }
+    }
+}
+
+impl StoreSettings for Settings {
+    fn open_run(
+        &self,
+        prefix: &str,
+        limit: u32,
+        info: ContenderInfo,
+    ) -> Result<Arc<dyn SlotBackend>, StoreError> {
+        Ok(Arc::new(RedisSemaphore::new(
+            self.clone(),
+            prefix,
+            limit,
+            &info,
+        )))
+    }
+
+    fn open_admin(&self, prefix: &str) -> Result<Box<dyn Admin>, StoreError> {
+        Ok(Box::new(RedisAdmin::new(self.clone(), prefix)))
     }
 }
 
@@ -823,7 +825,7 @@ impl SlotBackend for RedisSemaphore {
     }
 
     fn frees_slot_at_death(&self) -> bool {
-        false
+        STORE.frees_slot_at_death
     }
 }
 

@@ -1,0 +1,165 @@
+//! The Consul store's settings: the Consul options, each defaulting to the
+//! consul CLI's environment variable, and the session's TTL and name.
+
+use std::path::{Path, PathBuf};
+
+use super::{OptionsError, StoreFlags};
+use crate::cli::ConsulArgs;
+use crate::store::consul::{
+    self,
+    client::{Address, ConsulConfig},
+};
+use crate::store::kind::StoreSettings;
+use crate::store::tls::TlsSettings;
+
+#[derive(Debug)]
+enum ConsulFlagsError {
+    NotABoolean {
+        name: &'static str,
+        value: String,
+    },
+    /// The address, as `Address::parse` words it.
+    Address(String),
+    TokenFile {
+        path: PathBuf,
+        source: &'static str,
+        error: std::io::Error,
+    },
+    CertificateWithoutKey,
+    KeyWithoutCertificate,
+}
+
+impl std::fmt::Display for ConsulFlagsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConsulFlagsError::NotABoolean { name, value } => {
+                write!(f, "{name}='{value}' is not a boolean: use true or false")
+            }
+            ConsulFlagsError::Address(why) => f.write_str(why),
+            ConsulFlagsError::TokenFile {
+                path,
+                source,
+                error,
+            } => write!(
+                f,
+                "cannot read the token file {} ({source}): {error}",
+                path.display()
+            ),
+            ConsulFlagsError::CertificateWithoutKey => f.write_str(
+                "a client certificate needs its key: give --client-key or CONSUL_CLIENT_KEY",
+            ),
+            ConsulFlagsError::KeyWithoutCertificate => f.write_str(
+                "a client key needs its certificate: give --client-cert or CONSUL_CLIENT_CERT",
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ConsulFlagsError {}
+
+impl From<ConsulFlagsError> for OptionsError {
+    fn from(error: ConsulFlagsError) -> OptionsError {
+        OptionsError::StoreFlags(Box::new(error))
+    }
+}
+
+pub fn configure(flags: &StoreFlags<'_>) -> Result<Box<dyn StoreSettings>, OptionsError> {
+    let session_name = match flags.run {
+        Some(run) => run.name.clone().unwrap_or_else(|| {
+            let command: Vec<_> = run.command.iter().map(|a| a.to_string_lossy()).collect();
+            format!("consem: {} at {}", command.join(" "), flags.prefix)
+        }),
+        // The operators' commands make no session.
+        None => String::new(),
+    };
+    Ok(Box::new(consul::Settings {
+        connection: connection(&flags.args.consul, flags.env)?,
+        ttl: flags.lease_ttl(),
+        monitor_retry: flags.monitor_retry(),
+        session_name,
+    }))
+}
+
+/// Resolves the connection settings as the consul CLI does. Tokens: a token
+/// file (`--token-file`, else `CONSUL_HTTP_TOKEN_FILE`) wins over a token
+/// (`--token`, else `CONSUL_HTTP_TOKEN`) when both are set, as in Consul's
+/// API client ("if the TokenFile is set, always use that"); an empty file
+/// falls back to the token.
+fn connection(
+    args: &ConsulArgs,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<ConsulConfig, ConsulFlagsError> {
+    let non_empty = |v: Option<String>| v.filter(|s| !s.trim().is_empty());
+    let flag = |name: &'static str| -> Result<Option<bool>, ConsulFlagsError> {
+        match non_empty(env(name)) {
+            None => Ok(None),
+            Some(value) => parse_bool(&value)
+                .map(Some)
+                .ok_or(ConsulFlagsError::NotABoolean { name, value }),
+        }
+    };
+    // A flag wins over its variable, as in the consul CLI.
+    let text =
+        |flag: &Option<String>, name: &str| non_empty(flag.clone()).or_else(|| non_empty(env(name)));
+    let path = |flag: &Option<PathBuf>, name: &str| {
+        flag.clone()
+            .or_else(|| non_empty(env(name)).map(PathBuf::from))
+    };
+    let http_addr =
+        text(&args.http_addr, "CONSUL_HTTP_ADDR").unwrap_or_else(|| "127.0.0.1:8500".into());
+    let address = Address::parse(&http_addr, flag("CONSUL_HTTP_SSL")?.unwrap_or(false))
+        .map_err(ConsulFlagsError::Address)?;
+    let token_file = match &args.token_file {
+        Some(path) => Some((path.clone(), "--token-file")),
+        None => non_empty(env("CONSUL_HTTP_TOKEN_FILE"))
+            .map(|p| (PathBuf::from(p), "CONSUL_HTTP_TOKEN_FILE")),
+    };
+    let from_file = match token_file {
+        Some((path, source)) => read_token_file(&path, source)?,
+        None => None,
+    };
+    let token = from_file.or_else(|| text(&args.token, "CONSUL_HTTP_TOKEN"));
+    let verify = flag("CONSUL_HTTP_SSL_VERIFY")?.unwrap_or(true);
+    let client_cert = path(&args.client_cert, "CONSUL_CLIENT_CERT");
+    let client_key = path(&args.client_key, "CONSUL_CLIENT_KEY");
+    match (&client_cert, &client_key) {
+        (Some(_), None) => return Err(ConsulFlagsError::CertificateWithoutKey),
+        (None, Some(_)) => return Err(ConsulFlagsError::KeyWithoutCertificate),
+        _ => {}
+    }
+    Ok(ConsulConfig {
+        address,
+        token,
+        basic_auth: non_empty(env("CONSUL_HTTP_AUTH")),
+        datacenter: non_empty(args.datacenter.clone()),
+        namespace: text(&args.namespace, "CONSUL_NAMESPACE"),
+        partition: text(&args.partition, "CONSUL_PARTITION"),
+        tls: TlsSettings {
+            ca_file: path(&args.ca_file, "CONSUL_CACERT"),
+            ca_path: path(&args.ca_path, "CONSUL_CAPATH"),
+            client_cert,
+            client_key,
+            server_name: text(&args.tls_server_name, "CONSUL_TLS_SERVER_NAME"),
+            verify,
+        },
+    })
+}
+
+/// Go's strconv.ParseBool, which the consul CLI uses for its variables.
+fn parse_bool(value: &str) -> Option<bool> {
+    match value.trim() {
+        "1" | "t" | "T" | "true" | "TRUE" | "True" => Some(true),
+        "0" | "f" | "F" | "false" | "FALSE" | "False" => Some(false),
+        _ => None,
+    }
+}
+
+fn read_token_file(path: &Path, source: &'static str) -> Result<Option<String>, ConsulFlagsError> {
+    let text = std::fs::read_to_string(path).map_err(|error| ConsulFlagsError::TokenFile {
+        path: path.to_path_buf(),
+        source,
+        error,
+    })?;
+    let token = text.trim();
+    Ok((!token.is_empty()).then(|| token.to_string()))
+}

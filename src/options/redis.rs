@@ -1,0 +1,55 @@
+//! The Redis store's settings: the URL of `--store` (its password also
+//! from `REDISCLI_AUTH`, as redis-cli reads it) and `--redis-allow-eviction`.
+
+use super::{OptionsError, StoreFlags};
+use crate::store::kind::StoreSettings;
+use crate::store::{redis, without_credentials};
+
+#[derive(Debug)]
+enum RedisFlagsError {
+    NotAUrl { shown: String, detail: String },
+}
+
+impl std::fmt::Display for RedisFlagsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RedisFlagsError::NotAUrl { shown, detail } => write!(
+                f,
+                "--store: {shown} is not a Redis URL ({detail}); write redis://[user[:password]@]host[:port][/db]"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for RedisFlagsError {}
+
+impl From<RedisFlagsError> for OptionsError {
+    fn from(error: RedisFlagsError) -> OptionsError {
+        OptionsError::StoreFlags(Box::new(error))
+    }
+}
+
+/// Reads `redis://[user[:password]@]host[:port][/db]`, or `rediss://` for
+/// TLS (the server's certificate checked against the system's roots, or
+/// the file `SSL_CERT_FILE` names, as OpenSSL has it).
+pub fn configure(flags: &StoreFlags<'_>) -> Result<Box<dyn StoreSettings>, OptionsError> {
+    let url = flags.text;
+    let mut connection = ::redis::IntoConnectionInfo::into_connection_info(url).map_err(|e| {
+        RedisFlagsError::NotAUrl {
+            shown: without_credentials(url),
+            detail: e.detail().unwrap_or("unreadable").to_string(),
+        }
+    })?;
+    if connection.redis_settings().password().is_none() {
+        if let Some(password) = (flags.env)("REDISCLI_AUTH").filter(|p| !p.is_empty()) {
+            let settings = connection.redis_settings().clone().set_password(password);
+            connection = connection.set_redis_settings(settings);
+        }
+    }
+    Ok(Box::new(redis::Settings::new(
+        connection,
+        flags.lease_ttl(),
+        flags.monitor_retry(),
+        flags.run.is_some_and(|run| run.redis_allow_eviction),
+    )))
+}
