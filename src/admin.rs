@@ -170,7 +170,11 @@ fn render_leftovers(status: &Status, out: &mut String) {
 
 // ---- release --------------------------------------------------------------
 
-pub fn release(args: ReleaseArgs, given: &GivenOptions, env: impl Fn(&str) -> Option<String>) -> i32 {
+pub fn release(
+    args: ReleaseArgs,
+    given: &GivenOptions,
+    env: impl Fn(&str) -> Option<String>,
+) -> i32 {
     finish((|| {
         let (prefix, admin) = open(&args.prefix, &args.store, given, env)?;
         let status = admin.status()?;

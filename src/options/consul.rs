@@ -99,8 +99,9 @@ fn connection(
         }
     };
     // A flag wins over its variable, as in the consul CLI.
-    let text =
-        |flag: &Option<String>, name: &str| non_empty(flag.clone()).or_else(|| non_empty(env(name)));
+    let text = |flag: &Option<String>, name: &str| {
+        non_empty(flag.clone()).or_else(|| non_empty(env(name)))
+    };
     let path = |flag: &Option<PathBuf>, name: &str| {
         flag.clone()
             .or_else(|| non_empty(env(name)).map(PathBuf::from))

@@ -95,7 +95,9 @@ fn connection(
 ) -> Result<Connection, EtcdFlagsError> {
     let endpoints = endpoints(store, env)?;
     let from_env = |value: &Option<String>, name: &str| {
-        value.clone().or_else(|| env(name).filter(|v| !v.is_empty()))
+        value
+            .clone()
+            .or_else(|| env(name).filter(|v| !v.is_empty()))
     };
     let user = match from_env(&args.user, "ETCDCTL_USER") {
         None => None,
@@ -172,7 +174,9 @@ fn endpoints(
         }
         let bracketed_v6 = address.starts_with('[') && address.ends_with(']');
         let address = match address.rsplit_once(':') {
-            Some((host, port)) if !bracketed_v6 && (host.starts_with('[') || !host.contains(':')) => {
+            Some((host, port))
+                if !bracketed_v6 && (host.starts_with('[') || !host.contains(':')) =>
+            {
                 if host.is_empty() || port.parse::<u16>().map_or(true, |p| p == 0) {
                     return Err(EtcdFlagsError::BadPort { source, item });
                 }
@@ -269,7 +273,11 @@ mod tests {
             Ok(Some(("root".into(), "pw".into())))
         );
         assert_eq!(
-            user(None, None, &[("ETCDCTL_USER", "app"), ("ETCDCTL_PASSWORD", "s3")]),
+            user(
+                None,
+                None,
+                &[("ETCDCTL_USER", "app"), ("ETCDCTL_PASSWORD", "s3")]
+            ),
             Ok(Some(("app".into(), "s3".into())))
         );
         assert_eq!(

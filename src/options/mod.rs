@@ -89,7 +89,8 @@ impl GivenOptions {
             matches
                 .ids()
                 .filter(|id| {
-                    matches.value_source(id.as_str()) == Some(clap::parser::ValueSource::CommandLine)
+                    matches.value_source(id.as_str())
+                        == Some(clap::parser::ValueSource::CommandLine)
                 })
                 // Every option is spelled after its field, as clap derives it.
                 .map(|id| format!("--{}", id.as_str().replace('_', "-")))
@@ -105,11 +106,24 @@ impl GivenOptions {
 /// Why a command line cannot be used; each says how to fix it. Exit 2.
 #[derive(Debug)]
 pub enum OptionsError {
-    PrefixTooLong { shown: String, bytes: usize },
-    PrefixControlCharacter { shown: String, character: char },
-    PrefixEmpty { prefix: String },
-    PrefixSegment { prefix: String },
-    NotAStore { source: &'static str, shown: String },
+    PrefixTooLong {
+        shown: String,
+        bytes: usize,
+    },
+    PrefixControlCharacter {
+        shown: String,
+        character: char,
+    },
+    PrefixEmpty {
+        prefix: String,
+    },
+    PrefixSegment {
+        prefix: String,
+    },
+    NotAStore {
+        source: &'static str,
+        shown: String,
+    },
     /// An option of `owner`'s with another store.
     OtherStoresOption {
         option: &'static str,
@@ -513,7 +527,10 @@ mod tests {
             let mut args = vec!["--prefix", "p"];
             args.extend_from_slice(extra);
             let options = parse(&args, env).unwrap();
-            settings::<consul::Settings>(&options).connection.token.clone()
+            settings::<consul::Settings>(&options)
+                .connection
+                .token
+                .clone()
         };
         let env = [
             ("CONSUL_HTTP_TOKEN", "from-env"),
@@ -586,7 +603,10 @@ mod tests {
             choice(Some("etcds://a:2379,b:2379"), None),
             chosen("etcd", "etcds://a:2379,b:2379", "--store")
         );
-        assert_eq!(choice(None, Some("etcd")), chosen("etcd", "etcd", "CONSEM_STORE"));
+        assert_eq!(
+            choice(None, Some("etcd")),
+            chosen("etcd", "etcd", "CONSEM_STORE")
+        );
         assert_eq!(
             choice(None, Some("zookeeper")).unwrap_err(),
             "CONSEM_STORE 'zookeeper' is not a store: use consul, local, local:DIR, redis://host:port or etcd://host:port"
@@ -641,10 +661,7 @@ mod tests {
             redis.unwrap_err(),
             "--name does not apply to the Redis store, which keeps no sessions: drop it"
         );
-        let etcd = parse(
-            &["--prefix", "p", "--store", "etcd", "--token", "t"],
-            &[],
-        );
+        let etcd = parse(&["--prefix", "p", "--store", "etcd", "--token", "t"], &[]);
         assert_eq!(
             etcd.unwrap_err(),
             "--token is an option of the Consul store, and --store is etcd://: drop it, or use --store consul"
@@ -714,7 +731,9 @@ mod tests {
             for option in entry.options.iter().chain(entry.refuses) {
                 let arg = run
                     .get_arguments()
-                    .find(|arg| arg.get_long().map(|long| format!("--{long}")).as_deref() == Some(*option))
+                    .find(|arg| {
+                        arg.get_long().map(|long| format!("--{long}")).as_deref() == Some(*option)
+                    })
                     .unwrap_or_else(|| panic!("{option} is not an option of consem run"));
                 assert_eq!(
                     format!("--{}", arg.get_id().as_str().replace('_', "-")),

@@ -107,7 +107,11 @@ pub fn chosen_by(text: &str) -> Option<&'static Entry> {
 /// How `--store` may be written: "consul, local, …, redis://host:port or
 /// etcd://host:port".
 pub fn every_way_to_write() -> String {
-    let ways: Vec<&str> = STORES.iter().flat_map(|entry| entry.written).copied().collect();
+    let ways: Vec<&str> = STORES
+        .iter()
+        .flat_map(|entry| entry.written)
+        .copied()
+        .collect();
     match ways.split_last() {
         Some((last, [])) => last.to_string(),
         Some((last, rest)) => format!("{} or {last}", rest.join(", ")),

@@ -71,6 +71,9 @@ impl StoreSettings for Settings {
 
     fn open_admin(&self, prefix: &str) -> Result<Box<dyn Admin>, StoreError> {
         let client = Client::new(self.connection.clone()).map_err(StoreError::Usage)?;
-        Ok(Box::new(admin::ConsulAdmin::new(client, prefix.to_string())))
+        Ok(Box::new(admin::ConsulAdmin::new(
+            client,
+            prefix.to_string(),
+        )))
     }
 }

@@ -21,11 +21,12 @@ use std::time::{Duration, Instant};
 use client::{Client, Compare, EtcdError, Op, Revoked, TxnReply, WatchRequest, Watched};
 use queue::Place;
 
+use super::kind::{Lease, Store, StoreSettings};
 use super::lease;
 use super::outage::{Outage, FIRST_BACKOFF};
-use super::kind::{Lease, Store, StoreSettings};
 use super::{
-    Admin, Contend, ContenderInfo, Holder, Notify, Progress, Released, SlotBackend, SlotEvent, StoreError,
+    Admin, Contend, ContenderInfo, Holder, Notify, Progress, Released, SlotBackend, SlotEvent,
+    StoreError,
 };
 use crate::report;
 
