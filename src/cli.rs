@@ -243,7 +243,7 @@ pub struct StoreArgs {
 
 /// How to reach Consul (with `--store consul`); each option's default comes
 /// from the consul CLI's environment variable, read in `options::consul`.
-#[derive(Debug, Args)]
+#[derive(Debug, Default, Args)]
 #[command(next_help_heading = "Consul options")]
 pub struct ConsulArgs {
     /// Consul HTTP API address: host:port, http://host:port or https://host:port
@@ -298,7 +298,7 @@ pub struct ConsulArgs {
 
 /// How to reach etcd (with `--store etcd://...`); each option's default
 /// comes from the variable etcdctl reads.
-#[derive(Debug, Args)]
+#[derive(Debug, Default, Args)]
 #[command(next_help_heading = "etcd options")]
 pub struct EtcdArgs {
     /// User to sign in as, with its password after a colon or in --password

@@ -164,3 +164,65 @@ fn read_token_file(path: &Path, source: &'static str) -> Result<Option<String>, 
     let token = text.trim();
     Ok((!token.is_empty()).then(|| token.to_string()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_precedence_follows_the_consul_cli() {
+        let dir = std::env::temp_dir().join(format!("consem-token-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("token");
+        std::fs::write(&file, "from-file\n").unwrap();
+        let token = |token: Option<&str>, token_file: Option<&Path>, env: &[(&str, &Path)]| {
+            let args = ConsulArgs {
+                token: token.map(String::from),
+                token_file: token_file.map(Path::to_path_buf),
+                ..ConsulArgs::default()
+            };
+            let env = |name: &str| {
+                env.iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| v.to_string_lossy().into_owned())
+            };
+            connection(&args, &env).map(|config| config.token)
+        };
+        let env = [
+            ("CONSUL_HTTP_TOKEN", Path::new("from-env")),
+            ("CONSUL_HTTP_TOKEN_FILE", &file),
+        ];
+        // A token file, from the flag or else the environment, wins...
+        assert_eq!(
+            token(Some("flag"), None, &env).unwrap().as_deref(),
+            Some("from-file")
+        );
+        assert_eq!(
+            token(None, Some(&file), &env[..1]).unwrap().as_deref(),
+            Some("from-file")
+        );
+        // ...then a token, from the flag or else the environment.
+        assert_eq!(
+            token(Some("flag"), None, &env[..1]).unwrap().as_deref(),
+            Some("flag")
+        );
+        assert_eq!(
+            token(None, None, &env[..1]).unwrap().as_deref(),
+            Some("from-env")
+        );
+        assert_eq!(token(None, None, &[]).unwrap(), None);
+        // An empty token file falls back to the token.
+        let empty = dir.join("empty");
+        std::fs::write(&empty, "\n").unwrap();
+        assert_eq!(
+            token(Some("flag"), Some(&empty), &[]).unwrap().as_deref(),
+            Some("flag")
+        );
+        let missing = token(None, Some(Path::new("/nonexistent/token")), &[]);
+        assert!(missing
+            .unwrap_err()
+            .to_string()
+            .starts_with("cannot read the token file /nonexistent/token (--token-file): "));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

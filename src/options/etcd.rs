@@ -262,9 +262,7 @@ mod tests {
             let args = EtcdArgs {
                 user: user.map(String::from),
                 password: password.map(String::from),
-                cacert: None,
-                cert: None,
-                key: None,
+                ..EtcdArgs::default()
             };
             connection("etcd://a:1", &args, &env(vars)).map(|c| c.user)
         };

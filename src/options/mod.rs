@@ -517,58 +517,6 @@ mod tests {
     }
 
     #[test]
-    fn token_precedence_follows_the_consul_cli() {
-        let dir = std::env::temp_dir().join(format!("consem-token-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("token");
-        std::fs::write(&file, "from-file\n").unwrap();
-        let file = file.to_str().unwrap();
-        let token = |extra: &[&str], env: &[(&str, &str)]| {
-            let mut args = vec!["--prefix", "p"];
-            args.extend_from_slice(extra);
-            let options = parse(&args, env).unwrap();
-            settings::<consul::Settings>(&options)
-                .connection
-                .token
-                .clone()
-        };
-        let env = [
-            ("CONSUL_HTTP_TOKEN", "from-env"),
-            ("CONSUL_HTTP_TOKEN_FILE", file),
-        ];
-        // A token file, from the flag or else the environment, wins...
-        assert_eq!(
-            token(&["--token", "flag"], &env).as_deref(),
-            Some("from-file")
-        );
-        assert_eq!(
-            token(&["--token-file", file], &env[..1]).as_deref(),
-            Some("from-file")
-        );
-        // ...then a token, from the flag or else the environment.
-        assert_eq!(
-            token(&["--token", "flag"], &env[..1]).as_deref(),
-            Some("flag")
-        );
-        assert_eq!(token(&[], &env[..1]).as_deref(), Some("from-env"));
-        assert_eq!(token(&[], &[]), None);
-        // An empty token file falls back to the token.
-        let empty = dir.join("empty");
-        std::fs::write(&empty, "\n").unwrap();
-        let empty = empty.to_str().unwrap();
-        assert_eq!(
-            token(&["--token-file", empty, "--token", "flag"], &[]).as_deref(),
-            Some("flag")
-        );
-        let missing = parse(
-            &["--prefix", "p", "--token-file", "/nonexistent/token"],
-            &[],
-        );
-        assert!(missing.unwrap_err().contains("/nonexistent/token"));
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
     fn chooses_the_store_from_the_flag_then_the_environment() {
         let choice = |flag: Option<&str>, env: Option<&str>| {
             choose_store(flag, |name| {

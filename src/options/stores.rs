@@ -20,12 +20,13 @@ pub struct Entry {
     /// Its own options: any other store refuses them.
     pub options: &'static [&'static str],
     /// Run options of other stores that do not apply to it either, and
-    /// why: "… does not apply to the local store, which {because}".
+    /// why: "… does not apply to the local store, which {because}" (empty
+    /// where it refuses none).
     pub refuses: &'static [&'static str],
     pub because: &'static str,
     /// What bounds its limit and its TTLs, in the words of "--limit N is
     /// more than {limit_bound_by}" and "--ttl T is outside what
-    /// {ttl_bound_by}".
+    /// {ttl_bound_by}" (the latter empty for a store without leases).
     pub limit_bound_by: &'static str,
     pub ttl_bound_by: &'static str,
     pub configure: Configure,
