@@ -18,8 +18,17 @@ enum ConsulFlagsError {
         name: &'static str,
         value: String,
     },
-    /// The address, as `Address::parse` words it.
-    Address(String),
+    EmptyAddress,
+    UnixSocket {
+        address: String,
+    },
+    UnsupportedScheme {
+        scheme: String,
+        address: String,
+    },
+    NoHost {
+        address: String,
+    },
     TokenFile {
         path: PathBuf,
         source: &'static str,
@@ -35,7 +44,21 @@ impl std::fmt::Display for ConsulFlagsError {
             ConsulFlagsError::NotABoolean { name, value } => {
                 write!(f, "{name}='{value}' is not a boolean: use true or false")
             }
-            ConsulFlagsError::Address(why) => f.write_str(why),
+            ConsulFlagsError::EmptyAddress => f.write_str(
+                "the Consul address is empty: set --http-addr or CONSUL_HTTP_ADDR to host:port",
+            ),
+            ConsulFlagsError::UnixSocket { address } => write!(
+                f,
+                "unix socket addresses are not supported ('{address}'): have the agent listen for HTTP on a TCP address, e.g. 127.0.0.1:8500"
+            ),
+            ConsulFlagsError::UnsupportedScheme { scheme, address } => write!(
+                f,
+                "unsupported scheme '{scheme}' in Consul address '{address}': use host:port, http://host:port or https://host:port"
+            ),
+            ConsulFlagsError::NoHost { address } => write!(
+                f,
+                "invalid Consul address '{address}': use host:port, http://host:port or https://host:port"
+            ),
             ConsulFlagsError::TokenFile {
                 path,
                 source,
@@ -108,8 +131,7 @@ fn connection(
     };
     let http_addr =
         text(&args.http_addr, "CONSUL_HTTP_ADDR").unwrap_or_else(|| "127.0.0.1:8500".into());
-    let address = Address::parse(&http_addr, flag("CONSUL_HTTP_SSL")?.unwrap_or(false))
-        .map_err(ConsulFlagsError::Address)?;
+    let address = address(&http_addr, flag("CONSUL_HTTP_SSL")?.unwrap_or(false))?;
     let token_file = match &args.token_file {
         Some(path) => Some((path.clone(), "--token-file")),
         None => non_empty(env("CONSUL_HTTP_TOKEN_FILE"))
@@ -146,6 +168,48 @@ fn connection(
     })
 }
 
+/// Reads an address the way the consul CLI does: `http://host:port`,
+/// `https://host:port` or a bare `host:port` (https when `ssl`, which is
+/// `CONSUL_HTTP_SSL=true`), with an optional path prefix.
+fn address(address: &str, ssl: bool) -> Result<Address, ConsulFlagsError> {
+    let address = address.trim().trim_end_matches('/');
+    if address.is_empty() {
+        return Err(ConsulFlagsError::EmptyAddress);
+    }
+    let (https, rest) = match address.split_once("://") {
+        None => (ssl, address),
+        // As in the consul CLI, CONSUL_HTTP_SSL=true never falls back to http.
+        Some(("http", rest)) => (ssl, rest),
+        Some(("https", rest)) => (true, rest),
+        Some(("unix", _)) => {
+            return Err(ConsulFlagsError::UnixSocket {
+                address: address.to_string(),
+            })
+        }
+        Some((scheme, _)) => {
+            return Err(ConsulFlagsError::UnsupportedScheme {
+                scheme: scheme.to_string(),
+                address: address.to_string(),
+            })
+        }
+    };
+    let (host_port, path) = rest.split_once('/').unwrap_or((rest, ""));
+    if host_port.is_empty() {
+        return Err(ConsulFlagsError::NoHost {
+            address: address.to_string(),
+        });
+    }
+    Ok(Address {
+        https,
+        host_port: host_port.to_string(),
+        path_prefix: if path.is_empty() {
+            String::new()
+        } else {
+            format!("/{path}")
+        },
+    })
+}
+
 /// Go's strconv.ParseBool, which the consul CLI uses for its variables.
 fn parse_bool(value: &str) -> Option<bool> {
     match value.trim() {
@@ -168,6 +232,45 @@ fn read_token_file(path: &Path, source: &'static str) -> Result<Option<String>, 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_addresses_like_the_consul_cli() {
+        let parse = |text: &str, ssl: bool| {
+            address(text, ssl)
+                .map(|a| a.to_string())
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(
+            parse("127.0.0.1:8500", false),
+            Ok("http://127.0.0.1:8500".into())
+        );
+        assert_eq!(
+            parse("127.0.0.1:8501", true),
+            Ok("https://127.0.0.1:8501".into())
+        );
+        assert_eq!(
+            parse("http://consul.local:8500/", false),
+            Ok("http://consul.local:8500".into())
+        );
+        // CONSUL_HTTP_SSL=true never falls back to http, as in the consul CLI.
+        assert_eq!(
+            parse("http://consul.local:8500", true),
+            Ok("https://consul.local:8500".into())
+        );
+        assert_eq!(
+            parse("https://consul.local:8501", false),
+            Ok("https://consul.local:8501".into())
+        );
+        assert_eq!(
+            parse("https://gw:443/consul", false),
+            Ok("https://gw:443/consul".into())
+        );
+        assert!(parse("unix:///var/run/consul.sock", false)
+            .unwrap_err()
+            .contains("unix socket"));
+        assert!(parse("ftp://x:1", false).is_err());
+        assert!(parse("", false).is_err());
+    }
 
     #[test]
     fn token_precedence_follows_the_consul_cli() {

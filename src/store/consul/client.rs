@@ -50,50 +50,6 @@ pub struct Address {
 }
 
 impl Address {
-    /// Reads an address the way the consul CLI does: `http://host:port`,
-    /// `https://host:port` or a bare `host:port` (https when `ssl`, which is
-    /// `CONSUL_HTTP_SSL=true`), with an optional path prefix.
-    pub fn parse(address: &str, ssl: bool) -> Result<Address, String> {
-        let address = address.trim().trim_end_matches('/');
-        if address.is_empty() {
-            return Err(
-                "the Consul address is empty: set --http-addr or CONSUL_HTTP_ADDR to host:port"
-                    .into(),
-            );
-        }
-        let (https, rest) = match address.split_once("://") {
-            None => (ssl, address),
-            // As in the consul CLI, CONSUL_HTTP_SSL=true never falls back to http.
-            Some(("http", rest)) => (ssl, rest),
-            Some(("https", rest)) => (true, rest),
-            Some(("unix", _)) => {
-                return Err(format!(
-                    "unix socket addresses are not supported ('{address}'): have the agent listen for HTTP on a TCP address, e.g. 127.0.0.1:8500"
-                ))
-            }
-            Some((scheme, _)) => {
-                return Err(format!(
-                    "unsupported scheme '{scheme}' in Consul address '{address}': use host:port, http://host:port or https://host:port"
-                ))
-            }
-        };
-        let (host_port, path) = rest.split_once('/').unwrap_or((rest, ""));
-        if host_port.is_empty() {
-            return Err(format!(
-                "invalid Consul address '{address}': use host:port, http://host:port or https://host:port"
-            ));
-        }
-        Ok(Address {
-            https,
-            host_port: host_port.to_string(),
-            path_prefix: if path.is_empty() {
-                String::new()
-            } else {
-                format!("/{path}")
-            },
-        })
-    }
-
     /// Host and port, with IPv6 brackets taken off the host.
     fn split(&self) -> (&str, Option<&str>) {
         let text = self.host_port.as_str();
@@ -825,41 +781,15 @@ mod tests {
     }
 
     #[test]
-    fn reads_addresses_like_the_consul_cli() {
-        let parse = |text: &str, ssl: bool| Address::parse(text, ssl).map(|a| a.to_string());
-        assert_eq!(
-            parse("127.0.0.1:8500", false),
-            Ok("http://127.0.0.1:8500".into())
-        );
-        assert_eq!(
-            parse("127.0.0.1:8501", true),
-            Ok("https://127.0.0.1:8501".into())
-        );
-        assert_eq!(
-            parse("http://consul.local:8500/", false),
-            Ok("http://consul.local:8500".into())
-        );
-        // CONSUL_HTTP_SSL=true never falls back to http, as in the consul CLI.
-        assert_eq!(
-            parse("http://consul.local:8500", true),
-            Ok("https://consul.local:8500".into())
-        );
-        assert_eq!(
-            parse("https://consul.local:8501", false),
-            Ok("https://consul.local:8501".into())
-        );
-        assert_eq!(
-            parse("https://gw:443/consul", false),
-            Ok("https://gw:443/consul".into())
-        );
-        assert!(parse("unix:///var/run/consul.sock", false)
-            .unwrap_err()
-            .contains("unix socket"));
-        assert!(parse("ftp://x:1", false).is_err());
-        assert!(parse("", false).is_err());
-        let address = Address::parse("https://[::1]:8501", false).unwrap();
-        assert_eq!((address.host(), address.port()), ("::1", "8501"));
-        let address = Address::parse("consul.test", true).unwrap();
-        assert_eq!((address.host(), address.port()), ("consul.test", "443"));
+    fn an_address_has_its_host_and_port_apart() {
+        let address = |https: bool, host_port: &str| Address {
+            https,
+            host_port: host_port.into(),
+            path_prefix: String::new(),
+        };
+        let v6 = address(true, "[::1]:8501");
+        assert_eq!((v6.host(), v6.port()), ("::1", "8501"));
+        let bare = address(true, "consul.test");
+        assert_eq!((bare.host(), bare.port()), ("consul.test", "443"));
     }
 }
