@@ -7,11 +7,12 @@
 //! `supervise` (the child, signals, exit paths; store-neutral), `admin`
 //! (the operators' commands, store-neutral), `store` (the store interface)
 //! and one folder per store below it. This file opens the chosen store and
-//! maps every outcome to an exit code.
+//! runs it; `exit` maps every way a run ends to an exit code.
 
 pub mod admin;
 pub mod cli;
 pub mod duration;
+pub mod exit;
 pub mod options;
 pub mod progress;
 pub mod report;
@@ -21,56 +22,12 @@ mod sys;
 mod watchdog;
 
 use std::io::IsTerminal as _;
-use std::os::unix::process::ExitStatusExt as _;
 
 use options::RunOptions;
-use store::{ContenderInfo, StoreError};
-use supervise::{Outcome, Plan};
+use store::ContenderInfo;
+use supervise::Plan;
 
-/// Exit codes of consem's own (see `cli::EXIT_CODES`).
-pub mod exit {
-    /// `status`, `release`, `reset`: nothing there, or nothing to do.
-    pub const NOTHING: i32 = 1;
-    pub const USAGE: i32 = 2;
-    pub const CONFLICT: i32 = 65;
-    pub const UNAVAILABLE: i32 = 69;
-    pub const SLOT_LOST: i32 = 76;
-    pub const DENIED: i32 = 77;
-    /// The store's own configuration breaks the semaphore's promise.
-    pub const CONFIG: i32 = 78;
-    pub const NOT_EXECUTABLE: i32 = 126;
-    pub const NOT_FOUND: i32 = 127;
-}
-
-/// The exit code of a store's failure.
-pub fn exit_code_of(error: &StoreError) -> i32 {
-    match error {
-        StoreError::Usage(_) => exit::USAGE,
-        StoreError::Conflict(_) => exit::CONFLICT,
-        StoreError::Unavailable(_) => exit::UNAVAILABLE,
-        StoreError::Denied(_) => exit::DENIED,
-        StoreError::Config(_) => exit::CONFIG,
-    }
-}
-
-/// How `consem run` ends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Exit {
-    Code(i32),
-    /// Die of this signal, as the command did or as the signal that ended
-    /// the wait would have had it, so that a shell sees it (`sys::die_of`).
-    Signal(i32),
-}
-
-impl Exit {
-    /// Ends consem this way.
-    pub fn finish(self) -> ! {
-        match self {
-            Exit::Code(code) => std::process::exit(code),
-            Exit::Signal(signal) => sys::die_of(signal),
-        }
-    }
-}
+pub use exit::{exit_code_of, Exit};
 
 /// Runs `consem run` and says how to exit.
 pub fn run(options: RunOptions) -> Exit {
@@ -91,6 +48,8 @@ pub fn run(options: RunOptions) -> Exit {
     };
     let plan = Plan {
         command: options.command.clone(),
+        prefix: options.prefix.clone(),
+        limit: options.limit,
         mode: options.mode,
         timeout: options.timeout,
         kill_grace: options.kill_grace,
@@ -102,28 +61,9 @@ pub fn run(options: RunOptions) -> Exit {
             && !options.verbose)
             .then(|| options.prefix.clone()),
     };
-    let code = match supervise::run(backend, &plan) {
-        Outcome::ChildExited(status) => match (status.code(), status.signal()) {
-            (Some(code), _) => code,
-            (None, Some(signal)) => return Exit::Signal(signal),
-            (None, None) => 1,
-        },
-        Outcome::NoSlot => i32::from(options.no_slot_exit_code),
-        Outcome::Interrupted(signal) => return Exit::Signal(signal),
-        Outcome::SlotLost => exit::SLOT_LOST,
-        Outcome::Failed(error) => {
-            report::error(&error.to_string());
-            exit_code_of(&error)
-        }
-        Outcome::SpawnFailed(error) => {
-            let (hint, code) = if error.kind() == std::io::ErrorKind::NotFound {
-                ("check its name and PATH", exit::NOT_FOUND)
-            } else {
-                ("check that it is an executable file", exit::NOT_EXECUTABLE)
-            };
-            report::error(&format!("cannot run '{}': {error}; {hint}", command[0]));
-            code
-        }
-    };
-    Exit::Code(code)
+    let ended = supervise::run(backend, &plan);
+    if let Err(error) = &ended {
+        report::error(&error.to_string());
+    }
+    exit::of_run(&ended, i32::from(options.no_slot_exit_code))
 }

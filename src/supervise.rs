@@ -1,8 +1,21 @@
-//! Runs the child while the slot is held, whatever the backend. One event
-//! loop on the main thread takes what the backend, the signal handler and the
+//! Runs the child while the slot is held, whatever the store. One event
+//! loop on the main thread takes what the store, the signal handler and the
 //! child's waiter report, in the order it happens.
+//!
+//! A run goes through the states of docs/design.md ("States of a run"),
+//! one function each: waiting for a slot ([`wait_for_slot`]), confirming a
+//! grant that came late ([`confirm_lease`]), running the command
+//! ([`Run::hold`]), ending its group when it exits ([`Run::end_group`]) or
+//! stopping it when the slot is lost ([`Run::stop_after_loss`]), and
+//! leaving the semaphore ([`leave`]). What an event means in each state is
+//! decided in [`decide`], without I/O.
+
+mod decide;
+#[cfg(test)]
+mod tests;
 
 use std::ffi::OsString;
+use std::io;
 use std::os::unix::process::ExitStatusExt as _;
 use std::process::ExitStatus;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
@@ -12,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use signal_hook::consts::signal::{
     SIGALRM, SIGCONT, SIGHUP, SIGINT, SIGKILL, SIGPROF, SIGQUIT, SIGSTOP, SIGTERM, SIGTSTP,
-    SIGTTIN, SIGTTOU, SIGUSR1, SIGUSR2, SIGVTALRM, SIGWINCH, SIGXCPU, SIGXFSZ,
+    SIGUSR1, SIGUSR2, SIGVTALRM, SIGWINCH, SIGXCPU, SIGXFSZ,
 };
 use signal_hook::iterator::Signals;
 
@@ -20,6 +33,7 @@ use crate::progress::ProgressLine;
 use crate::store::{Contend, Notify, Released, SlotBackend, SlotEvent, StoreError};
 use crate::watchdog::Watchdog;
 use crate::{report, sys};
+use decide::{Confirming, Ending, Grant, Lease, OnChildStop, Running, Waiting};
 
 /// Signals that end a wait, and are passed on to the child once it runs:
 /// every signal whose default is to end a process, but SIGPIPE (Rust's
@@ -69,6 +83,10 @@ const GROUP_POLL: Duration = Duration::from_millis(20);
 #[derive(Debug, Clone)]
 pub struct Plan {
     pub command: Vec<OsString>,
+    /// The semaphore's prefix and limit, for the command's `CONSEM_PREFIX`
+    /// and `CONSEM_LIMIT`.
+    pub prefix: String,
+    pub limit: u32,
     pub mode: Contend,
     pub timeout: Option<Duration>,
     pub kill_grace: Duration,
@@ -79,7 +97,7 @@ pub struct Plan {
     pub progress_line: Option<String>,
 }
 
-/// How a run ended; `main` maps each to an exit code.
+/// How a run ended; `crate::exit` maps each to an exit code.
 #[derive(Debug)]
 pub enum Outcome {
     /// The child ran and ended by itself (or by a signal passed on to it).
@@ -88,12 +106,47 @@ pub enum Outcome {
     NoSlot,
     /// A signal ended the wait.
     Interrupted(i32),
-    /// The slot was lost while the child ran; the child was stopped.
+    /// The slot was lost while the child ran (the child was stopped), or
+    /// a grant that came late was found gone (the child never started).
     SlotLost,
-    Failed(StoreError),
-    /// The command could not be started.
-    SpawnFailed(std::io::Error),
 }
+
+/// Why a run could not go on; `crate::exit` maps each to an exit code.
+#[derive(Debug)]
+pub enum SuperviseError {
+    /// The store cannot go on, before the command started.
+    Store(StoreError),
+    /// The command could not be started.
+    Spawn { program: String, error: io::Error },
+    /// The watchdog, which stops the command when consem cannot, could not
+    /// be started: the command does not run unguarded.
+    Watchdog(io::Error),
+}
+
+impl std::fmt::Display for SuperviseError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SuperviseError::Store(error) => error.fmt(f),
+            SuperviseError::Spawn { program, error } => {
+                let hint = if error.kind() == io::ErrorKind::NotFound {
+                    "check its name and PATH"
+                } else {
+                    "check that it is an executable file"
+                };
+                write!(f, "cannot run '{program}': {error}; {hint}")
+            }
+            SuperviseError::Watchdog(error) => write!(
+                f,
+                "cannot start the watchdog that stops the command if consem cannot: {error}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for SuperviseError {}
+
+/// How a run ends: as an outcome, or with an error.
+pub type Ended = Result<Outcome, SuperviseError>;
 
 enum Event {
     Slot(SlotEvent),
@@ -107,7 +160,7 @@ enum Event {
 
 /// Acquires a slot, runs the command while it is held, and leaves the
 /// semaphore on every way out.
-pub fn run(backend: Arc<dyn SlotBackend>, plan: &Plan) -> Outcome {
+pub fn run(backend: Arc<dyn SlotBackend>, plan: &Plan) -> Ended {
     let (events, inbox) = mpsc::channel();
     // Handlers go in before the first request, so that no signal is missed.
     sys::set_signal_dispositions();
@@ -117,63 +170,84 @@ pub fn run(backend: Arc<dyn SlotBackend>, plan: &Plan) -> Outcome {
     let handled = HANDLED_SIGNALS.iter().filter(|s| !ignored.contains(s));
     let signals = Signals::new(handled).expect("cannot install signal handlers");
     let started = Instant::now();
+    contend(&backend, plan, &events);
+    // The handlers keep what arrives until this thread reads it: starting it
+    // after the store's lets the first request go out sooner.
+    forward_signals(signals, events.clone());
+    supervise(&*backend, plan, started, events, &inbox)
+}
+
+/// Has the store contend for a slot on its threads, reporting to `events`.
+fn contend(backend: &Arc<dyn SlotBackend>, plan: &Plan, events: &Sender<Event>) {
     let notify: Notify = {
         let events = events.clone();
         Arc::new(move |event| {
             let _ = events.send(Event::Slot(event));
         })
     };
-    Arc::clone(&backend).contend(plan.mode, notify);
-    // The handlers keep what arrives until this thread reads it: starting it
-    // after the backend's lets the first request go out sooner.
-    forward_signals(signals, events.clone());
+    Arc::clone(backend).contend(plan.mode, notify);
+}
+
+/// The run once the store contends (from `started`): every state, and
+/// leaving the semaphore on every way out.
+fn supervise(
+    backend: &dyn SlotBackend,
+    plan: &Plan,
+    started: Instant,
+    events: Sender<Event>,
+    inbox: &Receiver<Event>,
+) -> Ended {
     // Started now, while the store works, so that a handoff does not wait
     // for it.
-    let watchdog = match start_watchdog(&*backend, plan, &events) {
+    let watchdog = match start_watchdog(backend, plan, &events) {
         Ok(watchdog) => watchdog,
         Err(error) => {
-            leave(&*backend, RELEASE_BUDGET_WAITING);
-            return Outcome::Failed(StoreError::Unavailable(format!(
-                "cannot start the watchdog that stops the command if consem cannot: {error}"
-            )));
+            leave(backend, RELEASE_BUDGET_WAITING);
+            return Err(SuperviseError::Watchdog(error));
         }
     };
+    let granted = wait_and_confirm(plan, started, inbox);
+    let (grant, lease) = match granted {
+        Ok(granted) => granted,
+        Err(ended) => {
+            watchdog.finish();
+            leave(backend, RELEASE_BUDGET_WAITING);
+            return ended;
+        }
+    };
+    let (ended, watchdog) = run_child(backend, plan, watchdog, grant, lease, events, inbox);
+    // The group is gone: the next holder need not wait for the watchdog.
+    let taken_before = leave(backend, RELEASE_BUDGET_DONE);
+    watchdog.finish();
+    match (ended, taken_before) {
+        // The loss and the command's end crossed: the command may have run
+        // on without the slot.
+        (Ok(Outcome::ChildExited(status)), Some(reason)) => Ok(lost_after_exit(&reason, status)),
+        (ended, _) => ended,
+    }
+}
 
+/// Waits for a slot, then for a renewal if its grant came late: the slot
+/// and its lease, once the command may start.
+fn wait_and_confirm(
+    plan: &Plan,
+    started: Instant,
+    inbox: &Receiver<Event>,
+) -> Result<(Grant, Lease), Ended> {
     // A deadline too far to represent is no deadline.
     let deadline = plan.timeout.and_then(|t| started.checked_add(t));
     let mut line = plan.progress_line.as_deref().map(ProgressLine::new);
-    let waited = wait_for_slot(&inbox, deadline, line.as_mut());
+    let waited = wait_for_slot(inbox, deadline, line.as_mut());
     if let Some(line) = &mut line {
         line.erase();
     }
+    let grant = waited?;
     let mut lease = Lease {
-        until: None,
+        until: grant.lease,
         grace: plan.kill_grace,
     };
-    let granted = waited.and_then(|until| {
-        lease.until = until;
-        confirm_lease(&inbox, &mut lease)
-    });
-    if let Err(outcome) = granted {
-        watchdog.finish();
-        leave(&*backend, RELEASE_BUDGET_WAITING);
-        return outcome;
-    }
-    let (outcome, watchdog) = run_child(&*backend, plan, watchdog, lease, events, &inbox);
-    // The group is gone: the next holder need not wait for the watchdog.
-    let taken_before = leave(&*backend, RELEASE_BUDGET_DONE);
-    watchdog.finish();
-    match (outcome, taken_before) {
-        // The loss and the command's end crossed: the command may have run
-        // on without the slot.
-        (Outcome::ChildExited(status), Some(reason)) => {
-            report::error(&format!(
-                "slot lost while the command ran: {reason}; its exit ({status}) is not reported as its own"
-            ));
-            Outcome::SlotLost
-        }
-        (outcome, _) => outcome,
-    }
+    confirm_lease(inbox, &mut lease)?;
+    Ok((grant, lease))
 }
 
 /// Forks the watchdog: it stops the command's group at the lease's end, or
@@ -183,7 +257,7 @@ fn start_watchdog(
     backend: &dyn SlotBackend,
     plan: &Plan,
     events: &Sender<Event>,
-) -> std::io::Result<Watchdog> {
+) -> io::Result<Watchdog> {
     Watchdog::start(
         plan.kill_grace,
         orphan_grace(backend, plan),
@@ -222,42 +296,44 @@ fn forward_signals(mut signals: Signals, events: Sender<Event>) {
         .expect("cannot start the signal thread");
 }
 
-/// Waits for the backend to hold a slot, and returns the slot's lease (see
-/// [`SlotEvent::Acquired`]). Any other end is the outcome.
+/// Waits for the store to grant a slot. Any other end is how the run ends.
 fn wait_for_slot(
     inbox: &Receiver<Event>,
     deadline: Option<Instant>,
     mut line: Option<&mut ProgressLine>,
-) -> Result<Option<Instant>, Outcome> {
+) -> Result<Grant, Ended> {
     let started = Instant::now();
     let mut answered = false;
     loop {
         // A line that is up is redrawn every second, for its clock.
         let tick = line.as_ref().filter(|l| l.shown()).map(|_| PROGRESS_TICK);
-        let left = wait_deadline(deadline, started, answered)
+        let left = decide::wait_deadline(deadline, started, answered)
             .map(|d| d.saturating_duration_since(Instant::now()));
         if left.is_some_and(|left| left.is_zero()) {
             report::event("timed-out", &[]);
-            return Err(Outcome::NoSlot);
+            return Err(Ok(Outcome::NoSlot));
         }
-        let event = match (left, tick) {
-            (None, None) => inbox.recv().map_err(|_| RecvTimeoutError::Disconnected),
-            (Some(t), None) | (None, Some(t)) => inbox.recv_timeout(t),
-            (Some(a), Some(b)) => inbox.recv_timeout(a.min(b)),
+        let Some(event) = receive_within(inbox, left, tick) else {
+            // The deadline passed (the loop's top decides), or the clock ticks.
+            if let Some(line) = line.as_mut() {
+                line.redraw(started.elapsed());
+            }
+            continue;
         };
-        match event {
-            Ok(Event::Slot(SlotEvent::Acquired { lease, .. })) => return Ok(lease),
-            Ok(Event::Slot(SlotEvent::Leased { .. })) => {}
-            Ok(Event::Slot(SlotEvent::NoSlot)) => return Err(Outcome::NoSlot),
-            Ok(Event::Slot(SlotEvent::Failed(error))) => return Err(Outcome::Failed(error)),
-            Ok(Event::Slot(SlotEvent::Lost(reason))) => {
-                return Err(Outcome::Failed(StoreError::Unavailable(reason)))
-            }
-            Ok(Event::Signal(signal)) if SHUTDOWN_SIGNALS.contains(&signal) => {
+        match decide::waiting(event) {
+            Waiting::Granted(grant) => return Ok(grant),
+            Waiting::Interrupted(signal) => {
                 report::event("interrupted", &[("signal", &signal)]);
-                return Err(Outcome::Interrupted(signal));
+                return Err(Ok(Outcome::Interrupted(signal)));
             }
-            Ok(Event::Signal(SIGTSTP)) => {
+            Waiting::Ended(ended) => return Err(ended),
+            Waiting::Progress(progress) => {
+                answered = true;
+                if let Some(line) = line.as_mut() {
+                    line.update(progress, started.elapsed());
+                }
+            }
+            Waiting::StopSelf => {
                 // The line (and the ^Z the terminal echoed) go with the job.
                 if let Some(line) = line.as_mut() {
                     line.erase();
@@ -267,95 +343,33 @@ fn wait_for_slot(
                     line.redraw(started.elapsed());
                 }
             }
-            Ok(Event::Signal(SIGWINCH)) => {
+            Waiting::Redraw => {
                 if let Some(line) = line.as_mut() {
                     line.redraw(started.elapsed());
                 }
             }
-            Ok(Event::Signal(signal)) => report::event("signal-ignored", &[("signal", &signal)]),
-            Ok(Event::Slot(SlotEvent::Waiting(progress))) => {
-                answered = true;
-                if let Some(line) = line.as_mut() {
-                    line.update(progress, started.elapsed());
-                }
-            }
-            // A watchdog that ended while consem waits is replaced once
-            // the command runs.
-            Ok(Event::ChildStopped(..) | Event::ChildExited(_) | Event::WatchdogEnded) => {}
-            // The deadline passed (the loop's top decides), or the clock ticks.
-            Err(RecvTimeoutError::Timeout) => {
-                if let Some(line) = line.as_mut() {
-                    line.redraw(started.elapsed());
-                }
-            }
-            Err(RecvTimeoutError::Disconnected) => {
-                unreachable!("the event loop holds a sender")
-            }
+            Waiting::Ignored(signal) => report::event("signal-ignored", &[("signal", &signal)]),
+            Waiting::Nothing => {}
         }
     }
 }
 
-/// When the wait for a slot ends: at `--timeout`, but not before the
-/// store's first answer (that every slot is taken) or the first attempt's
-/// budget, so that a short timeout still takes a free slot.
-fn wait_deadline(timeout: Option<Instant>, started: Instant, answered: bool) -> Option<Instant> {
-    match timeout {
-        Some(at) if !answered => Some(at.max(started + FIRST_ATTEMPT_BUDGET)),
-        other => other,
-    }
-}
-
-/// The slot's lease, as the store last confirmed it: `None` while the slot
-/// lasts as long as consem lives.
-struct Lease {
-    until: Option<Instant>,
-    grace: Duration,
-}
-
-impl Lease {
-    /// The moment the command must be told to stop (SIGTERM), so that it
-    /// is gone (SIGKILL) when the lease ends.
-    fn stop_at(&self) -> Option<Instant> {
-        self.until
-            .map(|until| until.checked_sub(self.grace).unwrap_or(until))
-    }
-
-    fn running_out(&self) -> bool {
-        self.stop_at().is_some_and(|at| Instant::now() >= at)
-    }
-
-    fn ended(&self) -> bool {
-        self.until.is_some_and(|until| Instant::now() >= until)
-    }
-
-    /// Takes a newer lease, unless the current one already reached its stop
-    /// point: the watchdog, which had that deadline, may have stopped the
-    /// command, so a renewal confirmed after that does not give the slot
-    /// back; `Err` says why the slot counts as lost.
-    fn renewed(&mut self, until: Instant, watchdog: &mut Watchdog) -> Result<(), String> {
-        if self.running_out() {
-            return Err(self.why());
-        }
-        self.until = Some(until);
-        watchdog.set_deadline(self.until);
-        Ok(())
-    }
-
-    /// Why the slot can no longer be counted on.
-    fn why(&self) -> String {
-        let left = self
-            .until
-            .map(|until| until.saturating_duration_since(Instant::now()))
-            .unwrap_or_default();
-        if left.is_zero() {
-            "its lease ran out before a renewal was confirmed (was consem stopped or starved?)"
-                .to_string()
-        } else {
-            format!(
-                "no renewal of its lease was confirmed in time (it ends in {}; -v shows the renewals' errors)",
-                crate::duration::measured(left)
-            )
-        }
+/// The next event within the shorter of two waits (`None`: no limit);
+/// `None` once that passed.
+fn receive_within(
+    inbox: &Receiver<Event>,
+    left: Option<Duration>,
+    tick: Option<Duration>,
+) -> Option<Event> {
+    let received = match (left, tick) {
+        (None, None) => inbox.recv().map_err(|_| RecvTimeoutError::Disconnected),
+        (Some(t), None) | (None, Some(t)) => inbox.recv_timeout(t),
+        (Some(a), Some(b)) => inbox.recv_timeout(a.min(b)),
+    };
+    match received {
+        Ok(event) => Some(event),
+        Err(RecvTimeoutError::Timeout) => None,
+        Err(RecvTimeoutError::Disconnected) => unreachable!("the event loop holds a sender"),
     }
 }
 
@@ -366,7 +380,7 @@ impl Lease {
 /// gone meanwhile ends the run as a loss (76), the command never started:
 /// its place in the queue is gone too, and a scheduler that retries on 76
 /// retries it.
-fn confirm_lease(inbox: &Receiver<Event>, lease: &mut Lease) -> Result<(), Outcome> {
+fn confirm_lease(inbox: &Receiver<Event>, lease: &mut Lease) -> Result<(), Ended> {
     if !lease.running_out() {
         return Ok(());
     }
@@ -381,40 +395,43 @@ fn confirm_lease(inbox: &Receiver<Event>, lease: &mut Lease) -> Result<(), Outco
     loop {
         // The store renews at once, or reports the slot gone; it bounds
         // the wait with its own calls' budgets.
-        match inbox.recv() {
-            Ok(Event::Slot(SlotEvent::Leased { until })) => {
+        let event = inbox.recv().expect("the event loop holds a sender");
+        match decide::confirming(event) {
+            Confirming::Renewed(until) => {
                 lease.until = Some(until);
                 if !lease.running_out() {
                     report::event("lease-confirmed", &[]);
                     return Ok(());
                 }
             }
-            Ok(Event::Slot(SlotEvent::Lost(reason))) => {
+            Confirming::Lost(reason) => {
                 report::error(&format!(
                     "slot lost before the command started: the grant arrived after its lease had run out, and {reason}; the command did not run"
                 ));
-                return Err(Outcome::SlotLost);
+                return Err(Ok(Outcome::SlotLost));
             }
-            Ok(Event::Slot(SlotEvent::Failed(error))) => return Err(Outcome::Failed(error)),
-            Ok(Event::Signal(signal)) if SHUTDOWN_SIGNALS.contains(&signal) => {
+            Confirming::Failed(error) => return Err(Err(SuperviseError::Store(error))),
+            Confirming::Interrupted(signal) => {
                 report::event("interrupted", &[("signal", &signal)]);
-                return Err(Outcome::Interrupted(signal));
+                return Err(Ok(Outcome::Interrupted(signal)));
             }
-            Ok(Event::Signal(SIGTSTP)) => sys::stop_self(),
-            Ok(_) => {}
-            Err(_) => unreachable!("the event loop holds a sender"),
+            Confirming::StopSelf => sys::stop_self(),
+            Confirming::Nothing => {}
         }
     }
 }
 
+/// Starts the command and supervises it until its group is gone; returns
+/// how the run ended, and the watchdog (replaced if it died).
 fn run_child(
     backend: &dyn SlotBackend,
     plan: &Plan,
     mut watchdog: Watchdog,
-    mut lease: Lease,
+    grant: Grant,
+    lease: Lease,
     events: Sender<Event>,
     inbox: &Receiver<Event>,
-) -> (Outcome, Watchdog) {
+) -> (Ended, Watchdog) {
     // The watchdog holds the lease from the command's first instant.
     watchdog.set_deadline(lease.until);
     // The command gets the terminal the way a shell would give it: at once
@@ -422,265 +439,319 @@ fn run_child(
     // pipeline, a script run without job control), only once the command
     // stops to read from the terminal or set it up (SIGTTIN, SIGTTOU), so
     // that a pager beside consem keeps it and Ctrl-C reaches the shell too.
-    let mut take_terminal = sys::we_own_the_terminal() && sys::alone_in_group();
-    let terminal = sys::terminal().filter(|_| take_terminal);
-    let spawned = sys::spawn_child(&plan.command, &backend.child_env(), terminal);
+    let child_has_terminal = sys::we_own_the_terminal() && sys::alone_in_group();
+    let terminal = sys::terminal().filter(|_| child_has_terminal);
+    let env = child_env(plan, grant.fence, backend.own_child_env());
+    let spawned = sys::spawn_child(&plan.command, &env, terminal);
     backend.command_started();
     let group = match spawned {
         Ok(pid) => pid,
         Err(error) => {
             // The child may have taken the terminal before exec failed.
-            if take_terminal {
+            if child_has_terminal {
                 sys::take_terminal_back();
             }
-            return (Outcome::SpawnFailed(error), watchdog);
+            let program = plan.command[0].to_string_lossy().into_owned();
+            return (Err(SuperviseError::Spawn { program, error }), watchdog);
         }
     };
     watchdog.guard(group);
-    if take_terminal {
+    if child_has_terminal {
         // The child does the same before exec; doing it here too closes the
         // race where it reads the terminal before it is the foreground.
         sys::give_terminal_to(group);
     }
     report::event("started", &[("pid", &group)]);
     watch_child(group, events.clone());
-    let mut lost: Option<String> = None;
-    let status = loop {
-        let tick = match lease.stop_at() {
+    let mut run = Run {
+        backend,
+        plan,
+        watchdog,
+        lease,
+        events,
+        inbox,
+        group,
+        child_has_terminal,
+    };
+    let held = run.hold();
+    if run.child_has_terminal {
+        sys::take_terminal_back();
+    }
+    let outcome = match held {
+        Ok(status) => run.end_group(status),
+        Err(reason) => run.stop_after_loss(&reason),
+    };
+    (Ok(outcome), run.watchdog)
+}
+
+/// What the command is told of its slot: the plan's prefix and limit, the
+/// grant's fence, and what the store adds of its own.
+fn child_env(plan: &Plan, fence: u64, own: Vec<(String, String)>) -> Vec<(String, String)> {
+    let mut env = vec![
+        ("CONSEM_PREFIX".to_string(), plan.prefix.clone()),
+        ("CONSEM_LIMIT".to_string(), plan.limit.to_string()),
+        ("CONSEM_FENCE".to_string(), fence.to_string()),
+    ];
+    env.extend(own);
+    env
+}
+
+/// The command's run, from its start until its group is gone.
+struct Run<'a> {
+    backend: &'a dyn SlotBackend,
+    plan: &'a Plan,
+    watchdog: Watchdog,
+    lease: Lease,
+    /// For a watchdog started again, to say when it ends.
+    events: Sender<Event>,
+    inbox: &'a Receiver<Event>,
+    /// The command's process group (its pid).
+    group: u32,
+    /// The command's group is the terminal's foreground group.
+    child_has_terminal: bool,
+}
+
+impl Run<'_> {
+    /// Supervises the running command until it exits (its status) or the
+    /// slot is lost (why).
+    fn hold(&mut self) -> Result<ExitStatus, String> {
+        loop {
+            self.keep_watchdog()?;
+            let Some(event) = self.next_event() else {
+                continue;
+            };
+            match decide::running(event, self.child_has_terminal) {
+                Running::Exited(status) => {
+                    report::event("exited", &[("status", &status)]);
+                    return Ok(status);
+                }
+                Running::Renewed(until) => self.renew(until)?,
+                Running::ChildStopped(signal) => self.child_stopped(signal)?,
+                Running::StopTogether => self.stop_together()?,
+                Running::Forward(signal) => {
+                    report::event("forwarded", &[("signal", &signal), ("pid", &self.group)]);
+                    sys::signal_group(self.group, signal);
+                }
+                Running::Lost(reason) => return Err(reason),
+                Running::Nothing => {}
+            }
+        }
+    }
+
+    /// The next event, or what the clock tells: the lease reaching its
+    /// stop point, or a stop of the command the kernel did not report.
+    /// `None`: nothing happened within a look's period.
+    fn next_event(&self) -> Option<Event> {
+        let tick = match self.lease.stop_at() {
             Some(at) => STOP_POLL.min(at.saturating_duration_since(Instant::now())),
             None => STOP_POLL,
         };
-        // A watchdog ends by itself once the group is gone (the command
-        // exited and its exit is on its way here): only one gone while the
-        // group lives was killed.
-        if !watchdog.alive() && sys::group_exists(group) {
-            // Killed (by hand, the OOM killer): without it, a frozen or
-            // killed consem would leave the command running past the lease.
-            match Watchdog::start_guarding(
-                plan.kill_grace,
-                orphan_grace(backend, plan),
-                group,
-                lease.until,
-                tell_watchdog_ended(&events),
-            ) {
-                Ok(fresh) => {
-                    report::warning("the watchdog that guards the lease was gone; started another");
-                    watchdog = fresh;
-                }
-                Err(error) => {
-                    lost = Some(format!(
-                        "the watchdog that guards the lease is gone and cannot be started again ({error})"
-                    ));
-                    break None;
-                }
+        match self.inbox.recv_timeout(tick) {
+            Ok(event) => Some(event),
+            Err(RecvTimeoutError::Timeout) if self.lease.running_out() => {
+                Some(Event::Slot(SlotEvent::Lost(self.lease.why())))
             }
-        }
-        let event = match inbox.recv_timeout(tick) {
-            Err(RecvTimeoutError::Timeout) if lease.running_out() => {
-                Ok(Event::Slot(SlotEvent::Lost(lease.why())))
+            Err(RecvTimeoutError::Timeout) if sys::is_stopped(self.group) => {
+                Some(Event::ChildStopped(SIGSTOP))
             }
-            Err(RecvTimeoutError::Timeout) if sys::is_stopped(group) => {
-                Ok(Event::ChildStopped(SIGSTOP))
-            }
-            Err(RecvTimeoutError::Timeout) => continue,
-            other => other,
-        };
-        match event {
-            Ok(Event::ChildExited(status)) => {
-                report::event("exited", &[("status", &status)]);
-                break Some(status);
-            }
-            Ok(Event::Slot(SlotEvent::Leased { until })) => {
-                if let Err(why) = lease.renewed(until, &mut watchdog) {
-                    lost = Some(why);
-                    break None;
-                }
-            }
-            // A stop report can come late, after consem continued the child
-            // (or not at all, the kernel may drop it): only a child that is
-            // stopped now is news.
-            Ok(Event::ChildStopped(_)) if !sys::is_stopped(group) => {}
-            Ok(Event::ChildStopped(SIGTTIN | SIGTTOU))
-                if !take_terminal && sys::we_own_the_terminal() =>
-            {
-                report::event("terminal-to-command", &[("pid", &group)]);
-                take_terminal = true;
-                sys::give_terminal_to(group);
-                sys::signal_group(group, SIGCONT);
-            }
-            Ok(Event::ChildStopped(signal)) => {
-                // The command stopped (Ctrl-Z on its terminal, a read from a
-                // terminal it does not own): stop with it so that the shell
-                // sees the job stop, and carry on together when continued,
-                // if the slot is still ours.
-                report::event("stopped", &[("pid", &group), ("signal", &signal)]);
-                if take_terminal {
-                    sys::take_terminal_back();
-                }
-                sys::stop_self();
-                if lease.running_out() {
-                    lost = Some(lease.why());
-                    break None;
-                }
-                take_terminal = sys::we_own_the_terminal();
-                if take_terminal {
-                    sys::give_terminal_to(group);
-                }
-                report::event("continued", &[("pid", &group)]);
-                sys::signal_group(group, SIGCONT);
-            }
-            Ok(Event::Signal(SIGTSTP)) => {
-                // Ctrl-Z reached consem, not the command: stop the command
-                // first (SIGSTOP, which it cannot ignore), so that it never
-                // runs on while consem, and its session renewal, are stopped;
-                // continue it only if the slot is still ours.
-                report::event("stopped", &[("pid", &group), ("signal", &SIGTSTP)]);
-                sys::signal_group(group, SIGSTOP);
-                sys::stop_self();
-                if lease.running_out() {
-                    lost = Some(lease.why());
-                    break None;
-                }
-                report::event("continued", &[("pid", &group)]);
-                sys::signal_group(group, SIGCONT);
-            }
-            // A child that owns the terminal has it from the terminal.
-            Ok(Event::Signal(SIGWINCH)) if take_terminal => {}
-            Ok(Event::Signal(signal)) => {
-                report::event("forwarded", &[("signal", &signal), ("pid", &group)]);
-                sys::signal_group(group, signal);
-            }
-            Ok(Event::Slot(SlotEvent::Lost(reason))) => {
-                lost = Some(reason);
-                break None;
-            }
-            Ok(Event::Slot(SlotEvent::Failed(error))) => {
-                lost = Some(error.to_string());
-                break None;
-            }
-            Ok(Event::Slot(_)) => {}
-            // The loop's top replaces it if the group lives.
-            Ok(Event::WatchdogEnded) => {}
+            Err(RecvTimeoutError::Timeout) => None,
             Err(RecvTimeoutError::Disconnected) => unreachable!("the event loop holds a sender"),
-            Err(RecvTimeoutError::Timeout) => unreachable!("handled above"),
         }
-    };
-    if take_terminal {
-        sys::take_terminal_back();
     }
-    let outcome = match (status, lost) {
-        (_, Some(reason)) => {
-            report::error(&format!("slot lost: {reason}; stopping the command"));
-            if lease.ended() {
-                // Past its lease the command may not run a moment more (a
-                // stopped one is killed as it is, never continued).
-                sys::signal_group(group, SIGKILL);
+
+    /// A watchdog ends by itself once the group is gone (the command exited
+    /// and its exit is on its way here): one gone while the group lives was
+    /// killed (by hand, the OOM killer), and without it a frozen or killed
+    /// consem would leave the command running past the lease. It is
+    /// started again, or the slot counts as lost.
+    fn keep_watchdog(&mut self) -> Result<(), String> {
+        if self.watchdog.alive() || !sys::group_exists(self.group) {
+            return Ok(());
+        }
+        match Watchdog::start_guarding(
+            self.plan.kill_grace,
+            orphan_grace(self.backend, self.plan),
+            self.group,
+            self.lease.until,
+            tell_watchdog_ended(&self.events),
+        ) {
+            Ok(fresh) => {
+                report::warning("the watchdog that guards the lease was gone; started another");
+                self.watchdog = fresh;
+                Ok(())
             }
-            stop_child(group, plan.kill_grace, inbox);
-            Outcome::SlotLost
+            Err(error) => Err(format!(
+                "the watchdog that guards the lease is gone and cannot be started again ({error})"
+            )),
         }
-        (Some(status), None) => end_group(group, plan, &mut lease, &mut watchdog, inbox, status),
-        (None, None) => unreachable!("the loop ends with a status or a loss"),
-    };
-    (outcome, watchdog)
-}
+    }
 
-/// The command exited by itself. The slot covers its whole process group:
-/// what it left running in the group is stopped (or, with `--wait-group`,
-/// waited for) before the slot is released; and a slot that turned out to
-/// be lost meanwhile is no success, whatever the command's status.
-fn end_group(
-    group: u32,
-    plan: &Plan,
-    lease: &mut Lease,
-    watchdog: &mut Watchdog,
-    inbox: &Receiver<Event>,
-    status: ExitStatus,
-) -> Outcome {
-    let mut lost = None;
-    if sys::group_exists(group) {
-        if plan.wait_group {
-            report::event("waiting-for-group", &[("pid", &group)]);
-            lost = wait_for_group(group, lease, watchdog, inbox);
-        } else {
-            report::event("stopping-group", &[("pid", &group), ("signal", &SIGTERM)]);
-        }
-        // Renewals go on while the leftovers have their grace; taken only
-        // afterwards, one confirmed in time would find the lease it
-        // replaces past its stop point.
-        stop_group(group, plan.kill_grace, |within| {
-            if let Ok(event) = inbox.recv_timeout(within) {
-                note_slot_event(event, lease, watchdog, &mut lost);
+    /// Takes a renewal, and tells the watchdog; `Err`: why the slot counts
+    /// as lost.
+    fn renew(&mut self, until: Instant) -> Result<(), String> {
+        self.lease.renew(until)?;
+        self.watchdog.set_deadline(self.lease.until);
+        Ok(())
+    }
+
+    /// The command reported a stop.
+    fn child_stopped(&mut self, signal: i32) -> Result<(), String> {
+        match decide::on_child_stop(
+            signal,
+            sys::is_stopped(self.group),
+            self.child_has_terminal,
+            sys::we_own_the_terminal(),
+        ) {
+            OnChildStop::Stale => Ok(()),
+            OnChildStop::GiveTerminal => {
+                report::event("terminal-to-command", &[("pid", &self.group)]);
+                self.child_has_terminal = true;
+                sys::give_terminal_to(self.group);
+                sys::signal_group(self.group, SIGCONT);
+                Ok(())
             }
-        });
-    }
-    // What arrived while the command was ending: a loss means the command
-    // may have run without the slot.
-    while let Ok(event) = inbox.try_recv() {
-        note_slot_event(event, lease, watchdog, &mut lost);
-    }
-    // Past the lease's stop point the watchdog may have stopped the
-    // command: its status is not its own.
-    if lost.is_none() && lease.running_out() {
-        lost = Some(lease.why());
-    }
-    match lost {
-        Some(reason) => {
-            report::error(&format!(
-                "slot lost while the command ran: {reason}; its exit ({status}) is not reported as its own"
-            ));
-            Outcome::SlotLost
+            OnChildStop::StopWithIt => self.stop_with_child(signal),
         }
-        None => Outcome::ChildExited(status),
     }
-}
 
-/// Takes what the store said while the command's group was ending; the
-/// first reason the slot was lost is kept.
-fn note_slot_event(
-    event: Event,
-    lease: &mut Lease,
-    watchdog: &mut Watchdog,
-    lost: &mut Option<String>,
-) {
-    let why = match event {
-        Event::Slot(SlotEvent::Lost(reason)) => Some(reason),
-        Event::Slot(SlotEvent::Failed(error)) => Some(error.to_string()),
-        Event::Slot(SlotEvent::Leased { until }) => lease.renewed(until, watchdog).err(),
-        _ => None,
-    };
-    if lost.is_none() {
-        *lost = why;
-    }
-}
-
-/// `--wait-group`: keeps the slot, and watches it, until the group is
-/// empty. Returns why the slot was lost, if it was.
-fn wait_for_group(
-    group: u32,
-    lease: &mut Lease,
-    watchdog: &mut Watchdog,
-    inbox: &Receiver<Event>,
-) -> Option<String> {
-    while sys::group_exists(group) {
-        if lease.running_out() {
-            return Some(lease.why());
+    /// The command stopped (Ctrl-Z on its terminal, a read from a terminal
+    /// it does not own): stop with it so that the shell sees the job stop,
+    /// and carry on together when continued, if the slot is still ours.
+    fn stop_with_child(&mut self, signal: i32) -> Result<(), String> {
+        report::event("stopped", &[("pid", &self.group), ("signal", &signal)]);
+        if self.child_has_terminal {
+            sys::take_terminal_back();
         }
-        match inbox.recv_timeout(GROUP_POLL) {
-            Ok(Event::Slot(SlotEvent::Lost(reason))) => return Some(reason),
-            Ok(Event::Slot(SlotEvent::Failed(error))) => return Some(error.to_string()),
-            Ok(Event::Slot(SlotEvent::Leased { until })) => {
-                if let Err(why) = lease.renewed(until, watchdog) {
-                    return Some(why);
+        sys::stop_self();
+        if self.lease.running_out() {
+            return Err(self.lease.why());
+        }
+        self.child_has_terminal = sys::we_own_the_terminal();
+        if self.child_has_terminal {
+            sys::give_terminal_to(self.group);
+        }
+        report::event("continued", &[("pid", &self.group)]);
+        sys::signal_group(self.group, SIGCONT);
+        Ok(())
+    }
+
+    /// Ctrl-Z reached consem, not the command: stop the command first
+    /// (SIGSTOP, which it cannot ignore), so that it never runs on while
+    /// consem, and its session renewal, are stopped; continue it only if
+    /// the slot is still ours.
+    fn stop_together(&mut self) -> Result<(), String> {
+        report::event("stopped", &[("pid", &self.group), ("signal", &SIGTSTP)]);
+        sys::signal_group(self.group, SIGSTOP);
+        sys::stop_self();
+        if self.lease.running_out() {
+            return Err(self.lease.why());
+        }
+        report::event("continued", &[("pid", &self.group)]);
+        sys::signal_group(self.group, SIGCONT);
+        Ok(())
+    }
+
+    /// The slot was lost while the command ran: stop its whole group.
+    fn stop_after_loss(&self, reason: &str) -> Outcome {
+        report::error(&format!("slot lost: {reason}; stopping the command"));
+        if self.lease.ended() {
+            // Past its lease the command may not run a moment more (a
+            // stopped one is killed as it is, never continued).
+            sys::signal_group(self.group, SIGKILL);
+        }
+        stop_child(self.group, self.plan.kill_grace, self.inbox);
+        Outcome::SlotLost
+    }
+
+    /// The command exited by itself. The slot covers its whole process
+    /// group: what it left running in the group is stopped (or, with
+    /// `--wait-group`, waited for) before the slot is released; and a slot
+    /// that turned out to be lost meanwhile is no success, whatever the
+    /// command's status.
+    fn end_group(&mut self, status: ExitStatus) -> Outcome {
+        let mut lost = None;
+        if sys::group_exists(self.group) {
+            if self.plan.wait_group {
+                report::event("waiting-for-group", &[("pid", &self.group)]);
+                lost = self.wait_for_group();
+            } else {
+                report::event(
+                    "stopping-group",
+                    &[("pid", &self.group), ("signal", &SIGTERM)],
+                );
+            }
+            // Renewals go on while the leftovers have their grace; taken only
+            // afterwards, one confirmed in time would find the lease it
+            // replaces past its stop point.
+            stop_group(self.group, self.plan.kill_grace, |within| {
+                if let Ok(event) = self.inbox.recv_timeout(within) {
+                    self.note_slot_event(event, &mut lost);
                 }
-            }
-            Ok(Event::Signal(signal)) if signal != SIGTSTP => {
-                sys::signal_group(group, signal);
-            }
-            _ => {}
+            });
+        }
+        // What arrived while the command was ending: a loss means the command
+        // may have run without the slot.
+        while let Ok(event) = self.inbox.try_recv() {
+            self.note_slot_event(event, &mut lost);
+        }
+        // Past the lease's stop point the watchdog may have stopped the
+        // command: its status is not its own.
+        if lost.is_none() && self.lease.running_out() {
+            lost = Some(self.lease.why());
+        }
+        match lost {
+            Some(reason) => lost_after_exit(&reason, status),
+            None => Outcome::ChildExited(status),
         }
     }
-    None
+
+    /// Takes what the store said while the command's group was ending; the
+    /// first reason the slot was lost is kept.
+    fn note_slot_event(&mut self, event: Event, lost: &mut Option<String>) {
+        let why = match decide::ending(event) {
+            Ending::Lost(reason) => Some(reason),
+            Ending::Renewed(until) => self.renew(until).err(),
+            Ending::Forward(_) | Ending::Nothing => None,
+        };
+        if lost.is_none() {
+            *lost = why;
+        }
+    }
+
+    /// `--wait-group`: keeps the slot, and watches it, until the group is
+    /// empty. Returns why the slot was lost, if it was.
+    fn wait_for_group(&mut self) -> Option<String> {
+        while sys::group_exists(self.group) {
+            if self.lease.running_out() {
+                return Some(self.lease.why());
+            }
+            let Ok(event) = self.inbox.recv_timeout(GROUP_POLL) else {
+                continue;
+            };
+            match decide::ending(event) {
+                Ending::Lost(reason) => return Some(reason),
+                Ending::Renewed(until) => {
+                    if let Err(why) = self.renew(until) {
+                        return Some(why);
+                    }
+                }
+                Ending::Forward(signal) => {
+                    sys::signal_group(self.group, signal);
+                }
+                Ending::Nothing => {}
+            }
+        }
+        None
+    }
+}
+
+/// The command exited, but the slot was lost meanwhile: it may have run
+/// without the slot, so its status is not reported as its own.
+fn lost_after_exit(reason: &str, status: ExitStatus) -> Outcome {
+    report::error(&format!(
+        "slot lost while the command ran: {reason}; its exit ({status}) is not reported as its own"
+    ));
+    Outcome::SlotLost
 }
 
 /// Stops what is left of a group whose leader has exited: SIGTERM, then
@@ -775,26 +846,5 @@ fn leave(backend: &dyn SlotBackend, budget: Duration) -> Option<String> {
             report::warning(&format!("could not clean up completely: {problems}"));
             None
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_short_timeout_still_waits_for_the_first_answer() {
-        let started = Instant::now();
-        let short = Some(started + Duration::from_millis(1));
-        assert_eq!(
-            wait_deadline(short, started, false),
-            Some(started + FIRST_ATTEMPT_BUDGET)
-        );
-        // Once every slot is known to be taken, the timeout counts as given.
-        assert_eq!(wait_deadline(short, started, true), short);
-        // A timeout longer than the first attempt's budget is kept as it is.
-        let long = Some(started + Duration::from_secs(60));
-        assert_eq!(wait_deadline(long, started, false), long);
-        assert_eq!(wait_deadline(None, started, false), None);
     }
 }

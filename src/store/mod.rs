@@ -267,8 +267,12 @@ pub trait SlotBackend: Send + Sync {
     /// down, saying what it could not clean up.
     fn release(&self, budget: std::time::Duration) -> Result<Released, String>;
 
-    /// Variables that tell the child about its slot.
-    fn child_env(&self) -> Vec<(String, String)>;
+    /// Variables of the store's own for the child, as the store's own
+    /// tools set them for scripts written for those; the supervisor sets
+    /// `CONSEM_PREFIX`, `CONSEM_LIMIT` and `CONSEM_FENCE` itself.
+    fn own_child_env(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
 
     /// The command has started (or could not be): work of the slot that
     /// need not come first (a write for the waiter behind, a watch) waits

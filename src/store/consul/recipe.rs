@@ -954,19 +954,14 @@ impl SlotBackend for ConsulSemaphore {
         self.changed.notify_all();
     }
 
-    fn child_env(&self) -> Vec<(String, String)> {
+    fn own_child_env(&self) -> Vec<(String, String)> {
         let shared = self.shared();
         vec![
-            ("CONSEM_PREFIX".into(), self.settings.prefix.clone()),
-            ("CONSEM_LIMIT".into(), self.settings.limit.to_string()),
             (
                 "CONSEM_SESSION".into(),
                 shared.session.clone().unwrap_or_default(),
             ),
-            (
-                "CONSEM_FENCE".into(),
-                shared.fence.unwrap_or_default().to_string(),
-            ),
+            // For scripts written for `consul lock`.
             ("CONSUL_LOCK_HELD".into(), "true".into()),
         ]
     }

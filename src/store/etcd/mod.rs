@@ -916,7 +916,7 @@ impl SlotBackend for EtcdSemaphore {
         Ok(released)
     }
 
-    fn child_env(&self) -> Vec<(String, String)> {
+    fn own_child_env(&self) -> Vec<(String, String)> {
         let shared = self.shared();
         let fence = shared.fence.unwrap_or_default().to_string();
         let key = shared
@@ -924,9 +924,6 @@ impl SlotBackend for EtcdSemaphore {
             .map(|lease| String::from_utf8_lossy(&self.key(lease)).into_owned())
             .unwrap_or_default();
         vec![
-            ("CONSEM_PREFIX".into(), self.prefix.clone()),
-            ("CONSEM_LIMIT".into(), self.limit.to_string()),
-            ("CONSEM_FENCE".into(), fence.clone()),
             // As `etcdctl lock` sets them for its command.
             ("ETCD_LOCK_KEY".into(), key),
             ("ETCD_LOCK_REV".into(), fence),

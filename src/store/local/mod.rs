@@ -106,7 +106,6 @@ struct Shared {
     /// Read end of our wake FIFO (made when we join).
     wake_fifo: Option<Arc<WakeFifo>>,
     holding: bool,
-    fence: Option<u64>,
 }
 
 /// A semaphore at one prefix on this host, for one run.
@@ -241,7 +240,6 @@ impl LocalSemaphore {
                     }
                     let mut shared = self.shared();
                     shared.holding = true;
-                    shared.fence = Some(state.fence);
                     // Wakes the waiter blocked on our queue file.
                     self.place.remove_queue_file(ticket);
                     shared.queue_file = None;
@@ -380,18 +378,6 @@ impl SlotBackend for LocalSemaphore {
 
     fn frees_slot_at_death(&self) -> bool {
         STORE.frees_slot_at_death
-    }
-
-    fn child_env(&self) -> Vec<(String, String)> {
-        let shared = self.shared();
-        vec![
-            ("CONSEM_PREFIX".into(), self.prefix.clone()),
-            ("CONSEM_LIMIT".into(), self.limit.to_string()),
-            (
-                "CONSEM_FENCE".into(),
-                shared.fence.unwrap_or_default().to_string(),
-            ),
-        ]
     }
 }
 

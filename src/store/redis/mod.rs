@@ -812,18 +812,6 @@ impl SlotBackend for RedisSemaphore {
         })
     }
 
-    fn child_env(&self) -> Vec<(String, String)> {
-        let shared = self.shared();
-        vec![
-            ("CONSEM_PREFIX".into(), self.prefix.clone()),
-            ("CONSEM_LIMIT".into(), self.limit.to_string()),
-            (
-                "CONSEM_FENCE".into(),
-                shared.fence.unwrap_or_default().to_string(),
-            ),
-        ]
-    }
-
     fn frees_slot_at_death(&self) -> bool {
         STORE.frees_slot_at_death
     }
