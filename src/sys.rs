@@ -133,25 +133,120 @@ pub fn spawn_child(
     env: &[(String, String)],
     terminal: Option<i32>,
 ) -> io::Result<u32> {
-    use std::ffi::CString;
     use std::os::unix::ffi::OsStrExt as _;
     use std::sync::atomic::{AtomicI32, Ordering};
 
-    /// What the child needs, prepared here: it must not allocate.
-    struct Setup {
-        file: *const libc::c_char,
-        argv: Vec<*const libc::c_char>,
-        envp: Vec<*const libc::c_char>,
-        parent: libc::pid_t,
+    let args = vfork::c_strings(argv.iter().map(|arg| arg.as_bytes().to_vec()))?;
+    let vars = vfork::c_strings(vfork::environment(env))?;
+    let mut setup = vfork::Setup {
+        file: args[0].as_ptr(),
+        argv: vfork::null_terminated(&args),
+        envp: vfork::null_terminated(&vars),
+        // SAFETY: getpid cannot fail.
+        parent: unsafe { libc::getpid() },
+        terminal: terminal.unwrap_or(-1),
+        closed: CLOSED_AT_START.load(Ordering::Relaxed),
+        last_signal: libc::SIGRTMAX(),
+        // SAFETY: a sigset_t is plain data; pthread_sigmask fills it.
+        mask: unsafe { std::mem::zeroed() },
+        error: AtomicI32::new(0),
+    };
+    let pid = vfork::clone_and_exec(&mut setup, args.len())?;
+    match setup.error.load(Ordering::Relaxed) {
+        0 => Ok(pid),
+        errno => {
+            // The child exited without exec: reap it.
+            let _ = wait_child(pid);
+            Err(io::Error::from_raw_os_error(errno))
+        }
+    }
+}
+
+/// Linux: the child is started as glibc's `posix_spawn` starts it, a
+/// `clone(CLONE_VM | CLONE_VFORK)` that shares consem's memory until exec
+/// (a fork would copy consem's page tables only for exec to throw them
+/// away, which costs about half a millisecond).
+#[cfg(target_os = "linux")]
+mod vfork {
+    use std::ffi::CString;
+    use std::io;
+    use std::sync::atomic::{AtomicI32, Ordering};
+
+    /// What the child needs, prepared by the parent: it must not allocate.
+    pub struct Setup {
+        pub file: *const libc::c_char,
+        pub argv: Vec<*const libc::c_char>,
+        pub envp: Vec<*const libc::c_char>,
+        pub parent: libc::pid_t,
         /// The terminal to take as the foreground group, if any.
-        terminal: libc::c_int,
+        pub terminal: libc::c_int,
         /// Standard descriptors consem's parent left closed (bit per fd).
-        closed: u8,
-        last_signal: libc::c_int,
+        pub closed: u8,
+        pub last_signal: libc::c_int,
         /// The signal mask to run the command with: consem's own.
-        mask: libc::sigset_t,
+        pub mask: libc::sigset_t,
         /// errno of the step that failed, 0 if exec succeeded.
-        error: AtomicI32,
+        pub error: AtomicI32,
+    }
+
+    pub fn c_strings(strings: impl Iterator<Item = Vec<u8>>) -> io::Result<Vec<CString>> {
+        strings
+            .map(|bytes| {
+                CString::new(bytes).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
+            })
+            .collect()
+    }
+
+    /// consem's environment with `env` in place of the variables it names.
+    pub fn environment(env: &[(String, String)]) -> impl Iterator<Item = Vec<u8>> + '_ {
+        use std::os::unix::ffi::OsStrExt as _;
+        std::env::vars_os()
+            .filter(|(name, _)| !env.iter().any(|(ours, _)| name == ours.as_str()))
+            .map(|(name, value)| [name.as_bytes(), b"=", value.as_bytes()].concat())
+            .chain(
+                env.iter()
+                    .map(|(name, value)| format!("{name}={value}").into_bytes()),
+            )
+    }
+
+    pub fn null_terminated(strings: &[CString]) -> Vec<*const libc::c_char> {
+        let mut pointers: Vec<_> = strings.iter().map(|s| s.as_ptr()).collect();
+        pointers.push(std::ptr::null());
+        pointers
+    }
+
+    /// Starts the child with every signal blocked in this thread (so that
+    /// none reaches it before it resets the handlers), and returns once it
+    /// has exec'd or exited: its pid.
+    pub fn clone_and_exec(setup: &mut Setup, argc: usize) -> io::Result<u32> {
+        // The child's stack, sized as glibc's posix_spawn sizes it: execvp
+        // may copy argv onto it (a script without #!) next to a path buffer.
+        let mut stack = Vec::<u8>::with_capacity(64 * 1024 + argc * size_of::<usize>());
+        let top = (stack.as_mut_ptr() as usize + stack.capacity()) & !15;
+        // SAFETY: fills a local sigset_t and saves this thread's mask.
+        unsafe {
+            let mut all: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut all);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut setup.mask);
+        }
+        // SAFETY: CLONE_VM | CLONE_VFORK: the child shares this memory and
+        // this thread waits until it has exec'd or exited, so `setup` and
+        // `stack` outlive its use of them.
+        let pid = unsafe {
+            libc::clone(
+                child,
+                top as *mut libc::c_void,
+                libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+                std::ptr::addr_of_mut!(*setup).cast(),
+            )
+        };
+        let clone_error = io::Error::last_os_error();
+        // SAFETY: restores this thread's own mask, saved above.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &setup.mask, std::ptr::null_mut()) };
+        if pid < 0 {
+            return Err(clone_error);
+        }
+        Ok(pid.unsigned_abs())
     }
 
     /// Runs in the child, in consem's memory, while the spawning thread
@@ -175,25 +270,7 @@ pub fn spawn_child(
                     // so this cannot stop us.
                     libc::tcsetpgrp(setup.terminal, libc::getpid());
                 }
-                // A handler would run here, in consem's memory: back to the
-                // defaults before signals are let in. consem ignores SIGPIPE
-                // (Rust's runtime) and SIGTTOU; the command gets the usual.
-                for signal in 1..=setup.last_signal {
-                    let mut action: libc::sigaction = std::mem::zeroed();
-                    let handled = libc::sigaction(signal, std::ptr::null(), &mut action) == 0
-                        && action.sa_sigaction != libc::SIG_DFL
-                        && (action.sa_sigaction != libc::SIG_IGN
-                            || signal == libc::SIGPIPE
-                            || signal == libc::SIGTTOU);
-                    if handled {
-                        // Ignoring first discards one that is pending (a
-                        // Ctrl-Z meant for consem would otherwise stop the
-                        // child before exec, with consem stuck in clone);
-                        // consem got it too and forwards it.
-                        libc::signal(signal, libc::SIG_IGN);
-                        libc::signal(signal, libc::SIG_DFL);
-                    }
-                }
+                default_signal_actions(setup.last_signal);
                 for fd in 0..3 {
                     if setup.closed & (1 << fd) != 0 {
                         libc::close(fd);
@@ -210,75 +287,30 @@ pub fn spawn_child(
         }
     }
 
-    let c_string = |bytes: Vec<u8>| {
-        CString::new(bytes).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
-    };
-    let args = argv
-        .iter()
-        .map(|arg| c_string(arg.as_bytes().to_vec()))
-        .collect::<io::Result<Vec<_>>>()?;
-    let vars = std::env::vars_os()
-        .filter(|(name, _)| !env.iter().any(|(ours, _)| name == ours.as_str()))
-        .map(|(name, value)| [name.as_bytes(), b"=", value.as_bytes()].concat())
-        .chain(
-            env.iter()
-                .map(|(name, value)| format!("{name}={value}").into_bytes()),
-        )
-        .map(c_string)
-        .collect::<io::Result<Vec<_>>>()?;
-    let null_terminated = |strings: &[CString]| {
-        let mut pointers: Vec<_> = strings.iter().map(|s| s.as_ptr()).collect();
-        pointers.push(std::ptr::null());
-        pointers
-    };
-    let mut setup = Setup {
-        file: args[0].as_ptr(),
-        argv: null_terminated(&args),
-        envp: null_terminated(&vars),
-        // SAFETY: getpid cannot fail.
-        parent: unsafe { libc::getpid() },
-        terminal: terminal.unwrap_or(-1),
-        closed: CLOSED_AT_START.load(std::sync::atomic::Ordering::Relaxed),
-        last_signal: libc::SIGRTMAX(),
-        // SAFETY: a sigset_t is plain data; pthread_sigmask fills it below.
-        mask: unsafe { std::mem::zeroed() },
-        error: AtomicI32::new(0),
-    };
-    // The child's stack, sized as glibc's posix_spawn sizes it: execvp may
-    // copy argv onto it (a script without #!) next to a path buffer.
-    let mut stack = Vec::<u8>::with_capacity(64 * 1024 + args.len() * size_of::<usize>());
-    let top = (stack.as_mut_ptr() as usize + stack.capacity()) & !15;
-    // SAFETY: fills a local sigset_t; blocks every signal in this thread so
-    // that none reaches the child before it resets the handlers.
-    unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut setup.mask);
-    }
-    // SAFETY: CLONE_VM | CLONE_VFORK: the child shares this memory and this
-    // thread waits until it has exec'd or exited, so `setup` and `stack`
-    // outlive its use of them. A fork would copy consem's page tables only
-    // for exec to throw them away, which costs about half a millisecond.
-    let pid = unsafe {
-        libc::clone(
-            child,
-            top as *mut libc::c_void,
-            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
-            std::ptr::addr_of_mut!(setup).cast(),
-        )
-    };
-    let clone_error = io::Error::last_os_error();
-    // SAFETY: restores this thread's own mask, saved above.
-    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &setup.mask, std::ptr::null_mut()) };
-    if pid < 0 {
-        return Err(clone_error);
-    }
-    match setup.error.load(Ordering::Relaxed) {
-        0 => Ok(pid.unsigned_abs()),
-        errno => {
-            // The child exited without exec: reap it.
-            let _ = wait_child(pid.unsigned_abs());
-            Err(io::Error::from_raw_os_error(errno))
+    /// A handler would run in the child, in consem's memory: back to the
+    /// defaults before signals are let in. consem ignores SIGPIPE (Rust's
+    /// runtime) and SIGTTOU; the command gets the usual. Other ignored
+    /// signals were left so by consem's parent, and stay ignored.
+    ///
+    /// # Safety
+    /// Only in the child, before exec (sigaction and signal are
+    /// async-signal-safe).
+    unsafe fn default_signal_actions(last_signal: libc::c_int) {
+        for signal in 1..=last_signal {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            let handled = libc::sigaction(signal, std::ptr::null(), &mut action) == 0
+                && action.sa_sigaction != libc::SIG_DFL
+                && (action.sa_sigaction != libc::SIG_IGN
+                    || signal == libc::SIGPIPE
+                    || signal == libc::SIGTTOU);
+            if handled {
+                // Ignoring first discards one that is pending (a Ctrl-Z
+                // meant for consem would otherwise stop the child before
+                // exec, with consem stuck in clone); consem got it too and
+                // forwards it.
+                libc::signal(signal, libc::SIG_IGN);
+                libc::signal(signal, libc::SIG_DFL);
+            }
         }
     }
 }

@@ -219,103 +219,189 @@ impl Watchdog {
 /// The watchdog process. Only system calls from here on: this is a fork of
 /// a multi-threaded process.
 fn watch(pipe: libc::c_int, grace: u64, orphan_grace: u64) -> ! {
-    // SAFETY (whole function): async-signal-safe system calls on values
-    // this process owns.
-    unsafe {
-        // A session of its own: no terminal, no job-control signals, and
-        // no signal meant for consem's or the command's group.
-        libc::setsid();
-        // A name of its own: `killall consem` ends consem and leaves the
-        // watchdog to take the command along; `ps` tells the two apart.
-        #[cfg(target_os = "linux")]
-        libc::prctl(libc::PR_SET_NAME, c"consem-watchdog".as_ptr());
-        for signal in [
-            libc::SIGINT,
-            libc::SIGHUP,
-            libc::SIGQUIT,
-            libc::SIGTSTP,
-            libc::SIGTTIN,
-            libc::SIGTTOU,
-            libc::SIGPIPE,
-            libc::SIGUSR1,
-            libc::SIGUSR2,
-        ] {
-            libc::signal(signal, libc::SIG_IGN);
+    // SAFETY: this process is the watchdog, and `pipe` its only descriptor
+    // to keep.
+    unsafe { detach(pipe) };
+    let mut guard = Guard {
+        group: 0,
+        deadline: NO_DEADLINE,
+        grace,
+        termed: false,
+    };
+    let mut pipe_open = true;
+    loop {
+        let now = now_ns();
+        if guard.group > 0 {
+            if !group_exists(guard.group) {
+                exit_now();
+            }
+            match guard.due(now) {
+                Due::Kill => signal_group(guard.group, libc::SIGKILL),
+                Due::Term => {
+                    signal_group(guard.group, libc::SIGTERM);
+                    signal_group(guard.group, libc::SIGCONT);
+                    guard.termed = true;
+                }
+                Due::Nothing => {}
+            }
+        } else if !pipe_open {
+            // consem went before the command started.
+            exit_now();
         }
-        libc::signal(libc::SIGTERM, libc::SIG_DFL);
-        let empty: libc::sigset_t = std::mem::zeroed();
-        libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
-        close_all_but(pipe);
-
-        let mut group: libc::pid_t = 0;
-        let mut deadline = NO_DEADLINE;
-        let mut termed = false;
-        let mut pipe_open = true;
-        loop {
-            let now = now_ns();
-            if group > 0 {
-                if libc::killpg(group, 0) != 0
-                    && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
-                {
-                    libc::_exit(0);
-                }
-                if now >= deadline {
-                    libc::killpg(group, libc::SIGKILL);
-                } else if !termed && now >= deadline.saturating_sub(grace) {
-                    libc::killpg(group, libc::SIGTERM);
-                    libc::killpg(group, libc::SIGCONT);
-                    termed = true;
-                }
-            } else if !pipe_open {
-                // consem went before the command started.
-                libc::_exit(0);
+        match next_message(pipe_open.then_some(pipe), guard.next_look(now)) {
+            Some(Message::Told(SET_GROUP, value)) => guard.group = value as libc::pid_t,
+            Some(Message::Told(SET_DEADLINE, value)) => {
+                guard.deadline = value;
+                guard.termed = false;
             }
-            let mut next = GROUP_CHECK_NS;
-            if group > 0 && now < deadline {
-                let term_at = deadline.saturating_sub(grace);
-                let at = if termed || now >= term_at {
-                    deadline
-                } else {
-                    term_at
-                };
-                next = next.min(at.saturating_sub(now).max(1_000_000));
-            }
-            let mut poll = libc::pollfd {
-                fd: if pipe_open { pipe } else { -1 },
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            let millis = (next / 1_000_000).max(1) as libc::c_int;
-            if libc::poll(&mut poll, 1, millis) <= 0 || poll.revents == 0 {
-                continue;
-            }
-            let mut message = [0u8; 16];
-            let read = libc::read(pipe, message.as_mut_ptr().cast(), message.len());
-            if read == 16 {
-                let mut what = [0u8; 8];
-                let mut value = [0u8; 8];
-                what.copy_from_slice(&message[..8]);
-                value.copy_from_slice(&message[8..]);
-                let value = u64::from_ne_bytes(value);
-                match u64::from_ne_bytes(what) {
-                    SET_GROUP => group = value as libc::pid_t,
-                    SET_DEADLINE => {
-                        deadline = value;
-                        termed = false;
-                    }
-                    DONE => libc::_exit(0),
-                    _ => {}
-                }
-            } else if read == 0
-                || (read < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINTR))
-            {
+            Some(Message::Told(DONE, _)) => exit_now(),
+            Some(Message::Told(..)) | None => {}
+            Some(Message::Closed) => {
                 // consem is gone without a word: the slot is about to go
                 // (or has gone) with it.
                 pipe_open = false;
-                deadline = deadline.min(now.saturating_add(orphan_grace));
+                guard.deadline = guard.deadline.min(now.saturating_add(orphan_grace));
             }
         }
     }
+}
+
+/// What the watchdog knows of the group it guards (nanoseconds on [`CLOCK`]).
+struct Guard {
+    /// The command's process group; 0 until consem says.
+    group: libc::pid_t,
+    deadline: u64,
+    grace: u64,
+    /// SIGTERM was sent for the current deadline.
+    termed: bool,
+}
+
+/// What the group is due at a given moment.
+#[derive(Debug, PartialEq, Eq)]
+enum Due {
+    Kill,
+    Term,
+    Nothing,
+}
+
+impl Guard {
+    /// SIGKILL at the deadline, SIGTERM (once) a grace before it.
+    fn due(&self, now: u64) -> Due {
+        if now >= self.deadline {
+            Due::Kill
+        } else if !self.termed && now >= self.deadline.saturating_sub(self.grace) {
+            Due::Term
+        } else {
+            Due::Nothing
+        }
+    }
+
+    /// How long to wait for consem before looking again: the group's
+    /// check period, or less when the next signal is due sooner (1 ms at
+    /// least).
+    fn next_look(&self, now: u64) -> u64 {
+        if self.group <= 0 || now >= self.deadline {
+            return GROUP_CHECK_NS;
+        }
+        let term_at = self.deadline.saturating_sub(self.grace);
+        let at = if self.termed || now >= term_at {
+            self.deadline
+        } else {
+            term_at
+        };
+        GROUP_CHECK_NS.min(at.saturating_sub(now).max(1_000_000))
+    }
+}
+
+/// What came from consem.
+enum Message {
+    /// A message: what, and its value.
+    Told(u64, u64),
+    /// The pipe closed: consem is gone.
+    Closed,
+}
+
+/// Waits up to `within_ns` for a message on `pipe` (`None`: no pipe any
+/// more, only the wait); `None` if none came.
+fn next_message(pipe: Option<libc::c_int>, within_ns: u64) -> Option<Message> {
+    let mut poll = libc::pollfd {
+        fd: pipe.unwrap_or(-1),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let millis = (within_ns / 1_000_000).max(1) as libc::c_int;
+    // SAFETY: poll and read write into locals we own.
+    unsafe {
+        if libc::poll(&mut poll, 1, millis) <= 0 || poll.revents == 0 {
+            return None;
+        }
+        let mut message = [0u8; 16];
+        let read = libc::read(poll.fd, message.as_mut_ptr().cast(), message.len());
+        if read == 16 {
+            let mut what = [0u8; 8];
+            let mut value = [0u8; 8];
+            what.copy_from_slice(&message[..8]);
+            value.copy_from_slice(&message[8..]);
+            Some(Message::Told(
+                u64::from_ne_bytes(what),
+                u64::from_ne_bytes(value),
+            ))
+        } else if read == 0
+            || (read < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINTR))
+        {
+            Some(Message::Closed)
+        } else {
+            None
+        }
+    }
+}
+
+/// True until every process of the group is gone.
+fn group_exists(group: libc::pid_t) -> bool {
+    // SAFETY: signal 0 only checks.
+    let found = unsafe { libc::killpg(group, 0) } == 0;
+    found || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
+fn signal_group(group: libc::pid_t, signal: libc::c_int) {
+    // SAFETY: killpg has no memory effects.
+    unsafe { libc::killpg(group, signal) };
+}
+
+fn exit_now() -> ! {
+    // SAFETY: ends this process without running anything of consem's.
+    unsafe { libc::_exit(0) }
+}
+
+/// Leaves consem's session, signals and descriptors behind.
+///
+/// # Safety
+/// Only in the watchdog process: async-signal-safe system calls.
+unsafe fn detach(pipe: libc::c_int) {
+    // A session of its own: no terminal, no job-control signals, and no
+    // signal meant for consem's or the command's group.
+    libc::setsid();
+    // A name of its own: `killall consem` ends consem and leaves the
+    // watchdog to take the command along; `ps` tells the two apart.
+    #[cfg(target_os = "linux")]
+    libc::prctl(libc::PR_SET_NAME, c"consem-watchdog".as_ptr());
+    for signal in [
+        libc::SIGINT,
+        libc::SIGHUP,
+        libc::SIGQUIT,
+        libc::SIGTSTP,
+        libc::SIGTTIN,
+        libc::SIGTTOU,
+        libc::SIGPIPE,
+        libc::SIGUSR1,
+        libc::SIGUSR2,
+    ] {
+        libc::signal(signal, libc::SIG_IGN);
+    }
+    libc::signal(libc::SIGTERM, libc::SIG_DFL);
+    let empty: libc::sigset_t = std::mem::zeroed();
+    libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+    close_all_but(pipe);
 }
 
 /// Closes every descriptor but `keep`: the watchdog must hold no lock file
@@ -351,5 +437,69 @@ unsafe fn close_all_but(keep: libc::c_int) {
         if fd != keep {
             libc::close(fd);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SECOND: u64 = 1_000_000_000;
+
+    fn guard(deadline: u64, termed: bool) -> Guard {
+        Guard {
+            group: 42,
+            deadline,
+            grace: 5 * SECOND,
+            termed,
+        }
+    }
+
+    #[test]
+    fn the_group_gets_sigterm_a_grace_before_the_deadline_and_sigkill_at_it() {
+        let held = guard(100 * SECOND, false);
+        assert_eq!(held.due(94 * SECOND), Due::Nothing);
+        assert_eq!(held.due(95 * SECOND), Due::Term);
+        assert_eq!(guard(100 * SECOND, true).due(99 * SECOND), Due::Nothing);
+        assert_eq!(held.due(100 * SECOND), Due::Kill);
+        // A grace longer than the time since the clock's start.
+        assert_eq!(guard(SECOND, false).due(0), Due::Term);
+        assert_eq!(guard(NO_DEADLINE, false).due(1_000_000 * SECOND), Due::Nothing);
+    }
+
+    #[test]
+    fn the_watchdog_wakes_for_the_next_signal_due() {
+        let held = guard(100 * SECOND, false);
+        // Far off: the group's check period.
+        assert_eq!(held.next_look(10 * SECOND), GROUP_CHECK_NS);
+        // SIGTERM due in 100 ms.
+        assert_eq!(held.next_look(94_900_000_000), 100_000_000);
+        // After SIGTERM, SIGKILL's moment; 1 ms at least.
+        assert_eq!(
+            guard(100 * SECOND, true).next_look(99_900_000_000),
+            100_000_000
+        );
+        assert_eq!(
+            guard(100 * SECOND, true).next_look(100 * SECOND - 1),
+            1_000_000
+        );
+        // No group yet, or past the deadline: the check period.
+        let unguarded = Guard {
+            group: 0,
+            ..guard(100 * SECOND, false)
+        };
+        assert_eq!(unguarded.next_look(99 * SECOND), GROUP_CHECK_NS);
+        assert_eq!(held.next_look(101 * SECOND), GROUP_CHECK_NS);
+    }
+
+    #[test]
+    fn messages_carry_what_and_a_value() {
+        let sent = message(SET_DEADLINE, 1234);
+        assert_eq!(
+            u64::from_ne_bytes(sent[..8].try_into().unwrap()),
+            SET_DEADLINE
+        );
+        assert_eq!(u64::from_ne_bytes(sent[8..].try_into().unwrap()), 1234);
+        assert_eq!(deadline_ns(None), NO_DEADLINE);
     }
 }
