@@ -327,17 +327,43 @@ fn a_late_grant_found_gone_is_a_loss_and_the_command_never_starts() {
 }
 
 #[test]
-fn a_slot_lost_while_the_command_runs_stops_it() {
+fn a_slot_lost_while_the_command_runs_stops_its_group() {
+    let group = scratch("lost-group");
+    let script = format!("{} sleep 30 & wait", write_group(&group));
     let started = Instant::now();
-    let ended = supervise_with(&plan("exec sleep 30"), store(), |store| {
+    let written = group.clone();
+    let ended = supervise_with(&plan(&script), store(), move |store| {
         store.grant(1, None);
         store.expect(Call::CommandStarted);
+        store.wait_for(&written);
         store.lose("released by an operator");
         store.expect(Call::Release(RELEASE_BUDGET_DONE));
     });
     assert!(matches!(ended, Ok(Outcome::SlotLost)), "{ended:?}");
-    // Stopped by SIGTERM, well within the grace.
+    // Stopped by SIGTERM, well within the grace, with all it started.
     assert!(started.elapsed() < Duration::from_secs(5));
+    assert_group_gone(&group);
+}
+
+/// Shell commands that write the command's group id to `file` (at once
+/// whole, for a test that waits for it).
+fn write_group(file: &Path) -> String {
+    let file = file.display();
+    format!("echo $$ > '{file}.new'; mv '{file}.new' '{file}';")
+}
+
+/// The group whose id the command wrote to `file` is gone, or goes within
+/// a few seconds: what got the last SIGKILL after the command was reaped
+/// may still wait for init to reap it.
+fn assert_group_gone(file: &Path) {
+    let written = std::fs::read_to_string(file).expect("the command wrote its group");
+    let _ = std::fs::remove_file(file);
+    let group: u32 = written.trim().parse().unwrap();
+    let until = Instant::now() + Duration::from_secs(5);
+    while sys::group_exists(group) {
+        assert!(Instant::now() < until, "group {group} is still there");
+        thread::sleep(Duration::from_millis(10));
+    }
 }
 
 #[test]
@@ -399,14 +425,17 @@ fn a_command_killed_by_a_passed_on_signal_has_consem_die_of_it() {
 
 #[test]
 fn what_the_command_leaves_in_its_group_is_stopped_before_the_slot_is_released() {
+    let group = scratch("leftover-group");
+    let script = format!("{} sleep 30 & exit 0", write_group(&group));
     let started = Instant::now();
-    let ended = supervise_with(&plan("sleep 30 & exit 0"), store(), |store| {
+    let ended = supervise_with(&plan(&script), store(), |store| {
         store.grant(1, None);
         store.expect(Call::CommandStarted);
         store.expect(Call::Release(RELEASE_BUDGET_DONE));
     });
     assert_eq!(exited_with(&ended), Some(0));
     assert!(started.elapsed() < Duration::from_secs(5));
+    assert_group_gone(&group);
 }
 
 #[test]
@@ -430,7 +459,11 @@ fn with_wait_group_the_slot_is_kept_until_the_group_is_empty() {
 /// on time would look run out.
 #[test]
 fn renewals_during_the_leftovers_grace_keep_the_slot() {
-    let mut plan = plan(r#"(trap '' TERM; while :; do sleep 0.05; done) & exit 0"#);
+    let group = scratch("stubborn-group");
+    let mut plan = plan(&format!(
+        "{} (trap '' TERM; while :; do sleep 0.05; done) & exit 0",
+        write_group(&group)
+    ));
     plan.kill_grace = Duration::from_millis(1500);
     // Each renewal's stop point is a second ahead: less than the grace.
     let lease = Duration::from_millis(2500);
@@ -451,6 +484,8 @@ fn renewals_during_the_leftovers_grace_keep_the_slot() {
         }
     });
     assert_eq!(exited_with(&ended), Some(0));
+    // What ignored SIGTERM got SIGKILL after the grace.
+    assert_group_gone(&group);
 }
 
 #[test]
