@@ -3,12 +3,12 @@
 //! child's waiter report, in the order it happens.
 //!
 //! A run goes through the states of docs/design.md ("States of a run"),
-//! one function each: waiting for a slot ([`wait_for_slot`]), confirming a
-//! grant that came late ([`confirm_lease`]), running the command
-//! ([`Run::hold`]), ending its group when it exits ([`Run::end_group`]) or
-//! stopping it when the slot is lost ([`Run::stop_after_loss`]), and
-//! leaving the semaphore ([`leave`]). What an event means in each state is
-//! decided in [`decide`], without I/O.
+//! one function each: waiting for a slot (`wait_for_slot`), confirming a
+//! grant that came late (`confirm_lease`), running the command
+//! (`Run::hold`), ending its group when it exits (`Run::end_group`) or
+//! stopping it when the slot is lost (`Run::stop_after_loss`), and leaving
+//! the semaphore (`leave`). What an event means in each state is decided
+//! in `decide`, without I/O.
 
 mod decide;
 #[cfg(test)]
