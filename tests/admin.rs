@@ -2,17 +2,15 @@
 //! Consul's sessions and of `consul lock`'s layout, and `.lock`s left by
 //! dead holders. What every store does is in tests/conformance.rs.
 
-mod common;
-
 use std::process::{Command, Output, Stdio};
 
-use common::wait_until;
-use common::world::*;
+use crate::common::wait_until;
+use crate::common::world::*;
 
 const SEMAPHORE_FLAGS: u64 = 16210313421097356768;
 
 /// `consem <sub> --prefix <prefix> <extra>`.
-fn admin(world: &World, sub: &str, extra: &[&str]) -> Output {
+fn admin(world: &World<TestConsul>, sub: &str, extra: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_consem"))
         .env("CONSUL_HTTP_ADDR", world.http_addr())
         .env_remove("CONSUL_HTTP_TOKEN")
@@ -28,7 +26,7 @@ fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
-fn status_json(world: &World) -> (Option<i32>, serde_json::Value) {
+fn status_json(world: &World<TestConsul>) -> (Option<i32>, serde_json::Value) {
     let output = admin(world, "status", &["--json"]);
     let json = serde_json::from_slice(&output.stdout)
         .unwrap_or_else(|e| panic!("not JSON ({e}): {}{}", stdout(&output), stderr(&output)));
@@ -37,7 +35,7 @@ fn status_json(world: &World) -> (Option<i32>, serde_json::Value) {
 
 #[test]
 fn status_shows_holders_and_waiters_field_by_field() {
-    let world = World::new("status-live");
+    let world = World::consul("status-live");
     let holder = hold_slot(&world, 1, "ready", "go");
     let waiter = world.spawn(1, &[], &["true"]);
     wait_until(PROMPT, "the waiter's contender key", || {
@@ -85,7 +83,7 @@ fn status_shows_holders_and_waiters_field_by_field() {
 
 #[test]
 fn status_reads_the_consul_lock_layout_and_dead_holders() {
-    let world = World::new("status-peer");
+    let world = World::consul("status-peer");
     let peer = consul_lock_holder(&world, 2);
     let (code, json) = status_json(&world);
     assert_eq!(code, Some(0), "{json}");
@@ -99,32 +97,32 @@ fn status_reads_the_consul_lock_layout_and_dead_holders() {
     );
     assert_eq!(holder["session_name"], "consul lock peer");
 
-    world.consul.destroy_session(&peer);
+    world.store.destroy_session(&peer);
     let (code, json) = status_json(&world);
     assert_eq!(code, Some(0));
     assert_eq!(json["holders"], serde_json::json!([]));
     assert_eq!(json["dead_holders"], serde_json::json!([peer]));
-    world.consul.delete_tree(&format!("{}/", world.prefix));
+    world.store.delete_tree(&format!("{}/", world.prefix));
     world.assert_clean();
 }
 
 #[test]
 fn status_of_a_foreign_lock_is_a_conflict() {
-    let world = World::new("status-foreign");
+    let world = World::consul("status-foreign");
     world
-        .consul
+        .store
         .put(&world.key(".lock"), b"garbage", SEMAPHORE_FLAGS);
     let output = admin(&world, "status", &[]);
     assert_eq!(output.status.code(), Some(65), "{}", stderr(&output));
     assert_eq!(stderr(&output).lines().count(), 1);
-    world.consul.delete_tree(&format!("{}/", world.prefix));
+    world.store.delete_tree(&format!("{}/", world.prefix));
     world.assert_clean();
 }
 
 #[test]
 fn reset_clears_a_lock_left_by_dead_holders_so_a_new_limit_works() {
-    let world = World::new("reset-dead");
-    world.consul.put(
+    let world = World::consul("reset-dead");
+    world.store.put(
         &world.key(".lock"),
         br#"{"Limit":2,"Holders":{"00000000-0000-4000-8000-000000000001":true}}"#,
         SEMAPHORE_FLAGS,
@@ -147,7 +145,7 @@ fn reset_clears_a_lock_left_by_dead_holders_so_a_new_limit_works() {
 /// last does.
 #[test]
 fn releasing_the_last_holder_leaves_the_prefix_empty() {
-    let world = World::new("release-last");
+    let world = World::consul("release-last");
     let peer = consul_lock_holder(&world, 2);
     let output = admin(&world, "release", &["--session", &peer]);
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));

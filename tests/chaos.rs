@@ -38,8 +38,6 @@
 //! The summary lines are written to the real stderr (not the captured one),
 //! so that `cargo test --test chaos` shows them for docs/reliability.md.
 
-mod common;
-
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::Write as _;
@@ -48,9 +46,9 @@ use std::path::PathBuf;
 use std::process::{Child, ExitStatus, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::double::{ConsulDouble, Fault, Match};
-use common::world::*;
-use common::{encode_key, http, shell_status, wait_until};
+use crate::common::double::{ConsulDouble, Fault, Match};
+use crate::common::world::*;
+use crate::common::{encode_key, http, shell_status, wait_until};
 
 // ---- the chaos test's settings ------------------------------------------
 
@@ -465,7 +463,7 @@ impl FaultKind {
 }
 
 struct Chaos<'a> {
-    world: &'a World,
+    world: &'a World<TestConsul>,
     double: &'a ConsulDouble,
     log: String,
     fleet: Fleet,
@@ -1289,7 +1287,7 @@ fn chaos_among_forty_contenders_keeps_the_limit_and_leaves_nothing_behind() {
 /// changes the number of runs (default 500).
 #[test]
 fn repeated_runs_leave_nothing_behind() {
-    let world = World::new("leaks");
+    let world = World::consul("leaks");
     let runs: usize = match std::env::var(LEAK_RUNS_ENV) {
         Ok(text) => text
             .trim()

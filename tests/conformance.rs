@@ -6,23 +6,21 @@
 //! test's own). The real binary runs in each. Store-specific behaviour is
 //! tested beside its store.
 
-mod common;
-
 use std::io::Read as _;
 use std::os::unix::process::ExitStatusExt as _;
 use std::process::{Child, Output};
 use std::time::{Duration, Instant};
 
-use common::world::*;
-use common::{unique_prefix, wait_until};
+use crate::common::world::*;
+use crate::common::{unique_prefix, wait_until};
 
 /// Each test takes the way to make a world on one store.
-type MakeWorld = fn(&str) -> World;
+type MakeWorld<S> = fn(&str) -> World<S>;
 
 macro_rules! on_every_store {
     ($($test:ident),* $(,)?) => {
         mod consul {
-            $( #[test] fn $test() { super::$test(super::World::new) } )*
+            $( #[test] fn $test() { super::$test(super::World::consul) } )*
         }
         mod local {
             $( #[test] fn $test() { super::$test(super::World::local) } )*
@@ -82,7 +80,7 @@ on_every_store!(
 macro_rules! on_every_store_granting_in_an_answer {
     ($($test:ident),* $(,)?) => {
         mod answered_consul {
-            $( #[test] fn $test() { super::$test(super::World::new) } )*
+            $( #[test] fn $test() { super::$test(super::World::consul) } )*
         }
         mod answered_redis {
             $( #[test] fn $test() { super::$test(super::World::redis) } )*
@@ -99,7 +97,7 @@ on_every_store_granting_in_an_answer!(
 macro_rules! on_every_store_with_a_lease {
     ($($test:ident),* $(,)?) => {
         mod leased_consul {
-            $( #[test] fn $test() { super::$test(super::World::new) } )*
+            $( #[test] fn $test() { super::$test(super::World::consul) } )*
         }
         mod leased_redis {
             $( #[test] fn $test() { super::$test(super::World::redis) } )*
@@ -128,7 +126,7 @@ macro_rules! on_every_store_with_a_short_lease {
 
 on_every_store_with_a_short_lease!(a_killed_holder_s_slot_comes_back_within_its_ttl_after_renewals);
 
-fn output(world: &World, limit: u32, extra: &[&str], command: &[&str]) -> Output {
+fn output<S: TestStore>(world: &World<S>, limit: u32, extra: &[&str], command: &[&str]) -> Output {
     let child = world.spawn(limit, extra, command);
     finish_within(child, "consem to exit")
 }
@@ -144,7 +142,7 @@ fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
-fn admin(world: &World, sub: &str, extra: &[&str]) -> Output {
+fn admin<S: TestStore>(world: &World<S>, sub: &str, extra: &[&str]) -> Output {
     let child = world
         .admin(sub, extra)
         .stdout(std::process::Stdio::piped())
@@ -154,14 +152,14 @@ fn admin(world: &World, sub: &str, extra: &[&str]) -> Output {
     finish_within(child, &format!("consem {sub} to exit"))
 }
 
-fn status_json(world: &World) -> (Option<i32>, serde_json::Value) {
+fn status_json<S: TestStore>(world: &World<S>) -> (Option<i32>, serde_json::Value) {
     let output = admin(world, "status", &["--json"]);
     let json = serde_json::from_slice(&output.stdout)
         .unwrap_or_else(|e| panic!("not JSON ({e}): {}{}", stdout(&output), stderr(&output)));
     (output.status.code(), json)
 }
 
-fn uncontended_run_leaves_stdout_to_the_child_and_cleans_up(make: MakeWorld) {
+fn uncontended_run_leaves_stdout_to_the_child_and_cleans_up<S: TestStore>(make: MakeWorld<S>) {
     let world = make("uncontended");
     let output = output(&world, 2, &[], &["printf", "hello\\n"]);
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
@@ -170,7 +168,7 @@ fn uncontended_run_leaves_stdout_to_the_child_and_cleans_up(make: MakeWorld) {
     world.assert_clean();
 }
 
-fn exit_codes_pass_through(make: MakeWorld) {
+fn exit_codes_pass_through<S: TestStore>(make: MakeWorld<S>) {
     let world = make("exit-codes");
     let code = |script: &str| output(&world, 1, &[], &["sh", "-c", script]).status.code();
     assert_eq!(code("exit 7"), Some(7));
@@ -188,7 +186,7 @@ fn exit_codes_pass_through(make: MakeWorld) {
     world.assert_clean();
 }
 
-fn argv_is_passed_exactly_without_a_shell(make: MakeWorld) {
+fn argv_is_passed_exactly_without_a_shell<S: TestStore>(make: MakeWorld<S>) {
     let world = make("argv");
     let output = output(
         &world,
@@ -203,7 +201,7 @@ fn argv_is_passed_exactly_without_a_shell(make: MakeWorld) {
 
 /// `cmd <&- >&-` under consem sees what it sees without consem: closed
 /// descriptors, not /dev/null (which a write to would silently swallow).
-fn descriptors_the_parent_closed_stay_closed_for_the_command(make: MakeWorld) {
+fn descriptors_the_parent_closed_stay_closed_for_the_command<S: TestStore>(make: MakeWorld<S>) {
     use std::os::unix::process::CommandExt as _;
     let world = make("closed-fds");
     let script = "for fd in 0 1; do if [ -e /proc/self/fd/$fd ]; then echo \"$fd open\" >&2; else echo \"$fd closed\" >&2; fi; done";
@@ -226,7 +224,7 @@ fn descriptors_the_parent_closed_stay_closed_for_the_command(make: MakeWorld) {
     world.assert_clean();
 }
 
-fn child_sees_its_slot_in_the_environment(make: MakeWorld) {
+fn child_sees_its_slot_in_the_environment<S: TestStore>(make: MakeWorld<S>) {
     let world = make("env");
     let script = r#"printf '%s|%s|%s' "$CONSEM_PREFIX" "$CONSEM_LIMIT" "$CONSEM_FENCE""#;
     let output = output(&world, 3, &[], &["sh", "-c", script]);
@@ -238,7 +236,7 @@ fn child_sees_its_slot_in_the_environment(make: MakeWorld) {
     world.assert_clean();
 }
 
-fn fence_grows_from_one_acquisition_to_the_next(make: MakeWorld) {
+fn fence_grows_from_one_acquisition_to_the_next<S: TestStore>(make: MakeWorld<S>) {
     let world = make("fence");
     let fences: Vec<u64> = (0..50)
         .map(|_| {
@@ -254,7 +252,7 @@ fn fence_grows_from_one_acquisition_to_the_next(make: MakeWorld) {
     world.assert_clean();
 }
 
-fn eight_contenders_never_exceed_the_limit(make: MakeWorld) {
+fn eight_contenders_never_exceed_the_limit<S: TestStore>(make: MakeWorld<S>) {
     let world = make("eight");
     let log = world.path("log");
     let script = format!("echo start >> '{log}'; sleep 0.3; echo end >> '{log}'");
@@ -281,7 +279,7 @@ fn eight_contenders_never_exceed_the_limit(make: MakeWorld) {
     world.assert_clean();
 }
 
-fn waiters_get_their_slot_in_order_of_arrival(make: MakeWorld) {
+fn waiters_get_their_slot_in_order_of_arrival<S: TestStore>(make: MakeWorld<S>) {
     let world = make("fifo");
     let holder = hold_slot(&world, 1, "ready", "go");
     let log = world.path("order");
@@ -306,7 +304,7 @@ fn waiters_get_their_slot_in_order_of_arrival(make: MakeWorld) {
     world.assert_clean();
 }
 
-fn try_and_timeout_give_up_with_75_or_the_chosen_code(make: MakeWorld) {
+fn try_and_timeout_give_up_with_75_or_the_chosen_code<S: TestStore>(make: MakeWorld<S>) {
     let world = make("try-timeout");
     let holder = hold_slot(&world, 1, "ready", "go");
 
@@ -334,7 +332,7 @@ fn try_and_timeout_give_up_with_75_or_the_chosen_code(make: MakeWorld) {
 }
 
 /// `--timeout 0` makes one attempt, as `--try` does: a free slot is taken.
-fn timeout_0_takes_a_free_slot(make: MakeWorld) {
+fn timeout_0_takes_a_free_slot<S: TestStore>(make: MakeWorld<S>) {
     let world = make("timeout-0-free");
     let output = output(&world, 1, &["--timeout", "0"], &["printf", "ran"]);
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
@@ -344,7 +342,7 @@ fn timeout_0_takes_a_free_slot(make: MakeWorld) {
 
 /// `--timeout 0` on a full semaphore gives up at once with 75, without
 /// announcing a wait or timing one out, and leaves no trace.
-fn timeout_0_exits_75_at_once_when_full(make: MakeWorld) {
+fn timeout_0_exits_75_at_once_when_full<S: TestStore>(make: MakeWorld<S>) {
     let world = make("timeout-0-full");
     let holder = hold_slot(&world, 1, "ready", "go");
     let started = Instant::now();
@@ -363,7 +361,7 @@ fn timeout_0_exits_75_at_once_when_full(make: MakeWorld) {
 /// A timeout bounds the wait, not the first attempt: `--timeout 1ms`
 /// takes a free slot however long the store takes to answer, and on a full
 /// semaphore gives up once the store has said so.
-fn a_short_timeout_takes_a_free_slot_and_gives_up_on_a_full_one(make: MakeWorld) {
+fn a_short_timeout_takes_a_free_slot_and_gives_up_on_a_full_one<S: TestStore>(make: MakeWorld<S>) {
     let world = make("timeout-short");
     for _ in 0..3 {
         let output = output(&world, 1, &["--timeout", "1ms"], &["printf", "ran"]);
@@ -383,7 +381,7 @@ fn a_short_timeout_takes_a_free_slot_and_gives_up_on_a_full_one(make: MakeWorld)
     world.assert_clean();
 }
 
-fn a_signal_while_waiting_ends_the_wait_promptly(make: MakeWorld) {
+fn a_signal_while_waiting_ends_the_wait_promptly<S: TestStore>(make: MakeWorld<S>) {
     // consem leaves, then dies of the signal (a shell's loop stops at it).
     for sig in [
         libc::SIGINT,
@@ -426,7 +424,7 @@ fn a_signal_while_waiting_ends_the_wait_promptly(make: MakeWorld) {
 
 /// SIGUSR1 and SIGUSR2 do not end a wait: consem notes them (with -v) and
 /// keeps waiting, then runs its command once the holder is done.
-fn user_signals_while_waiting_are_ignored(make: MakeWorld) {
+fn user_signals_while_waiting_are_ignored<S: TestStore>(make: MakeWorld<S>) {
     let world = make("sigusr-waiting");
     let holder = hold_slot(&world, 1, "ready", "go");
     let mut waiter = spawn_verbose(&world, 1, &[], &["printf", "ran"], "waiter.log");
@@ -458,7 +456,9 @@ fn user_signals_while_waiting_are_ignored(make: MakeWorld) {
     world.assert_clean();
 }
 
-fn a_signal_while_running_goes_to_the_child_and_its_status_comes_back(make: MakeWorld) {
+fn a_signal_while_running_goes_to_the_child_and_its_status_comes_back<S: TestStore>(
+    make: MakeWorld<S>,
+) {
     let world = make("signal-running");
     let script = format!(
         "trap 'echo got-term > \"{}\"; exit 3' TERM; touch '{}'; while :; do sleep 0.02; done",
@@ -477,7 +477,9 @@ fn a_signal_while_running_goes_to_the_child_and_its_status_comes_back(make: Make
 /// `nohup`, `trap ''` and a shell's background jobs leave signals ignored:
 /// consem does not catch them, so SIGHUP (a terminal closing) neither ends
 /// it nor reaches the command, and the command starts with them ignored.
-fn signals_the_parent_ignored_stay_ignored_for_consem_and_the_command(make: MakeWorld) {
+fn signals_the_parent_ignored_stay_ignored_for_consem_and_the_command<S: TestStore>(
+    make: MakeWorld<S>,
+) {
     use std::os::unix::process::CommandExt as _;
     let world = make("inherited-ignored");
     let script = format!(
@@ -522,7 +524,7 @@ fn signals_the_parent_ignored_stay_ignored_for_consem_and_the_command(make: Make
 /// An operator frees the slot (`consem release`): the holder stops its
 /// command's whole process group, a job started in the background too,
 /// and exits 76; the slot goes to the waiter.
-fn a_lost_slot_stops_the_command_and_its_background_jobs_with_76(make: MakeWorld) {
+fn a_lost_slot_stops_the_command_and_its_background_jobs_with_76<S: TestStore>(make: MakeWorld<S>) {
     let world = make("slot-lost");
     let script = format!(
         // The job's output goes elsewhere: were it to survive, it must not
@@ -564,7 +566,7 @@ fn a_lost_slot_stops_the_command_and_its_background_jobs_with_76(make: MakeWorld
     world.assert_clean();
 }
 
-fn commands_that_cannot_run_exit_126_or_127_and_release(make: MakeWorld) {
+fn commands_that_cannot_run_exit_126_or_127_and_release<S: TestStore>(make: MakeWorld<S>) {
     let world = make("spawn-fail");
     let output_of = |command: &str| output(&world, 1, &[], &[command]);
     let missing = output_of("/nonexistent/consem-test");
@@ -577,14 +579,14 @@ fn commands_that_cannot_run_exit_126_or_127_and_release(make: MakeWorld) {
 
 /// Consul cannot name such keys, and they would reach operators'
 /// terminals: refused at once, shown escaped and shortened.
-fn prefixes_with_control_characters_or_too_long_are_usage_errors(make: MakeWorld) {
+fn prefixes_with_control_characters_or_too_long_are_usage_errors<S: TestStore>(make: MakeWorld<S>) {
     let world = make("prefix-refused");
     let long = "x".repeat(100_000);
     for prefix in ["jobs/a\nb", "tab\there", "esc\x1b[2J", long.as_str()] {
-        let output = std::process::Command::new(env!("CARGO_BIN_EXE_consem"))
-            .env("CONSUL_HTTP_ADDR", world.http_addr())
-            .args(["run", "--limit", "1", "--prefix", prefix])
-            .args(world.store_args())
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_consem"));
+        command.args(["run", "--limit", "1", "--prefix", prefix]);
+        world.store.point(&mut command);
+        let output = command
             .args(["--", "touch", &world.path("ran")])
             .output()
             .unwrap();
@@ -599,7 +601,7 @@ fn prefixes_with_control_characters_or_too_long_are_usage_errors(make: MakeWorld
     world.assert_clean();
 }
 
-fn odd_prefixes_work_and_clean_up(make: MakeWorld) {
+fn odd_prefixes_work_and_clean_up<S: TestStore>(make: MakeWorld<S>) {
     for (name, prefix) in [
         ("space", "a b"),
         ("query", "what?now"),
@@ -623,7 +625,7 @@ fn odd_prefixes_work_and_clean_up(make: MakeWorld) {
 
 /// Every contender on a prefix uses one limit: another one while the
 /// semaphore is in use is a conflict (65), and the record is untouched.
-fn another_limit_is_a_conflict_while_the_semaphore_is_in_use(make: MakeWorld) {
+fn another_limit_is_a_conflict_while_the_semaphore_is_in_use<S: TestStore>(make: MakeWorld<S>) {
     let world = make("conflict");
     let holder = hold_slot(&world, 1, "ready", "go");
     let conflict = output(&world, 2, &[], &["touch", &world.path("ran")]);
@@ -643,7 +645,7 @@ fn another_limit_is_a_conflict_while_the_semaphore_is_in_use(make: MakeWorld) {
     world.assert_clean();
 }
 
-fn status_of_an_empty_prefix_says_nothing_is_there(make: MakeWorld) {
+fn status_of_an_empty_prefix_says_nothing_is_there<S: TestStore>(make: MakeWorld<S>) {
     let world = make("status-empty");
     let output = admin(&world, "status", &[]);
     assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
@@ -663,7 +665,7 @@ fn status_of_an_empty_prefix_says_nothing_is_there(make: MakeWorld) {
     world.assert_clean();
 }
 
-fn status_shows_holders_and_waiters(make: MakeWorld) {
+fn status_shows_holders_and_waiters<S: TestStore>(make: MakeWorld<S>) {
     let world = make("status-live");
     let holder = hold_slot(&world, 1, "ready", "go");
     // The command's words reach operators' terminals through `status`.
@@ -697,7 +699,7 @@ fn status_shows_holders_and_waiters(make: MakeWorld) {
     world.assert_clean();
 }
 
-fn release_by_session_stops_the_holder_with_76(make: MakeWorld) {
+fn release_by_session_stops_the_holder_with_76<S: TestStore>(make: MakeWorld<S>) {
     let world = make("release-session");
     let holder = hold_slot(&world, 1, "ready", "go");
     let (_, json) = status_json(&world);
@@ -712,7 +714,7 @@ fn release_by_session_stops_the_holder_with_76(make: MakeWorld) {
     world.assert_clean();
 }
 
-fn release_by_host_and_pid_frees_the_slot_for_a_waiter(make: MakeWorld) {
+fn release_by_host_and_pid_frees_the_slot_for_a_waiter<S: TestStore>(make: MakeWorld<S>) {
     let world = make("release-host-pid");
     let holder = hold_slot(&world, 1, "ready", "go");
     let waiter = world.spawn(1, &[], &["true"]);
@@ -733,7 +735,7 @@ fn release_by_host_and_pid_frees_the_slot_for_a_waiter(make: MakeWorld) {
     world.assert_clean();
 }
 
-fn release_says_when_nothing_or_several_match(make: MakeWorld) {
+fn release_says_when_nothing_or_several_match<S: TestStore>(make: MakeWorld<S>) {
     let world = make("release-ambiguous");
     let first = hold_slot(&world, 2, "ready-1", "go");
     let second = hold_slot(&world, 2, "ready-2", "go");
@@ -755,7 +757,7 @@ fn release_says_when_nothing_or_several_match(make: MakeWorld) {
     world.assert_clean();
 }
 
-fn reset_refuses_while_held_and_force_evicts_first(make: MakeWorld) {
+fn reset_refuses_while_held_and_force_evicts_first<S: TestStore>(make: MakeWorld<S>) {
     let world = make("reset");
     let holder = hold_slot(&world, 1, "ready", "go");
     let output = admin(&world, "reset", &[]);
@@ -781,7 +783,7 @@ fn reset_refuses_while_held_and_force_evicts_first(make: MakeWorld) {
 /// and what it started in the background are gone within the kill grace
 /// (at once on the local store, whose slot is free the moment consem dies),
 /// stopped by the watchdog.
-fn a_killed_consem_takes_its_whole_group_along(make: MakeWorld) {
+fn a_killed_consem_takes_its_whole_group_along<S: TestStore>(make: MakeWorld<S>) {
     let world = make("killed-group");
     let script = format!(
         "sleep 300 & echo $! > '{}'; sleep 300 & echo $! > '{}'; echo $$ > '{}'; wait",
@@ -805,7 +807,7 @@ fn a_killed_consem_takes_its_whole_group_along(make: MakeWorld) {
 
 /// The watchdog killed (by hand, the OOM killer) is replaced, so that a
 /// consem killed afterwards still takes its command's whole group along.
-fn a_killed_watchdog_is_replaced_and_still_takes_the_group_along(make: MakeWorld) {
+fn a_killed_watchdog_is_replaced_and_still_takes_the_group_along<S: TestStore>(make: MakeWorld<S>) {
     let world = make("killed-watchdog");
     let script = format!(
         "sleep 300 & echo $! > '{}'; echo $$ > '{}'; wait",
@@ -840,7 +842,9 @@ fn a_killed_watchdog_is_replaced_and_still_takes_the_group_along(make: MakeWorld
 /// job is stopped before the slot is released, so that the next holder
 /// never runs beside it. A job that ignores SIGTERM is SIGKILLed once the
 /// kill grace has passed (5 s when none is given, as documented).
-fn what_the_command_leaves_running_is_stopped_before_the_slot_goes(make: MakeWorld) {
+fn what_the_command_leaves_running_is_stopped_before_the_slot_goes<S: TestStore>(
+    make: MakeWorld<S>,
+) {
     let world = make("leftover");
     let log = world.path("log");
     // The worker logs while it runs; the shell exits a second later. The
@@ -856,9 +860,10 @@ fn what_the_command_leaves_running_is_stopped_before_the_slot_goes(make: MakeWor
     // of the lease it started on, so that the run ends 0 only if the
     // renewals that come during the grace are taken.
     let grace = Duration::from_secs(5);
-    let ignoring_args = match world.local {
-        Some(_) => vec!["-v"],
-        None => vec!["-v", "--ttl", "12s"],
+    let ignoring_args = if S::HAS_LEASE {
+        vec!["-v", "--ttl", "12s"]
+    } else {
+        vec!["-v"]
     };
     let runs = [
         ("first", "''", ignoring_args),
@@ -928,7 +933,7 @@ fn event_seconds(line: &str) -> f64 {
 
 /// With `--wait-group`, the slot is kept until what the command left
 /// running has ended by itself.
-fn wait_group_keeps_the_slot_until_the_group_is_done(make: MakeWorld) {
+fn wait_group_keeps_the_slot_until_the_group_is_done<S: TestStore>(make: MakeWorld<S>) {
     let world = make("wait-group");
     let script = format!(
         "(sleep 0.5; touch '{}') & exit 0",
@@ -947,7 +952,9 @@ fn wait_group_keeps_the_slot_until_the_group_is_done(make: MakeWorld) {
 /// stop point (a link that holds answers back) starts nothing: the command
 /// runs only once a renewal confirms the slot, or never (76), and never
 /// beside another holder.
-fn a_grant_that_arrives_after_its_lease_starts_nothing_unconfirmed(make: MakeWorld) {
+fn a_grant_that_arrives_after_its_lease_starts_nothing_unconfirmed<S: ServerStore>(
+    make: MakeWorld<S>,
+) {
     let world = make("late-grant");
     // Long enough to pass the lease's stop point (5/6 of the TTL less the
     // kill grace that fits), not so long that a waiter gives up.
@@ -960,7 +967,7 @@ fn a_grant_that_arrives_after_its_lease_starts_nothing_unconfirmed(make: MakeWor
     let run =
         |name: &str| format!("echo start {name} >> '{log}'; sleep 0.5; echo end {name} >> '{log}'");
     let holder = hold_slot(&world, 1, "ready", "go");
-    let proxy = common::proxy::DelayingProxy::start(&world.server_addr().unwrap());
+    let proxy = crate::common::proxy::DelayingProxy::start(&world.server_addr());
     let late = world
         .consem_via(
             &proxy.addr(),
@@ -1029,11 +1036,11 @@ fn a_grant_that_arrives_after_its_lease_starts_nothing_unconfirmed(make: MakeWor
 
 /// `--ttl <ttl>` where the store has a lease; nothing on the local store,
 /// which refuses it (its slot lasts as long as consem does).
-fn ttl_args<'a>(world: &World, ttl: &'a str) -> Vec<&'a str> {
-    if world.local.is_some() {
-        Vec::new()
-    } else {
+fn ttl_args<'a, S: TestStore>(_: &World<S>, ttl: &'a str) -> Vec<&'a str> {
+    if S::HAS_LEASE {
         vec!["--ttl", ttl]
+    } else {
+        Vec::new()
     }
 }
 
@@ -1078,7 +1085,7 @@ const AT_ONCE: Duration = Duration::from_secs(4);
 /// waiter now first in line; etcd: the relay write owed to the waiter
 /// behind; Consul: the hand-off's rewrite of the heir's key; local: the
 /// queue file's lock let go).
-fn a_freed_slot_wakes_its_waiter_at_once_all_down_the_queue(make: MakeWorld) {
+fn a_freed_slot_wakes_its_waiter_at_once_all_down_the_queue<S: TestStore>(make: MakeWorld<S>) {
     let world = make("handoff-at-once");
     let ttl = ttl_args(&world, "30s");
     let mut contenders = Contenders(Vec::new());
@@ -1140,7 +1147,9 @@ fn a_freed_slot_wakes_its_waiter_at_once_all_down_the_queue(make: MakeWorld) {
 /// An operator's release reaches the holder through what it watches,
 /// not through its next renewal (every TTL/3: 10 s at `--ttl 30s`): the
 /// command is stopped, and consem exits 76, within seconds.
-fn an_operator_s_release_stops_the_holder_at_once_not_at_its_next_renewal(make: MakeWorld) {
+fn an_operator_s_release_stops_the_holder_at_once_not_at_its_next_renewal<S: TestStore>(
+    make: MakeWorld<S>,
+) {
     let world = make("release-at-once");
     let mut args = ttl_args(&world, "30s");
     args.extend(["--kill-grace", "1s"]);
@@ -1169,75 +1178,11 @@ fn an_operator_s_release_stops_the_holder_at_once_not_at_its_next_renewal(make: 
     world.assert_clean();
 }
 
-/// What the server keeps a holder's slot for after each renewal, as it
-/// stands: Consul's session TTL and etcd's granted TTL, or the time left
-/// on a Redis permit, whose expiry each renewal sets from the server's
-/// clock (at most the TTL, at least the TTL less a renewal period and the
-/// time since).
-fn leases_on_the_server(world: &World) -> Vec<f64> {
-    if let Some(redis) = &world.redis {
-        let mut connection = redis.connection().unwrap();
-        let (seconds, micros): (f64, f64) = ::redis::cmd("TIME").query(&mut connection).unwrap();
-        let now = seconds + micros / 1e6;
-        let permits: Vec<(String, f64)> = ::redis::cmd("ZRANGE")
-            .arg(format!("semaphore:{}", world.prefix))
-            .arg(0)
-            .arg(-1)
-            .arg("WITHSCORES")
-            .query(&mut connection)
-            .unwrap();
-        return permits.iter().map(|(_, expiry)| expiry - now).collect();
-    }
-    if let Some(etcd) = &world.etcd {
-        return etcd
-            .leases()
-            .iter()
-            .map(|lease| etcd.time_to_live(lease).0 as f64)
-            .collect();
-    }
-    let url = format!("http://{}/v1/session/list", world.consul.addr());
-    let (status, body) = common::http("GET", &url, b"");
-    assert_eq!(status, 200, "{body}");
-    let sessions: Vec<serde_json::Value> = serde_json::from_str(&body).unwrap();
-    sessions
-        .iter()
-        .filter(|s| {
-            world.consul.double().is_some()
-                || s["Name"]
-                    .as_str()
-                    .is_some_and(|n| n.contains(&world.prefix))
-        })
-        .map(|s| {
-            go_duration(s["TTL"].as_str().unwrap_or_default())
-                .unwrap_or_else(|| panic!("a session TTL: {s}"))
-        })
-        .collect()
-}
-
-/// A duration as Go writes it (`15s`, `15000ms`, `1m30s`), in seconds.
-fn go_duration(text: &str) -> Option<f64> {
-    let mut seconds = 0.0;
-    let mut rest = text;
-    while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !c.is_ascii_digit() && c != '.')
-            .unwrap_or(rest.len());
-        let number: f64 = rest[..digits].parse().ok()?;
-        rest = &rest[digits..];
-        let (unit, scale) = [("ms", 0.001), ("s", 1.0), ("m", 60.0), ("h", 3600.0)]
-            .into_iter()
-            .find(|(unit, _)| rest.starts_with(unit))?;
-        rest = &rest[unit.len()..];
-        seconds += number * scale;
-    }
-    (!text.is_empty()).then_some(seconds)
-}
-
 /// The slot's lease on the server is `--ttl`, 15 s when none is given,
 /// as README documents: a longer one keeps a dead consem's slot from the
 /// others longer than they were told, a shorter one lets it go while the
 /// command may run.
-fn a_slot_s_lease_on_the_server_is_the_ttl_15s_by_default(make: MakeWorld) {
+fn a_slot_s_lease_on_the_server_is_the_ttl_15s_by_default<S: LeasedStore>(make: MakeWorld<S>) {
     let world = make("lease-ttl");
     for (args, ttl) in [(&[][..], 15.0), (&["--ttl", "21s"][..], 21.0)] {
         let (ready, go) = (format!("ready-{ttl}"), format!("go-{ttl}"));
@@ -1246,9 +1191,9 @@ fn a_slot_s_lease_on_the_server_is_the_ttl_15s_by_default(make: MakeWorld) {
         wait_until(PROMPT, "the holder's command to start", || {
             world.exists(&ready)
         });
-        let leases = leases_on_the_server(&world);
+        let leases = world.store.lease_seconds(&world.prefix);
         assert_eq!(leases.len(), 1, "one lease: {leases:?}");
-        if world.redis.is_some() {
+        if S::NAME == "redis" {
             // Set by the grant or a renewal, at most a period ago.
             assert!(
                 leases[0] <= ttl + 0.01 && leases[0] > ttl * 2.0 / 3.0 - 1.0,
@@ -1268,7 +1213,9 @@ fn a_slot_s_lease_on_the_server_is_the_ttl_15s_by_default(make: MakeWorld) {
 /// expiry would add a TTL each time). So after many renewals a SIGKILLed
 /// consem's slot still comes back within about a TTL, and the waiter
 /// behind takes it.
-fn a_killed_holder_s_slot_comes_back_within_its_ttl_after_renewals(make: MakeWorld) {
+fn a_killed_holder_s_slot_comes_back_within_its_ttl_after_renewals<S: LeasedStore>(
+    make: MakeWorld<S>,
+) {
     const TTL: Duration = Duration::from_secs(2);
     let world = make("killed-after-renewals");
     // The kill grace that fits in a 2 s lease is none: SIGKILL at once.
@@ -1288,7 +1235,7 @@ fn a_killed_holder_s_slot_comes_back_within_its_ttl_after_renewals(make: MakeWor
     // times or so. What the server keeps it for stays within a TTL.
     let holding = Instant::now();
     while holding.elapsed() < TTL * 2 {
-        for lease in leases_on_the_server(&world) {
+        for lease in world.store.lease_seconds(&world.prefix) {
             assert!(
                 lease <= TTL.as_secs_f64() + 0.01,
                 "the server keeps the slot {lease} s, for a TTL of {TTL:?}"

@@ -1,16 +1,14 @@
 //! Focused tests of the Consul double's behaviour: blocking queries, indexes,
 //! session expiry and invalidation, restart, faults and HTTP details.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::double::{ConsulDouble, Fault, FaultAction, Match};
-use common::{encode_key, wait_until, TestConsul};
+use crate::common::double::{ConsulDouble, Fault, FaultAction, Match};
+use crate::common::{encode_key, wait_until, TestConsul};
 use serde_json::Value as Json;
 
 /// The semaphore flag of the Go API: does not fit an i64.
@@ -69,7 +67,7 @@ fn try_request(
 
 fn request(double: &ConsulDouble, method: &str, path: &str, body: &[u8]) -> Reply {
     let url = format!("http://{}{}", double.addr(), path);
-    try_request(&common::http_agent(), method, &url, body)
+    try_request(&crate::common::http_agent(), method, &url, body)
         .unwrap_or_else(|e| panic!("{method} {url}: {e}"))
 }
 
@@ -97,7 +95,7 @@ fn spawn_get(
     thread::spawn(move || {
         let started = Instant::now();
         let result =
-            try_request(&common::http_agent(), "GET", &url, b"").map_err(|e| e.to_string());
+            try_request(&crate::common::http_agent(), "GET", &url, b"").map_err(|e| e.to_string());
         let _ = sender.send((result, started.elapsed()));
     });
     receiver
@@ -444,7 +442,7 @@ fn drop_fault_closes_the_connection_without_an_answer() {
     let double = ConsulDouble::start();
     double.inject(Fault::drop_connection(1).on(Match::path("acquire=")));
     let url = format!("http://{}/v1/kv/d/k?acquire=x", double.addr());
-    assert!(try_request(&common::http_agent(), "PUT", &url, b"").is_err());
+    assert!(try_request(&crate::common::http_agent(), "PUT", &url, b"").is_err());
     // Used up: the same request now reaches the store.
     assert_eq!(put(&double, "/v1/kv/d/k?acquire=x", b"").status, 500);
 }
@@ -498,7 +496,7 @@ fn down_refuses_connections_until_up_again() {
     let double = ConsulDouble::start();
     double.set_down(true);
     let url = format!("http://{}/v1/status/leader", double.addr());
-    assert!(try_request(&common::http_agent(), "GET", &url, b"").is_err());
+    assert!(try_request(&crate::common::http_agent(), "GET", &url, b"").is_err());
     double.set_down(false);
     assert_eq!(get(&double, "/v1/status/leader").status, 200);
 }
@@ -507,7 +505,7 @@ fn down_refuses_connections_until_up_again() {
 fn percent_encoded_keys_round_trip() {
     let consul = TestConsul::Double(ConsulDouble::start());
     let double = consul.double().unwrap();
-    let prefix = common::unique_prefix("keys");
+    let prefix = crate::common::unique_prefix("keys");
     let names = [
         "with space",
         "question?mark",

@@ -7,8 +7,6 @@
 //! store sees it; a grant is the first `.lock` that names it, and a start is
 //! when its command logged that it began.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::process::{Child, Stdio};
@@ -16,8 +14,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::world::*;
-use common::{wait_until, KvEntry};
+use crate::common::world::*;
+use crate::common::{wait_until, KvEntry};
 use consem::store::consul::semaphore::{self, Entry, Snapshot};
 
 /// The shortest TTL Consul accepts: a stopped contender's session outlives
@@ -46,8 +44,8 @@ impl Drop for Actor {
 
 /// Starts a contender whose command appends its name to `starts` and runs
 /// until the test lets it go; returns it once its contender key exists.
-fn join(world: &World, name: &'static str, limit: u32) -> Actor {
-    let keys = |world: &World| -> Vec<String> {
+fn join(world: &World<TestConsul>, name: &'static str, limit: u32) -> Actor {
+    let keys = |world: &World<TestConsul>| -> Vec<String> {
         world
             .entries()
             .into_iter()
@@ -80,7 +78,7 @@ fn join(world: &World, name: &'static str, limit: u32) -> Actor {
 }
 
 /// Waits until someone blocks on `actor`'s contender key.
-fn blocked_on(world: &World, actor: &Actor) {
+fn blocked_on(world: &World<TestConsul>, actor: &Actor) {
     let path = format!("/v1/kv/{}", world.key(&actor.session));
     wait_until(PROMPT, "a blocking read of the key ahead", || {
         world.the_double().requests().iter().any(|r| {
@@ -89,14 +87,14 @@ fn blocked_on(world: &World, actor: &Actor) {
     });
 }
 
-fn lock_names(world: &World, actor: &Actor) -> bool {
+fn lock_names(world: &World<TestConsul>, actor: &Actor) -> bool {
     world
         .lock_value()
         .is_some_and(|lock| lock["Holders"].get(&actor.session).is_some())
 }
 
 /// Lets `actor`'s command end and waits for consem to exit 0.
-fn let_go(world: &World, mut actor: Actor) {
+fn let_go(world: &World<TestConsul>, mut actor: Actor) {
     world.touch(&format!("go-{}", actor.name));
     let status = wait_with_deadline(&mut actor.process, PROMPT, "the holder to leave");
     assert_eq!(status.code(), Some(0), "{} exited {status:?}", actor.name);

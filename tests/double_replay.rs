@@ -4,12 +4,10 @@
 //! presence, body shape and values (session IDs and raft indexes mapped from
 //! the recording's to the double's).
 
-mod common;
-
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
-use common::double::ConsulDouble;
+use crate::common::double::ConsulDouble;
 use serde_json::Value as Json;
 
 const TRANSCRIPT: &str = concat!(
@@ -31,7 +29,7 @@ fn double_answers_like_the_recorded_consul_agent() {
         serde_json::from_str(&std::fs::read_to_string(TRANSCRIPT).expect("read the transcript"))
             .expect("parse the transcript");
     let double = ConsulDouble::start();
-    let agent = common::http_agent();
+    let agent = crate::common::http_agent();
     let mut replay = Replay::default();
 
     for (number, exchange) in transcript.iter().enumerate() {

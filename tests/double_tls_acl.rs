@@ -2,13 +2,11 @@
 //! certificates they use: the infrastructure the TLS/ACL tests of consem
 //! stand on.
 
-mod common;
-
 use std::time::Duration;
 
-use common::double::{Acl, ConsulDouble, Fault, Match, Rights};
-use common::pki::TestPki;
-use common::{
+use crate::common::double::{Acl, ConsulDouble, Fault, Match, Rights};
+use crate::common::pki::TestPki;
+use crate::common::{
     encode_key, http_agent, http_request, tls_agent, unique_prefix, HttpAnswer, TestConsul,
     HELPER_TOKEN,
 };

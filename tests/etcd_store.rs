@@ -5,15 +5,15 @@
 //! endpoints that are down, TLS, and nothing left behind after runs of
 //! every kind. The behaviour every store shares is in tests/conformance.rs.
 
-mod common;
-
 use std::os::unix::process::ExitStatusExt as _;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::etcd::{free_ports, EtcdCluster, EtcdEntry, EtcdServer, ForgetfulProxy, TlsFiles};
-use common::wait_until;
-use common::world::*;
+use crate::common::etcd::{
+    free_ports, EtcdCluster, EtcdEntry, EtcdServer, ForgetfulProxy, TlsFiles,
+};
+use crate::common::wait_until;
+use crate::common::world::*;
 
 /// Bound for one consem run; every test stays well under nextest's 60 s.
 const RUN_DEADLINE: Duration = Duration::from_secs(30);
@@ -37,12 +37,18 @@ fn output_of(command: Command) -> Output {
     finish_within(spawn(command), "consem to exit")
 }
 
-fn output(world: &World, limit: u32, extra: &[&str], command: &[&str]) -> Output {
+fn output(world: &World<EtcdServer>, limit: u32, extra: &[&str], command: &[&str]) -> Output {
     output_of(world.consem(limit, extra, command))
 }
 
 /// `consem run` against `store` instead of the world's own.
-fn run_on(world: &World, store: &str, limit: u32, extra: &[&str], command: &[&str]) -> Command {
+fn run_on<S>(
+    world: &World<S>,
+    store: &str,
+    limit: u32,
+    extra: &[&str],
+    command: &[&str],
+) -> Command {
     let mut run = world.consem_command();
     run.args(["run", "--prefix", &world.prefix])
         .args(["--limit", &limit.to_string()])
@@ -54,7 +60,7 @@ fn run_on(world: &World, store: &str, limit: u32, extra: &[&str], command: &[&st
 }
 
 /// `consem status --json` against `store`.
-fn status_on(world: &World, store: &str) -> (Option<i32>, serde_json::Value) {
+fn status_on<S>(world: &World<S>, store: &str) -> (Option<i32>, serde_json::Value) {
     let mut status = world.consem_command();
     status
         .args(["status", "--json", "--prefix", &world.prefix])
@@ -108,7 +114,7 @@ fn starts_and_most_at_once(log: &str) -> (usize, usize) {
 #[test]
 fn a_slot_is_a_key_on_a_lease_and_its_create_revision_is_the_fence() {
     let world = World::etcd("layout");
-    let etcd = world.etcd.as_ref().unwrap();
+    let etcd = &world.store;
     let script = format!(
         "printf '%s|%s|%s' \"$ETCD_LOCK_KEY\" \"$ETCD_LOCK_REV\" \"$CONSEM_FENCE\" > '{}'; touch '{}'; while [ ! -e '{}' ]; do sleep 0.02; done",
         world.path("env"),
@@ -306,7 +312,7 @@ fn the_first_waiter_takes_a_slot_only_when_a_holder_leaves() {
 fn a_watch_starts_where_etcd_stands_and_is_served_live() {
     use consem::store::etcd::client::{Changes, Client, Connection, WatchRequest, Watched};
     let world = World::etcd("live-watch");
-    let etcd = world.etcd.as_ref().unwrap();
+    let etcd = &world.store;
     let client = Client::new(Connection {
         endpoints: vec![etcd.endpoint()],
         user: None,
@@ -370,7 +376,7 @@ fn a_watch_starts_where_etcd_stands_and_is_served_live() {
 #[test]
 fn the_fence_is_the_create_revision_and_grows_across_a_restart() {
     let mut world = World::etcd("fence-restart");
-    let fence = |world: &World| -> i64 {
+    let fence = |world: &World<EtcdServer>| -> i64 {
         let script = "printf '%s %s' \"$CONSEM_FENCE\" \"$ETCD_LOCK_REV\"";
         let run = output(world, 1, &[], &["sh", "-c", script]);
         assert_eq!(run.status.code(), Some(0), "{}", stderr(&run));
@@ -380,7 +386,7 @@ fn the_fence_is_the_create_revision_and_grows_across_a_restart() {
         fence.parse().unwrap()
     };
     let mut fences: Vec<i64> = (0..5).map(|_| fence(&world)).collect();
-    world.etcd.as_mut().unwrap().restart();
+    world.store.restart();
     fences.extend((0..5).map(|_| fence(&world)));
     assert!(
         fences.windows(2).all(|w| w[1] > w[0]),
@@ -396,7 +402,7 @@ fn the_fence_is_the_create_revision_and_grows_across_a_restart() {
 /// 10 s at `--ttl 30s`), which a deletion of the key alone never tells.
 fn taken_away_with_etcdctl(name: &str, take: fn(&EtcdServer, &EtcdEntry)) {
     let world = World::etcd(name);
-    let etcd = world.etcd.as_ref().unwrap();
+    let etcd = &world.store;
     let script = format!("echo $$ > '{}'; exec sleep 60", world.path("pid"));
     let args = ["--ttl", "30s", "--kill-grace", "1s"];
     let holder = world.spawn(1, &args, &["sh", "-c", &script]);
@@ -444,7 +450,7 @@ fn a_contender_key_deleted_with_etcdctl_stops_the_command_with_76() {
 #[test]
 fn a_key_rewritten_without_its_lease_is_a_lost_slot() {
     let world = World::etcd("detached");
-    let etcd = world.etcd.as_ref().unwrap();
+    let etcd = &world.store;
     let script = format!("echo $$ > '{}'; exec sleep 60", world.path("pid"));
     let holder = world.spawn(1, &["--kill-grace", "1s"], &["sh", "-c", &script]);
     let pid = read_pid(&world, "pid");
@@ -477,8 +483,8 @@ fn a_key_rewritten_without_its_lease_is_a_lost_slot() {
 #[test]
 fn a_keep_alive_that_finds_the_lease_gone_ends_the_run_at_once() {
     let world = World::etcd("lease-gone");
-    let etcd = world.etcd.as_ref().unwrap();
-    let proxy = common::proxy::DelayingProxy::start(&etcd.address());
+    let etcd = &world.store;
+    let proxy = crate::common::proxy::DelayingProxy::start(&etcd.address());
     proxy.swallow_requests_with("/v3/watch");
     let script = format!("echo $$ > '{}'; exec sleep 60", world.path("pid"));
     let holder = world
@@ -523,7 +529,7 @@ fn a_keep_alive_that_finds_the_lease_gone_ends_the_run_at_once() {
 #[test]
 fn a_lease_revoked_as_the_command_exits_is_a_loss_76() {
     let world = World::etcd("revoked-at-exit");
-    let etcd = world.etcd.as_ref().unwrap();
+    let etcd = &world.store;
     let (ready, go) = (world.path("ready"), world.path("go"));
     let script = format!(
         "echo $$ > '{}'; touch '{ready}'; while [ ! -e '{go}' ]; do sleep 0.02; done; exit 3",
@@ -550,7 +556,7 @@ fn a_lease_revoked_as_the_command_exits_is_a_loss_76() {
 /// (one TTL after the last keep-alive, which came before it). consem
 /// exits 76 within three TTLs: once the lease is over, a release that etcd
 /// does not answer is not worth waiting for.
-fn cut_off_while_holding(world: &mut World, cut_off: fn(&mut EtcdServer)) {
+fn cut_off_while_holding(world: &mut World<EtcdServer>, cut_off: fn(&mut EtcdServer)) {
     let script = format!("echo $$ > '{}'; exec sleep 60", world.path("pid"));
     let mut holder = world.spawn(
         1,
@@ -559,7 +565,7 @@ fn cut_off_while_holding(world: &mut World, cut_off: fn(&mut EtcdServer)) {
     );
     let pid = read_pid(world, "pid");
     let cut = Instant::now();
-    cut_off(world.etcd.as_mut().unwrap());
+    cut_off(&mut world.store);
     wait_until(Duration::from_secs(10), "the command to be stopped", || {
         process_gone(pid)
     });
@@ -585,7 +591,7 @@ fn cut_off_while_holding(world: &mut World, cut_off: fn(&mut EtcdServer)) {
 fn a_killed_server_stops_the_command_before_the_lease_could_run_out() {
     let mut world = World::etcd("killed");
     cut_off_while_holding(&mut world, EtcdServer::stop);
-    world.etcd.as_mut().unwrap().restart();
+    world.store.restart();
     let next = output(&world, 1, &["--timeout", "20s"], &["true"]);
     assert_eq!(next.status.code(), Some(0), "{}", stderr(&next));
     world.assert_clean();
@@ -598,7 +604,7 @@ fn a_killed_server_stops_the_command_before_the_lease_could_run_out() {
 fn a_frozen_server_stops_the_command_before_the_lease_could_run_out() {
     let mut world = World::etcd("frozen");
     cut_off_while_holding(&mut world, |etcd| etcd.freeze());
-    world.etcd.as_ref().unwrap().thaw();
+    world.store.thaw();
     let next = output(&world, 1, &["--timeout", "20s"], &["true"]);
     assert_eq!(next.status.code(), Some(0), "{}", stderr(&next));
     world.assert_clean();
@@ -642,7 +648,7 @@ fn the_slot_of_a_killed_consem_comes_back_when_its_lease_runs_out() {
 /// never more than two commands run at once.
 #[test]
 fn holders_and_waiters_ride_out_the_death_of_the_leader() {
-    let world = World::on_the_double("etcd-leader-killed");
+    let world = World::without_store("etcd-leader-killed");
     let mut cluster = EtcdCluster::start(&world.dir.join("etcd"));
     let leader = cluster.leader();
     // The leader first: consem starts out talking to the member that dies.
@@ -738,7 +744,7 @@ fn holders_and_waiters_ride_out_the_death_of_the_leader() {
 #[test]
 fn wrong_credentials_and_missing_permissions_exit_77() {
     let mut world = World::etcd("auth");
-    let etcd = world.etcd.as_mut().unwrap();
+    let etcd = &mut world.store;
     etcd.add_user("limited", "limited-pw");
     etcd.enable_auth("s3cret-etcd");
     let run = |args: &[&str], env: &[(&str, &str)]| {
@@ -778,7 +784,7 @@ fn wrong_credentials_and_missing_permissions_exit_77() {
 /// and `status`, and the command never runs.
 #[test]
 fn an_endpoint_nobody_answers_at_is_unavailable_69() {
-    let world = World::on_the_double("etcd-unreachable");
+    let world = World::without_store("etcd-unreachable");
     let [dead] = free_ports();
     let store = format!("etcd://127.0.0.1:{dead}");
     let ran = output_of(run_on(
@@ -806,7 +812,7 @@ fn an_endpoint_nobody_answers_at_is_unavailable_69() {
 #[test]
 fn a_later_endpoint_in_the_list_serves_when_the_first_is_down() {
     let world = World::etcd("second-endpoint");
-    let etcd = world.etcd.as_ref().unwrap();
+    let etcd = &world.store;
     let [dead] = free_ports();
     let store = format!("etcd://127.0.0.1:{dead},{}", etcd.address());
     let held = world.held_until("ready", "go", 0);
@@ -839,7 +845,7 @@ fn a_later_endpoint_in_the_list_serves_when_the_first_is_down() {
 #[test]
 fn a_connection_the_network_forgot_does_not_hold_the_slot() {
     let world = World::etcd("forgotten");
-    let etcd = world.etcd.as_ref().unwrap();
+    let etcd = &world.store;
     let port = etcd.address().rsplit_once(':').unwrap().1.parse().unwrap();
     let proxy = ForgetfulProxy::start(port);
     let (started, go) = (world.path("started"), world.path("go"));
@@ -905,7 +911,12 @@ fn runs_of_every_kind_leave_no_key_and_no_lease() {
 
 /// Runs `echo over tls` under consem against the TLS member `etcd`,
 /// with `args` and `env` and no system-wide trust settings.
-fn over_tls(world: &World, etcd: &EtcdServer, args: &[&str], env: &[(&str, &str)]) -> Output {
+fn over_tls(
+    world: &World<NoStore>,
+    etcd: &EtcdServer,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Output {
     let mut command = run_on(world, &etcd.url(), 1, args, &["echo", "over tls"]);
     command
         .env_remove("SSL_CERT_FILE")
@@ -923,8 +934,8 @@ fn path(p: &std::path::Path) -> String {
 /// the command does not run.
 #[test]
 fn etcds_checks_the_server_certificate_against_the_given_ca() {
-    let world = World::on_the_double("etcd-tls");
-    let files = common::pki::TestPki::new().write_to(&world.dir.join("pki"));
+    let world = World::without_store("etcd-tls");
+    let files = crate::common::pki::TestPki::new().write_to(&world.dir.join("pki"));
     let etcd = EtcdServer::start_tls(&world.dir.join("etcd"), TlsFiles::server_only(&files));
     let (ca, other_ca) = (path(&files.ca), path(&files.other_ca));
     for (args, env) in [
@@ -948,7 +959,7 @@ fn etcds_checks_the_server_certificate_against_the_given_ca() {
 /// `etcd://`, and the command does not run.
 #[test]
 fn etcds_to_a_plain_member_points_to_etcd() {
-    let world = World::on_the_double("etcds-to-plain");
+    let world = World::without_store("etcds-to-plain");
     let etcd = EtcdServer::start(&world.dir.join("etcd"));
     let store = etcd.url().replacen("etcd://", "etcds://", 1);
     let refused = output_of(run_on(&world, &store, 1, &[], &["echo", "ran"]));
@@ -966,7 +977,7 @@ fn etcds_to_a_plain_member_points_to_etcd() {
 /// refused in one line, and the command does not run.
 #[test]
 fn etcds_presents_the_client_certificate() {
-    let world = World::on_the_double("etcd-mtls");
+    let world = World::without_store("etcd-mtls");
     let tls = TlsFiles::mutual(&world.dir.join("pki"));
     let etcd = EtcdServer::start_tls(&world.dir.join("etcd"), tls.clone());
     let ca = path(&tls.ca);
@@ -1005,7 +1016,7 @@ fn etcds_presents_the_client_certificate() {
 #[test]
 fn a_limit_record_left_by_an_outage_is_stale_and_replaced() {
     let world = World::etcd("stale-limit");
-    let etcd = world.etcd.as_ref().unwrap();
+    let etcd = &world.store;
     etcd.put(&format!("{}/.limit", world.prefix), "2");
     let (code, status) = status_on(&world, &etcd.url());
     assert_eq!(code, Some(0), "{status}");
@@ -1044,7 +1055,7 @@ fn holders_ride_out_a_restart_of_etcd() {
     wait_until(PROMPT, "both commands to start", || {
         world.exists("ready0") && world.exists("ready1")
     });
-    world.etcd.as_mut().unwrap().stop();
+    world.store.stop();
     wait_until(
         PROMPT * 2,
         "each holder to fail four times in a row",
@@ -1057,7 +1068,7 @@ fn holders_ride_out_a_restart_of_etcd() {
             })
         },
     );
-    world.etcd.as_mut().unwrap().restart();
+    world.store.restart();
     world.touch("go");
     for (n, holder) in holders.into_iter().enumerate() {
         let output = holder.wait_with_output().unwrap();

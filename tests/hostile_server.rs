@@ -2,15 +2,13 @@
 //! wrong: cut short, not JSON, without X-Consul-Index, never. Each is retried
 //! or reported, and the semaphore is never corrupted.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::double::{Fault, Match};
-use common::wait_until;
-use common::world::*;
+use crate::common::double::{Fault, Match};
+use crate::common::wait_until;
+use crate::common::world::*;
 
-fn lock_holders(world: &World) -> usize {
+fn lock_holders(world: &World<TestConsul>) -> usize {
     world
         .lock_value()
         .map_or(0, |lock| lock["Holders"].as_object().map_or(0, |h| h.len()))

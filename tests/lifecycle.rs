@@ -6,22 +6,20 @@
 //! fault injection or its control over time run against the double even
 //! when a real agent is given (CONSEM_TEST_CONSUL_ADDR).
 
-mod common;
-
 use std::os::unix::process::ExitStatusExt as _;
 use std::time::{Duration, Instant};
 
-use common::double::{Fault, Match};
-use common::pty::spawn_on_terminal;
-use common::wait_until;
-use common::world::*;
+use crate::common::double::{Fault, Match};
+use crate::common::pty::spawn_on_terminal;
+use crate::common::wait_until;
+use crate::common::world::*;
 
 // ---- helpers ------------------------------------------------------------
 
 /// A child for consem that writes its pid to `name` and then becomes
 /// `sleep 60` (same pid, so the pid is the process consem started); see
 /// `read_pid`.
-fn pid_then_sleep(world: &World, name: &str) -> Vec<String> {
+fn pid_then_sleep(world: &World<TestConsul>, name: &str) -> Vec<String> {
     let script = format!("echo $$ > '{}'; exec sleep 60", world.path(name));
     vec!["sh".into(), "-c".into(), script]
 }
@@ -140,7 +138,7 @@ fn a_waiter_rides_out_outages_in_a_row_each_shorter_than_its_ttl() {
 #[cfg(target_os = "linux")]
 #[test]
 fn a_killed_consem_takes_its_child_along_and_the_next_contender_prunes_it() {
-    let world = World::new("parent-death");
+    let world = World::consul("parent-death");
     let mut consem = world.spawn(1, &[], &strs(&pid_then_sleep(&world, "pid")));
     let pid = read_pid(&world, "pid");
     let sessions = world.sessions();
@@ -164,9 +162,9 @@ fn a_killed_consem_takes_its_child_along_and_the_next_contender_prunes_it() {
         std::slice::from_ref(&session)
     );
 
-    match world.consul.double() {
+    match world.store.double() {
         Some(double) => assert_eq!(double.expire_sessions_idle_for(Duration::ZERO), 1),
-        None => world.consul.destroy_session(&session),
+        None => world.store.destroy_session(&session),
     }
     wait_until(PROMPT, "the contender key to go with the session", || {
         world.contender_keys() == 0
@@ -399,7 +397,7 @@ fn sigterm_during_a_stalled_first_request_exits_143_promptly() {
 /// session leader of a new pseudo-terminal, as in a login shell.
 #[test]
 fn an_interactive_child_owns_the_terminal() {
-    let world = World::new("pty");
+    let world = World::consul("pty");
     let script = "trap 'echo INT-TRAPPED' INT; echo ready; read line; echo \"got:$line\"; \
                   read line2; echo done";
     let (mut consem, mut terminal) =
@@ -481,7 +479,7 @@ fn a_watch_whose_index_goes_back_starts_over_and_still_sees_the_loss() {
         || lock_watches() > before,
     );
     // The operator takes the holder out of .lock; its session stays.
-    world.consul.put(
+    world.store.put(
         &world.key(".lock"),
         br#"{"Limit":1,"Holders":{}}"#,
         SEMAPHORE_FLAGS,
@@ -576,7 +574,7 @@ fn renewals_failing_while_reads_work_end_in_76_within_the_lease() {
 
 /// A child that writes the time (ns since the epoch) to `name` every 50 ms,
 /// ignoring SIGTERM, so that when it stopped can be read afterwards.
-fn heartbeat(world: &World, name: &str, pid: &str) -> Vec<String> {
+fn heartbeat(world: &World<TestConsul>, name: &str, pid: &str) -> Vec<String> {
     let script = format!(
         "trap '' TERM; echo $$ > '{}'; while :; do date +%s%N > '{}.new' && mv '{}.new' '{}'; sleep 0.05; done",
         world.path(pid),
@@ -594,7 +592,7 @@ fn epoch_ns() -> u128 {
         .as_nanos()
 }
 
-fn last_beat(world: &World, name: &str) -> u128 {
+fn last_beat(world: &World<TestConsul>, name: &str) -> u128 {
     std::fs::read_to_string(world.path(name))
         .unwrap()
         .trim()

@@ -3,22 +3,16 @@
 //! are refused, and its record is never overwritten when it is not ours.
 //! The behaviour every store shares is in tests/conformance.rs.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
-use common::wait_until;
-use common::world::*;
-
-fn local_dir(world: &World) -> std::path::PathBuf {
-    world.local.clone().expect("a local world")
-}
+use crate::common::wait_until;
+use crate::common::world::*;
 
 /// The directory the local store keeps the world's prefix in.
-fn prefix_dir(world: &World) -> std::path::PathBuf {
-    let entries: Vec<_> = std::fs::read_dir(local_dir(world))
+fn prefix_dir(world: &World<LocalStore>) -> std::path::PathBuf {
+    let entries: Vec<_> = std::fs::read_dir(&world.store.base)
         .unwrap()
         .map(|e| e.unwrap().path())
         .collect();
@@ -62,9 +56,8 @@ fn the_lock_files_never_reach_the_command() {
         .unwrap();
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     let fds = String::from_utf8_lossy(&output.stdout);
-    let dir = local_dir(&world);
     assert!(
-        !fds.contains(dir.to_str().unwrap()),
+        !fds.contains(world.store.base.to_str().unwrap()),
         "the command holds the store's files open:\n{fds}"
     );
     assert!(!fds.contains("inotify"), "{fds}");
@@ -201,7 +194,7 @@ fn a_waiter_that_waits_does_not_poll() {
 
 /// A directory every user may write to, as the default /run/lock/consem
 /// is, with a prefix's directory made by consem in it.
-fn shared_store(world: &World) -> (std::path::PathBuf, std::path::PathBuf) {
+fn shared_store(world: &World<LocalStore>) -> (std::path::PathBuf, std::path::PathBuf) {
     use std::os::unix::fs::PermissionsExt as _;
     let base = world.dir.join("shared");
     std::fs::create_dir(&base).unwrap();
@@ -220,7 +213,11 @@ fn shared_store(world: &World) -> (std::path::PathBuf, std::path::PathBuf) {
 
 /// `sh -c 'PLANT; exec consem run ...'`: the shell's pid is consem's, so
 /// the script can plant files named after it before consem starts.
-fn shared_run(world: &World, base: &std::path::Path, plant: &str) -> std::process::Command {
+fn shared_run(
+    world: &World<LocalStore>,
+    base: &std::path::Path,
+    plant: &str,
+) -> std::process::Command {
     let mut command = std::process::Command::new("sh");
     command
         .args([
@@ -306,7 +303,7 @@ enum User {
 /// as the default /run/lock/consem is (writable by all, sticky), with the
 /// binary where `nobody` may run it and a scratch directory both write to.
 struct TwoUsers {
-    world: World,
+    world: World<LocalStore>,
     base: PathBuf,
     bin: PathBuf,
     scratch: PathBuf,
@@ -546,7 +543,7 @@ fn two_users_share_a_prefix_whoever_comes_first() {
         for name in ["meta", "state"] {
             assert_eq!(mode_of(&users.prefix_dir().join(name)), 0o666, "{name}");
         }
-        assert_local_clean(&users.base);
+        crate::common::local::assert_local_clean(&users.base);
     }
 }
 
@@ -585,7 +582,7 @@ fn the_limit_holds_with_both_users() {
     }
     assert_eq!(starts, 8, "every contender ran:\n{log}");
     assert!(most <= 3, "{most} ran at once:\n{log}");
-    assert_local_clean(&users.base);
+    crate::common::local::assert_local_clean(&users.base);
 }
 
 /// A join that fails after it made its files removes them: here nobody may
@@ -611,7 +608,7 @@ fn a_join_that_fails_leaves_no_file() {
     assert_eq!(mode_of(&state), 0o666);
     let runs = finish_within(users.run(User::Nobody, 1, &[], "true").spawn().unwrap());
     assert_eq!(code(&runs), Some(0), "{}", stderr(&runs));
-    assert_local_clean(&users.base);
+    crate::common::local::assert_local_clean(&users.base);
 }
 
 /// `state` deleted by hand, or cut short (a consem killed inside its
@@ -664,7 +661,7 @@ fn a_record_lost_under_holders_is_rebuilt_and_the_limit_and_fence_hold() {
         users.go("b");
         let b = finish_within(b);
         assert_eq!(code(&b), Some(0), "{}", stderr(&b));
-        assert_local_clean(&users.base);
+        crate::common::local::assert_local_clean(&users.base);
     }
 }
 
@@ -744,7 +741,7 @@ fn stray_files_wedge_nothing_status_shows_them_and_reset_removes_them() {
         "{}",
         stderr(&reset)
     );
-    assert_local_clean(&users.base);
+    crate::common::local::assert_local_clean(&users.base);
     let status = users.admin(User::Nobody, "status", &[]);
     assert!(!stdout(&status).contains("STALE"), "{}", stdout(&status));
 }
@@ -764,7 +761,7 @@ fn one_user_releases_the_others_holder() {
         assert_eq!(code(&lost), Some(76), "{holder_user:?}: {}", stderr(&lost));
         let next = finish_within(users.run(operator, 1, &[], "true").spawn().unwrap());
         assert_eq!(code(&next), Some(0), "{operator:?}: {}", stderr(&next));
-        assert_local_clean(&users.base);
+        crate::common::local::assert_local_clean(&users.base);
     }
 }
 
@@ -796,5 +793,5 @@ fn a_dead_contender_of_another_user_is_skipped() {
     );
     let ran = finish_within(users.run(User::Root, 1, &[], "true").spawn().unwrap());
     assert_eq!(code(&ran), Some(0), "{}", stderr(&ran));
-    assert_local_clean(&users.base);
+    crate::common::local::assert_local_clean(&users.base);
 }

@@ -2,17 +2,15 @@
 //! changes, erased when the command starts; absent when stderr is not a
 //! terminal.
 
-mod common;
-
 use std::process::Stdio;
 
-use common::pty::spawn_on_terminal;
-use common::wait_until;
-use common::world::*;
+use crate::common::pty::spawn_on_terminal;
+use crate::common::wait_until;
+use crate::common::world::*;
 
 #[test]
 fn a_waiter_on_a_terminal_shows_who_holds_and_erases_the_line() {
-    let world = World::new("progress-tty");
+    let world = World::consul("progress-tty");
     let holder = hold_slot(&world, 1, "ready", "go");
     let holder_pid = holder.id();
     let (mut waiter, mut terminal) =
@@ -42,7 +40,7 @@ fn a_waiter_on_a_terminal_shows_who_holds_and_erases_the_line() {
 
 #[test]
 fn no_line_when_stderr_is_not_a_terminal() {
-    let world = World::new("progress-pipe");
+    let world = World::consul("progress-pipe");
     let holder = hold_slot(&world, 1, "ready", "go");
     let waiter = world
         .consem(1, &[], &["true"])
@@ -79,7 +77,7 @@ fn columns(draw: &str) -> usize {
 
 #[test]
 fn the_line_fits_a_narrow_window_and_follows_a_resize() {
-    let world = World::new("progress-narrow-window");
+    let world = World::consul("progress-narrow-window");
     let holder = hold_slot(&world, 1, "ready", "go");
     let (mut waiter, mut terminal) =
         spawn_on_terminal(world.consem(1, &[], &["echo", "RAN"])).expect("a pseudo-terminal");

@@ -4,15 +4,13 @@
 //! its permit could expire when Redis is gone, and refuses bad credentials.
 //! The behaviour every store shares is in tests/conformance.rs.
 
-mod common;
-
 use std::os::unix::process::ExitStatusExt as _;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::redis::RedisServer;
-use common::wait_until;
-use common::world::*;
+use crate::common::redis::RedisServer;
+use crate::common::wait_until;
+use crate::common::world::*;
 
 fn server_time(redis: &RedisServer) -> f64 {
     let mut connection = redis.connection().unwrap();
@@ -22,8 +20,8 @@ fn server_time(redis: &RedisServer) -> f64 {
 
 /// A permit as the common clients write it: `ZADD semaphore:<prefix>
 /// <expiry> <id>`, with the expiry in Unix seconds.
-fn foreign_permit(world: &World, id: &str, expires_in: f64) {
-    let redis = world.redis.as_ref().unwrap();
+fn foreign_permit(world: &World<RedisServer>, id: &str, expires_in: f64) {
+    let redis = &world.store;
     let expiry = server_time(redis) + expires_in;
     let mut connection = redis.connection().unwrap();
     let _: i64 = redis::cmd("ZADD")
@@ -34,7 +32,12 @@ fn foreign_permit(world: &World, id: &str, expires_in: f64) {
         .unwrap();
 }
 
-fn output(world: &World, limit: u32, extra: &[&str], command: &[&str]) -> std::process::Output {
+fn output(
+    world: &World<RedisServer>,
+    limit: u32,
+    extra: &[&str],
+    command: &[&str],
+) -> std::process::Output {
     let mut child = world
         .consem(limit, extra, command)
         .stdout(Stdio::piped())
@@ -61,7 +64,7 @@ fn permits_of_the_common_clients_count_against_the_limit_and_expire_as_they_expe
     );
     assert!(json["holders"][0]["host"].is_null());
     // A permit whose expiry passed is gone for everyone.
-    let redis = world.redis.as_ref().unwrap();
+    let redis = &world.store;
     let mut connection = redis.connection().unwrap();
     let _: i64 = redis::cmd("DEL")
         .arg(format!("semaphore:{}", world.prefix))
@@ -102,7 +105,7 @@ fn a_server_restarted_without_persistence_takes_the_slot_away() {
         &["sh", "-c", &script],
     );
     let pid = read_pid(&world, "pid");
-    world.redis.as_mut().unwrap().restart();
+    world.store.restart();
     let output_of_holder = finish(holder);
     let text = stderr(&output_of_holder);
     assert_eq!(output_of_holder.status.code(), Some(76), "{text}");
@@ -115,7 +118,7 @@ fn a_server_restarted_without_persistence_takes_the_slot_away() {
     let tried = output(&world, 1, &["--try"], &["true"]);
     assert_eq!(tried.status.code(), Some(75), "{}", stderr(&tried));
     let lock_delay = format!("semaphore:{}:lock-delay", world.prefix);
-    let mut connection = world.redis.as_ref().unwrap().connection().unwrap();
+    let mut connection = world.store.connection().unwrap();
     let left: i64 = redis::cmd("PTTL")
         .arg(&lock_delay)
         .query(&mut connection)
@@ -201,9 +204,9 @@ fn a_wipe_stops_the_holder_and_holds_back_every_grant_for_a_ttl() {
     wait_until(PROMPT, "the waiter to join the queue", || {
         world.contender_keys() == 2
     });
-    let mut connection = world.redis.as_ref().unwrap().connection().unwrap();
+    let mut connection = world.store.connection().unwrap();
     let _: () = redis::cmd("FLUSHALL").query(&mut connection).unwrap();
-    let wiped = server_time(world.redis.as_ref().unwrap());
+    let wiped = server_time(&world.store);
     let newcomer = world.spawn(1, &ttl, &strs(&logged_run(&log, "newcomer", 1)));
     let stopped = finish(holder);
     assert_eq!(stopped.status.code(), Some(76), "{}", stderr(&stopped));
@@ -227,9 +230,7 @@ fn a_wipe_stops_the_holder_and_holds_back_every_grant_for_a_ttl() {
     );
     wait_until(PROMPT, "the lock delay to end", || {
         world
-            .redis
-            .as_ref()
-            .unwrap()
+            .store
             .keys(&world.prefix)
             .iter()
             .all(|k| !k.ends_with(":lock-delay"))
@@ -242,7 +243,7 @@ fn a_wipe_stops_the_holder_and_holds_back_every_grant_for_a_ttl() {
 #[test]
 fn a_redis_that_may_evict_the_permits_is_refused_unless_allowed() {
     let world = World::redis("evicting");
-    let redis = world.redis.as_ref().unwrap();
+    let redis = &world.store;
     let mut connection = redis.connection().unwrap();
     let config = |connection: &mut redis::Connection, name: &str, value: &str| {
         let _: () = redis::cmd("CONFIG")
@@ -279,7 +280,7 @@ fn a_redis_that_may_evict_the_permits_is_refused_unless_allowed() {
 #[test]
 fn evicted_permits_are_noticed_within_about_a_second() {
     let world = World::redis("evicted");
-    let redis = world.redis.as_ref().unwrap();
+    let redis = &world.store;
     let mut connection = redis.connection().unwrap();
     let log = world.path("log");
     let args = [
@@ -372,7 +373,7 @@ fn holders_ride_out_a_restart_of_redis_with_its_data() {
     wait_until(PROMPT, "both commands to start", || {
         world.exists("ready0") && world.exists("ready1")
     });
-    world.redis.as_mut().unwrap().shut_down_saving();
+    world.store.shut_down_saving();
     wait_until(PROMPT, "each holder to fail four times in a row", || {
         (0..2).all(|n| {
             log_text(&world, &format!("holder{n}.log"))
@@ -381,7 +382,7 @@ fn holders_ride_out_a_restart_of_redis_with_its_data() {
                 >= 4
         })
     });
-    world.redis.as_mut().unwrap().start_again();
+    world.store.start_again();
     world.touch("go");
     for (n, holder) in holders.into_iter().enumerate() {
         let output = finish(holder);
@@ -406,7 +407,7 @@ fn redis_gone_stops_the_command_before_its_permit_could_expire() {
         &["sh", "-c", &script],
     );
     let pid = read_pid(&world, "pid");
-    world.redis.as_mut().unwrap().stop();
+    world.store.stop();
     wait_until(Duration::from_secs(10), "the command to be stopped", || {
         process_gone(pid)
     });
@@ -453,7 +454,7 @@ fn first_connection_only(target: u16) -> u16 {
 #[test]
 fn a_holder_whose_first_renewal_never_arrives_stops_within_the_permit() {
     let world = World::redis("first-renewal-lost");
-    let relay = first_connection_only(world.redis.as_ref().unwrap().port);
+    let relay = first_connection_only(world.store.port);
     let script = format!("echo $$ > '{}'; exec sleep 60", world.path("pid"));
     let started = Instant::now();
     let holder = std::process::Command::new(env!("CARGO_BIN_EXE_consem"))
@@ -497,7 +498,7 @@ fn a_holder_whose_first_renewal_never_arrives_stops_within_the_permit() {
 #[test]
 fn wrong_credentials_and_missing_permissions_exit_77() {
     let world = World::redis("auth");
-    let redis = world.redis.as_ref().unwrap();
+    let redis = &world.store;
     let mut connection = redis.connection().unwrap();
     let _: () = redis::cmd("ACL")
         .arg(
@@ -585,7 +586,7 @@ fn set_string(connection: &mut redis::Connection, key: &str, value: &str) {
 #[test]
 fn a_key_that_is_not_a_sorted_set_is_a_conflict_and_stays_untouched() {
     let world = World::redis("not-a-zset");
-    let redis = world.redis.as_ref().unwrap();
+    let redis = &world.store;
     let mut connection = redis.connection().unwrap();
     let key = format!("semaphore:{}", world.prefix);
     set_string(&mut connection, &key, "someone else's");
@@ -609,7 +610,7 @@ fn a_key_that_is_not_a_sorted_set_is_a_conflict_and_stays_untouched() {
 #[test]
 fn a_limit_record_that_is_not_a_limit_is_a_conflict_and_stays_untouched() {
     let world = World::redis("foreign-limit");
-    let redis = world.redis.as_ref().unwrap();
+    let redis = &world.store;
     let mut connection = redis.connection().unwrap();
     let key = format!("semaphore:{}:limit", world.prefix);
     set_string(&mut connection, &key, "notanumber");
@@ -635,14 +636,14 @@ fn a_limit_record_that_is_not_a_limit_is_a_conflict_and_stays_untouched() {
 #[test]
 fn the_fence_grows_on_across_a_server_restart() {
     let mut world = World::redis("fence-restart");
-    let fence = |world: &World| -> u64 {
+    let fence = |world: &World<RedisServer>| -> u64 {
         let run = output(world, 1, &[], &["sh", "-c", "printf %s \"$CONSEM_FENCE\""]);
         assert_eq!(run.status.code(), Some(0), "{}", stderr(&run));
         String::from_utf8(run.stdout).unwrap().parse().unwrap()
     };
     let before = [fence(&world), fence(&world)];
     assert!(before[0] < before[1], "{before:?}");
-    world.redis.as_mut().unwrap().restart();
+    world.store.restart();
     let after = fence(&world);
     assert!(after > before[1], "{after} after {before:?}");
     world.assert_clean();
@@ -663,7 +664,7 @@ fn reset_drops_waiters_that_died_in_the_queue() {
     waiter.wait().unwrap();
     world.touch("go");
     assert_eq!(finish(holder).status.code(), Some(0));
-    let redis = world.redis.as_ref().unwrap();
+    let redis = &world.store;
     wait_until(
         PROMPT,
         "the dead waiter's liveness (its --ttl) to run out",
@@ -729,8 +730,8 @@ fn runs_of_every_kind_leave_nothing_but_the_counters() {
 
 #[test]
 fn rediss_checks_the_server_certificate_against_the_trusted_roots() {
-    let world = World::on_the_double("redis-tls");
-    let pki = common::pki::TestPki::new();
+    let world = World::without_store("redis-tls");
+    let pki = crate::common::pki::TestPki::new();
     let files = pki.write_to(&world.dir.join("pki"));
     let tls_port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -787,7 +788,7 @@ fn rediss_checks_the_server_certificate_against_the_trusted_roots() {
 #[test]
 fn rediss_to_a_plain_server_points_to_redis() {
     let world = World::redis("rediss-to-plain");
-    let plain = world.redis.as_ref().unwrap().url();
+    let plain = world.store.url();
     let store = plain.replacen("redis://", "rediss://", 1);
     let mut command = world.consem_command();
     command
@@ -819,7 +820,7 @@ fn waiters_retry_while_redis_is_gone_then_give_up() {
         world.contender_keys() == 2
     });
     let stopped = Instant::now();
-    world.redis.as_mut().unwrap().stop();
+    world.store.stop();
     // It retries for up to one TTL, then gives up: 69.
     wait_with_deadline(
         &mut waiter,
@@ -846,7 +847,7 @@ fn waiters_retry_while_redis_is_gone_then_give_up() {
 #[test]
 fn the_acquire_script_takes_slots_in_order_of_arrival() {
     let world = World::redis("script-fifo");
-    let redis = world.redis.as_ref().unwrap();
+    let redis = &world.store;
     let mut connection = redis.connection().unwrap();
     let script = redis::Script::new(include_str!("../src/store/redis/acquire.lua"));
     let base = format!("semaphore:{}", world.prefix);
@@ -920,7 +921,7 @@ fn config_set(redis: &RedisServer, name: &str, value: &str) {
 #[test]
 fn a_slot_found_again_after_a_lost_answer_is_renewed() {
     let world = World::redis("answer-lost");
-    let redis = world.redis.as_ref().unwrap();
+    let redis = &world.store;
     let mut connection = redis.connection().unwrap();
     let script = redis::Script::new(include_str!("../src/store/redis/acquire.lua"));
     let base = format!("semaphore:{}", world.prefix);
@@ -975,18 +976,19 @@ fn a_slot_found_again_after_a_lost_answer_is_renewed() {
 #[test]
 fn a_restart_from_an_older_snapshot_repeats_no_fence() {
     let mut world = World::redis("older-snapshot");
-    let fence_of = |world: &World, name: &str| -> u64 {
+    let fence_of = |world: &World<RedisServer>, name: &str| -> u64 {
         std::fs::read_to_string(world.path(name))
             .unwrap()
             .trim()
             .parse()
             .unwrap()
     };
-    let record =
-        |world: &World, name: &str| format!("printf %s \"$CONSEM_FENCE\" > '{}'", world.path(name));
+    let record = |world: &World<RedisServer>, name: &str| {
+        format!("printf %s \"$CONSEM_FENCE\" > '{}'", world.path(name))
+    };
     let first = output(&world, 1, &[], &["sh", "-c", &record(&world, "first")]);
     assert_eq!(first.status.code(), Some(0), "{}", stderr(&first));
-    let mut connection = world.redis.as_ref().unwrap().connection().unwrap();
+    let mut connection = world.store.connection().unwrap();
     let _: () = redis::cmd("SAVE").query(&mut connection).unwrap();
     let holder_script = format!("{}; exec sleep 60", record(&world, "holder"));
     let holder = world.spawn(
@@ -998,8 +1000,8 @@ fn a_restart_from_an_older_snapshot_repeats_no_fence() {
         world.exists("holder")
     });
     // Killed: what it wrote since the snapshot is lost.
-    world.redis.as_mut().unwrap().stop();
-    world.redis.as_mut().unwrap().start_again();
+    world.store.stop();
+    world.store.start_again();
     let stopped = finish(holder);
     let text = stderr(&stopped);
     assert_eq!(stopped.status.code(), Some(76), "{text}");
@@ -1022,9 +1024,7 @@ fn a_restart_from_an_older_snapshot_repeats_no_fence() {
     );
     wait_until(PROMPT, "the lock delay to end", || {
         world
-            .redis
-            .as_ref()
-            .unwrap()
+            .store
             .keys(&world.prefix)
             .iter()
             .all(|k| !k.ends_with(":lock-delay"))
@@ -1052,7 +1052,7 @@ fn the_lock_delay_covers_the_longest_ttl_in_use() {
     });
     // The holder cannot look, as behind a partition.
     signal(&holder, libc::SIGSTOP);
-    let redis = world.redis.as_ref().unwrap();
+    let redis = &world.store;
     let mut connection = redis.connection().unwrap();
     let _: () = redis::cmd("FLUSHALL").query(&mut connection).unwrap();
     let lock_delay = format!("semaphore:{}:lock-delay", world.prefix);
@@ -1089,7 +1089,7 @@ fn the_lock_delay_covers_the_longest_ttl_in_use() {
 #[test]
 fn a_full_redis_is_ridden_out_by_holders() {
     let world = World::redis("full");
-    let redis = world.redis.as_ref().unwrap();
+    let redis = &world.store;
     let holder = spawn_verbose(
         &world,
         1,
@@ -1139,7 +1139,7 @@ fn answers_that_come_late_shorten_the_lease_to_nothing() {
     // the proxy is one round trip (not EVALSHA, SCRIPT LOAD, EVALSHA).
     let direct = output(&world, 1, &[], &["true"]);
     assert_eq!(direct.status.code(), Some(0), "{}", stderr(&direct));
-    let proxy = common::proxy::DelayingProxy::start(&world.server_addr().unwrap());
+    let proxy = crate::common::proxy::DelayingProxy::start(&world.server_addr());
     proxy.delay_answers(Duration::from_millis(700));
     let script = format!(
         "echo $$ > '{}'; while [ ! -e '{}' ]; do sleep 0.02; done",

@@ -4,19 +4,17 @@
 //! What every store does is in tests/conformance.rs. One behaviour per test;
 //! every test ends by checking that nothing is left behind.
 
-mod common;
-
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::double::{Fault, Match};
-use common::world::*;
-use common::{encode_key, http, wait_until};
+use crate::common::double::{Fault, Match};
+use crate::common::world::*;
+use crate::common::{encode_key, http, wait_until};
 
 #[test]
 fn child_sees_its_slot_in_the_environment() {
-    let world = World::new("env");
+    let world = World::consul("env");
     let script = r#"printf '%s|%s|%s|%s|%s' "$CONSEM_PREFIX" "$CONSEM_LIMIT" "$CONSUL_LOCK_HELD" "$CONSEM_SESSION" "$CONSEM_FENCE""#;
     let output = world
         .consem(3, &[], &["sh", "-c", script])
@@ -33,8 +31,8 @@ fn child_sees_its_slot_in_the_environment() {
 
 #[test]
 fn a_lock_in_the_list_form_is_used_and_kept_in_that_form() {
-    let world = World::new("list-form");
-    world.consul.put(
+    let world = World::consul("list-form");
+    world.store.put(
         &world.key(".lock"),
         br#"{"Limit":2,"Holders":[]}"#,
         SEMAPHORE_FLAGS,
@@ -51,7 +49,7 @@ fn a_lock_in_the_list_form_is_used_and_kept_in_that_form() {
 
 #[test]
 fn shares_a_prefix_with_a_consul_lock_holder() {
-    let world = World::new("consul-lock-peer");
+    let world = World::consul("consul-lock-peer");
     let peer = consul_lock_holder(&world, 2);
     let holder = hold_slot(&world, 2, "ready", "go");
     let lock = world.lock_value().unwrap();
@@ -64,14 +62,14 @@ fn shares_a_prefix_with_a_consul_lock_holder() {
     let lock = world.lock_value().expect(".lock kept for the peer");
     assert_eq!(lock["Holders"].as_object().unwrap().len(), 1, "{lock}");
     assert!(lock["Holders"].get(&peer).is_some());
-    world.consul.destroy_session(&peer);
-    world.consul.delete_tree(&format!("{}/", world.prefix));
+    world.store.destroy_session(&peer);
+    world.store.delete_tree(&format!("{}/", world.prefix));
     world.assert_clean();
 }
 
 #[test]
 fn waits_for_a_consul_lock_holder_and_times_out() {
-    let world = World::new("consul-lock-full");
+    let world = World::consul("consul-lock-full");
     let peer = consul_lock_holder(&world, 1);
     let output = world
         .consem(1, &["--timeout", "1s"], &["true"])
@@ -80,8 +78,8 @@ fn waits_for_a_consul_lock_holder_and_times_out() {
     assert_eq!(output.status.code(), Some(75), "{}", stderr(&output));
     let lock = world.lock_value().unwrap();
     assert_eq!(lock["Holders"].as_object().unwrap().len(), 1, "{lock}");
-    world.consul.destroy_session(&peer);
-    world.consul.delete_tree(&format!("{}/", world.prefix));
+    world.store.destroy_session(&peer);
+    world.store.delete_tree(&format!("{}/", world.prefix));
     world.assert_clean();
 }
 
@@ -92,8 +90,8 @@ fn a_foreign_lock_is_a_conflict_and_stays_untouched() {
         ("limit", br#"{"Limit":3,"Holders":{}}"#, SEMAPHORE_FLAGS, 2),
         ("garbage", b"\x00not json\xff", SEMAPHORE_FLAGS, 2),
     ] {
-        let world = World::new(&format!("foreign-{name}"));
-        world.consul.put(&world.key(".lock"), value, flags);
+        let world = World::consul(&format!("foreign-{name}"));
+        world.store.put(&world.key(".lock"), value, flags);
         let before = world.entries();
         let output = world.consem(limit, &[], &["true"]).output().unwrap();
         assert_eq!(
@@ -106,20 +104,20 @@ fn a_foreign_lock_is_a_conflict_and_stays_untouched() {
         assert!(message.contains(".lock"), "{name}: {message}");
         assert_eq!(message.lines().count(), 1, "{name}: one line: {message}");
         assert_eq!(world.entries(), before, "{name}: .lock changed");
-        world.consul.delete_tree(&format!("{}/", world.prefix));
+        world.store.delete_tree(&format!("{}/", world.prefix));
         world.assert_clean();
     }
 }
 
 #[test]
 fn an_operator_destroying_the_session_stops_the_child_with_76() {
-    let world = World::new("slot-lost-operator");
+    let world = World::consul("slot-lost-operator");
     let script = format!("echo $$ > '{}'; exec sleep 60", world.path("pid"));
     let child = world.spawn(1, &["--kill-grace", "1s"], &["sh", "-c", &script]);
     wait_until(PROMPT, "the child to start", || world.exists("pid"));
     let session = world.sessions().pop().unwrap().0;
     let started = Instant::now();
-    world.consul.destroy_session(&session);
+    world.store.destroy_session(&session);
     let output = finish(child);
     assert_eq!(output.status.code(), Some(76), "{}", stderr(&output));
     assert!(stderr(&output).contains("slot lost"), "{}", stderr(&output));
@@ -144,15 +142,13 @@ fn an_operator_destroying_the_session_stops_the_child_with_76() {
 /// holder taken out of `.lock`, `.lock` deleted, or the session invalidated.
 #[test]
 fn a_lost_slot_says_what_was_observed() {
-    type Take = fn(&World, &str);
+    type Take = fn(&World<TestConsul>, &str);
     let cases: [(&str, Take, &str); 5] = [
         (
             "key deleted",
             |world, session| {
                 let key = encode_key(&world.key(session));
-                world
-                    .consul
-                    .request("DELETE", &format!("/v1/kv/{key}"), b"");
+                world.store.request("DELETE", &format!("/v1/kv/{key}"), b"");
             },
             "our contender key was deleted while our session is alive",
         ),
@@ -161,14 +157,14 @@ fn a_lost_slot_says_what_was_observed() {
             |world, session| {
                 let key = encode_key(&world.key(session));
                 let path = format!("/v1/kv/{key}?release={session}");
-                world.consul.request("PUT", &path, b"");
+                world.store.request("PUT", &path, b"");
             },
             "released from our session",
         ),
         (
             "taken out of .lock",
             |world, _| {
-                world.consul.put(
+                world.store.put(
                     &world.key(".lock"),
                     br#"{"Limit":1,"Holders":{}}"#,
                     SEMAPHORE_FLAGS,
@@ -180,20 +176,18 @@ fn a_lost_slot_says_what_was_observed() {
             ".lock deleted",
             |world, _| {
                 let key = encode_key(&world.key(".lock"));
-                world
-                    .consul
-                    .request("DELETE", &format!("/v1/kv/{key}"), b"");
+                world.store.request("DELETE", &format!("/v1/kv/{key}"), b"");
             },
             "the .lock key was deleted",
         ),
         (
             "session destroyed",
-            |world, session| world.consul.destroy_session(session),
+            |world, session| world.store.destroy_session(session),
             "invalidated",
         ),
     ];
     for (name, take, said) in cases {
-        let world = World::new("loss-report");
+        let world = World::consul("loss-report");
         let holder = world.spawn(1, &[], &strs(&world.held_until("ready", "go", 0)));
         wait_until(PROMPT, "the child to start", || world.exists("ready"));
         let session = world.sessions().pop().unwrap().0;
@@ -205,7 +199,7 @@ fn a_lost_slot_says_what_was_observed() {
         if name != "session destroyed" {
             assert!(!message.contains("invalidated"), "{name}: {message}");
         }
-        world.consul.delete_tree(&format!("{}/", world.prefix));
+        world.store.delete_tree(&format!("{}/", world.prefix));
         world.assert_clean();
     }
 }
@@ -250,7 +244,7 @@ fn a_slow_session_create_ends_the_run(delay_secs: u64, extra: &[&str], code: i32
         !world.sessions().is_empty()
     });
     for (id, _) in world.sessions() {
-        world.consul.destroy_session(&id);
+        world.store.destroy_session(&id);
     }
     world.assert_clean();
     message
@@ -261,15 +255,15 @@ fn a_slow_session_create_ends_the_run(delay_secs: u64, extra: &[&str], code: i32
 /// `status` shows the holders and says so.
 #[test]
 fn a_lock_with_more_live_holders_than_its_limit_is_a_conflict() {
-    let world = World::new("over-limit");
+    let world = World::consul("over-limit");
     let first = consul_lock_holder(&world, 1);
     let second = peer_session(&world, "another holder");
     let key = encode_key(&world.key(&second));
     let path = format!("/v1/kv/{key}?acquire={second}&flags={SEMAPHORE_FLAGS}");
-    assert_eq!(world.consul.request("PUT", &path, b"").1.trim(), "true");
+    assert_eq!(world.store.request("PUT", &path, b"").1.trim(), "true");
     let both = format!(r#"{{"Limit":1,"Holders":{{"{first}":true,"{second}":true}}}}"#);
     world
-        .consul
+        .store
         .put(&world.key(".lock"), both.as_bytes(), SEMAPHORE_FLAGS);
     let before = world.entries();
     let output = world.consem(1, &[], &["true"]).output().unwrap();
@@ -299,9 +293,9 @@ fn a_lock_with_more_live_holders_than_its_limit_is_a_conflict() {
             .is_some_and(|c| c.contains("limit of 1")),
         "{json}"
     );
-    world.consul.destroy_session(&first);
-    world.consul.destroy_session(&second);
-    world.consul.delete_tree(&format!("{}/", world.prefix));
+    world.store.destroy_session(&first);
+    world.store.destroy_session(&second);
+    world.store.delete_tree(&format!("{}/", world.prefix));
     world.assert_clean();
 }
 
@@ -362,7 +356,7 @@ fn with_the_default_settings_a_holder_retries_while_its_lease_lasts() {
     );
     wait_until(PROMPT, "the child to start", || world.exists("ready"));
     let lock_reads = Match::method_path("GET", "/.lock");
-    let reads = |double: &common::ConsulDouble| {
+    let reads = |double: &crate::common::ConsulDouble| {
         double
             .requests()
             .iter()
@@ -463,7 +457,7 @@ fn consul_down_at_start_exits_69_naming_the_address() {
 #[test]
 fn a_token_file_path_that_is_not_utf8_is_a_usage_error() {
     use std::os::unix::ffi::OsStrExt as _;
-    let world = World::new("token-file-bytes");
+    let world = World::consul("token-file-bytes");
     let output = world
         .consem(1, &[], &["touch", &world.path("ran")])
         .env(
@@ -501,7 +495,7 @@ fn an_argument_that_is_not_utf8_is_a_usage_error_naming_its_option() {
 
 #[test]
 fn usage_errors_exit_2_with_one_line() {
-    let world = World::new("usage");
+    let world = World::consul("usage");
     for extra in [
         &["--prefix", "/"][..],
         &["--prefix", "p", "--http-addr", "ftp://x"],
@@ -558,7 +552,7 @@ fn command_line_errors_are_one_line_in_either_log_format() {
 
 #[test]
 fn verbose_reports_the_lifecycle_on_stderr_only() {
-    let world = World::new("verbose");
+    let world = World::consul("verbose");
     let output = world
         .consem(1, &["-v"], &["printf", "out"])
         .output()
@@ -580,7 +574,7 @@ fn verbose_reports_the_lifecycle_on_stderr_only() {
 
 #[test]
 fn json_log_lines_are_one_object_each() {
-    let world = World::new("json-log");
+    let world = World::consul("json-log");
     let output = world
         .consem(1, &["-v", "--log-format", "json"], &["printf", "out"])
         .output()
@@ -769,7 +763,7 @@ fn a_consul_lock_waiter_does_not_hold_up_a_consem_waiter() {
     let peer_key = world.key(&peer);
     let url = format!(
         "{}/v1/kv/{}?acquire={peer}&flags={SEMAPHORE_FLAGS}",
-        world.consul.base_url(),
+        world.store.base_url(),
         encode_key(&peer_key)
     );
     assert_eq!(http("PUT", &url, b"").1.trim(), "true");
@@ -792,15 +786,15 @@ fn a_consul_lock_waiter_does_not_hold_up_a_consem_waiter() {
     );
     // The holder leaves; the peer, which would have raced for the slot,
     // does nothing here: the consem takes it though the peer came first.
-    world.consul.destroy_session(&holder);
+    world.store.destroy_session(&holder);
     let output = finish(waiter);
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     // The consem left while the peer still waited: `.lock` stays, empty,
     // for the peer, whose own exit (played here) removes what is left.
     let lock = world.lock_value().expect(".lock kept for the waiting peer");
     assert_eq!(lock["Holders"], serde_json::json!({}));
-    world.consul.destroy_session(&peer);
-    world.consul.delete_tree(&world.prefix);
+    world.store.destroy_session(&peer);
+    world.store.delete_tree(&world.prefix);
     world.assert_clean();
 }
 
@@ -811,10 +805,10 @@ fn a_consul_lock_waiter_does_not_hold_up_a_consem_waiter() {
 /// one free.
 #[test]
 fn a_leaving_holder_hands_its_slot_to_the_consem_waiter_beside_consul_lock() {
-    use common::consul_lock::ConsulLockLoop;
+    use crate::common::consul_lock::ConsulLockLoop;
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
-    let world = World::new("hand-off");
+    let world = World::consul("hand-off");
     let peer = consul_lock_holder(&world, 2);
     let holder = hold_slot(&world, 2, "held", "leave");
     let waiter = world.spawn(2, &[], &strs(&world.held_until("runs", "done", 0)));
@@ -865,8 +859,8 @@ fn a_leaving_holder_hands_its_slot_to_the_consem_waiter_beside_consul_lock() {
     }
     // The peers played here leave `.lock` naming the one that never ran a
     // loop; nothing of consem's is left.
-    world.consul.destroy_session(&peer);
-    world.consul.delete_tree(&world.prefix);
+    world.store.destroy_session(&peer);
+    world.store.delete_tree(&world.prefix);
     world.assert_clean();
 }
 
@@ -875,8 +869,8 @@ fn a_leaving_holder_hands_its_slot_to_the_consem_waiter_beside_consul_lock() {
 /// would answer with a redirect.
 #[test]
 fn holders_that_cannot_have_a_contender_key_are_pruned() {
-    let world = World::new("odd-holders");
-    world.consul.put(
+    let world = World::consul("odd-holders");
+    world.store.put(
         &world.key(".lock"),
         br#"{"Limit":1,"Holders":{".":true,"..":true,"":true,"a/b":true}}"#,
         SEMAPHORE_FLAGS,

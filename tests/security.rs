@@ -3,15 +3,13 @@
 //! runs the real binary against the Consul double in its TLS or ACL mode
 //! (certificates made at test time), even when a real agent is given.
 
-mod common;
-
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-use common::double::{Acl, ConsulDouble, RecordedRequest, Rights};
-use common::pki::{PkiFiles, TestPki, ELSEWHERE_NAME};
-use common::world::*;
-use common::{
+use crate::common::double::{Acl, ConsulDouble, RecordedRequest, Rights};
+use crate::common::pki::{PkiFiles, TestPki, ELSEWHERE_NAME};
+use crate::common::world::*;
+use crate::common::{
     encode_key, http_agent, http_request, unique_prefix, wait_until, KvEntry, TestConsul,
     HELPER_TOKEN,
 };
@@ -24,18 +22,22 @@ const OTHER_TOKEN: &str = "other-0d5a-consem-token";
 
 /// A world around an https double serving `pki`'s good server certificate
 /// (mTLS with `mtls`), and the test PKI written to its scratch directory.
-fn tls_world(name: &str, pki: &TestPki, mtls: bool) -> (World, PkiFiles) {
+fn tls_world(name: &str, pki: &TestPki, mtls: bool) -> (World<TestConsul>, PkiFiles) {
     let world = World::with_consul(name, TestConsul::start_tls(pki, mtls));
     let files = pki.write_to(&world.dir.join("pki"));
     (world, files)
 }
 
 /// A world around an https double presenting `cert` (e.g. the expired one).
-fn tls_world_with(name: &str, pki: &TestPki, cert: &common::pki::CertKey) -> (World, PkiFiles) {
+fn tls_world_with(
+    name: &str,
+    pki: &TestPki,
+    cert: &crate::common::pki::CertKey,
+) -> (World<TestConsul>, PkiFiles) {
     let double = ConsulDouble::start_tls(pki.tls_server_with(cert, false));
     let consul = TestConsul::Secured(
         double,
-        common::Access {
+        crate::common::Access {
             ca_pem: Some(pki.ca_pem.clone()),
             client: None,
             token: None,
@@ -49,7 +51,7 @@ fn tls_world_with(name: &str, pki: &TestPki, cert: &common::pki::CertKey) -> (Wo
 /// A world around a plain-HTTP double with ACLs on; `acl` gets the world's
 /// prefix and says which tokens the double knows (the helpers' token is
 /// added).
-fn acl_world(name: &str, acl: impl FnOnce(&str) -> Acl) -> World {
+fn acl_world(name: &str, acl: impl FnOnce(&str) -> Acl) -> World<TestConsul> {
     let prefix = unique_prefix(name);
     let consul = TestConsul::Double(ConsulDouble::start()).with_acls(acl(&prefix));
     let mut world = World::with_consul(name, consul);
@@ -58,12 +60,12 @@ fn acl_world(name: &str, acl: impl FnOnce(&str) -> Acl) -> World {
 }
 
 /// A world around a plain-HTTP double without ACLs.
-fn plain_world(name: &str) -> World {
+fn plain_world(name: &str) -> World<TestConsul> {
     World::with_consul(name, TestConsul::Double(ConsulDouble::start()))
 }
 
-fn double(world: &World) -> &ConsulDouble {
-    world.consul.double().expect("these tests build a double")
+fn double(world: &World<TestConsul>) -> &ConsulDouble {
+    world.store.double().expect("these tests build a double")
 }
 
 fn path(p: &Path) -> &str {
@@ -90,7 +92,7 @@ fn one_line(output: &Output) -> String {
 }
 
 /// The requests consem made (its User-Agent), not the helpers'.
-fn consem_requests(world: &World) -> Vec<RecordedRequest> {
+fn consem_requests(world: &World<TestConsul>) -> Vec<RecordedRequest> {
     let requests: Vec<RecordedRequest> = double(world)
         .requests()
         .into_iter()
@@ -108,19 +110,19 @@ fn consem_requests(world: &World) -> Vec<RecordedRequest> {
 
 /// The keys under the world's prefix, read from the double itself (the
 /// helpers' HTTP access cannot check every certificate these tests use).
-fn keys(world: &World) -> Vec<KvEntry> {
+fn keys(world: &World<TestConsul>) -> Vec<KvEntry> {
     double(world).entries(&format!("{}/", world.prefix))
 }
 
 /// Nothing left under the prefix, and no session.
-fn assert_clean(world: &World) {
+fn assert_clean(world: &World<TestConsul>) {
     assert_eq!(keys(world), vec![], "keys left under {}", world.prefix);
     let sessions: Vec<String> = double(world).sessions().into_iter().map(|s| s.id).collect();
     assert_eq!(sessions, Vec::<String>::new(), "sessions left behind");
 }
 
 /// Asserts a run exited 0 with the child's output intact and left nothing.
-fn assert_ran(world: &World, output: &Output, stdout: &str) {
+fn assert_ran(world: &World<TestConsul>, output: &Output, stdout: &str) {
     assert_eq!(output.status.code(), Some(0), "{}", stderr(output));
     assert_eq!(String::from_utf8_lossy(&output.stdout), stdout);
     assert_clean(world);
@@ -170,9 +172,9 @@ fn consul_http_ssl_makes_a_bare_address_https() {
     let (world, files) = tls_world("https-ssl-env", &TestPki::new(), false);
     let mut command = world.consem(1, &["--ca-file", path(&files.ca)], &HELLO);
     command
-        .env("CONSUL_HTTP_ADDR", world.consul.addr())
+        .env("CONSUL_HTTP_ADDR", world.store.addr())
         .env("CONSUL_HTTP_SSL", "true");
-    assert!(!world.consul.addr().contains("://"));
+    assert!(!world.store.addr().contains("://"));
     let output = run(command);
     assert_ran(&world, &output, HELLO_OUT);
 }
@@ -240,7 +242,7 @@ fn ssl_verify_false_works_against_an_unknown_ca_and_warns() {
 /// Runs `command`, which must fail to reach Consul: exit 69, one line, the
 /// command not run, no request read by the double, nothing left; returns
 /// the line.
-fn unreachable(world: &World, command: Command) -> String {
+fn unreachable(world: &World<TestConsul>, command: Command) -> String {
     let output = run(command);
     assert_eq!(output.status.code(), Some(69), "{}", stderr(&output));
     assert_eq!(output.stdout, b"", "the command must not run");
@@ -329,10 +331,7 @@ fn mtls_without_a_client_certificate_exits_69_naming_client_cert() {
 fn plain_http_to_an_https_agent_exits_69() {
     let (world, _files) = tls_world("http-to-https", &TestPki::new(), false);
     let mut command = world.consem(1, &[], &HELLO);
-    command.env(
-        "CONSUL_HTTP_ADDR",
-        format!("http://{}", world.consul.addr()),
-    );
+    command.env("CONSUL_HTTP_ADDR", format!("http://{}", world.store.addr()));
     unreachable(&world, command);
 }
 
@@ -342,7 +341,7 @@ fn https_to_a_plain_agent_exits_69_pointing_to_http() {
     let mut command = world.consem(1, &[], &HELLO);
     command.env(
         "CONSUL_HTTP_ADDR",
-        format!("https://{}", world.consul.addr()),
+        format!("https://{}", world.store.addr()),
     );
     let line = unreachable(&world, command);
     assert!(
@@ -357,7 +356,7 @@ fn https_to_a_plain_agent_exits_69_pointing_to_http() {
 
 /// Runs `command`, which must be refused as a usage error: exit 2, one line,
 /// no request made; returns the line.
-fn usage_error(world: &World, command: Command) -> String {
+fn usage_error(world: &World<TestConsul>, command: Command) -> String {
     let output = run(command);
     assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
     assert_eq!(output.stdout, b"", "the command must not run");
@@ -476,7 +475,7 @@ fn denied(command: Command) -> String {
 }
 
 /// `world.consem` with `--token` in front of `--`.
-fn consem_with_token(world: &World, token: &str, command: &[&str]) -> Command {
+fn consem_with_token(world: &World<TestConsul>, token: &str, command: &[&str]) -> Command {
     world.consem(1, &["--token", token], command)
 }
 
@@ -672,27 +671,27 @@ fn every_key_but(prefix: &str, hidden: &str) -> Vec<String> {
 
 /// Plays a holder whose contender key the test will hide from consem's
 /// token: a session, its contender key, and `.lock` naming it (Limit 1).
-fn hidden_holder(world: &World) -> String {
+fn hidden_holder(world: &World<TestConsul>) -> String {
     let id = helper_session(world);
     let contender = format!(
         "/v1/kv/{}?acquire={id}&flags={SEMAPHORE_FLAGS}",
         encode_key(&world.key(&id))
     );
-    let (status, body) = world.consul.request("PUT", &contender, b"{}");
+    let (status, body) = world.store.request("PUT", &contender, b"{}");
     assert_eq!((status, body.trim()), (200, "true"));
     let lock = format!(r#"{{"Limit":1,"Holders":{{"{id}":true}}}}"#);
     world
-        .consul
+        .store
         .put(&world.key(".lock"), lock.as_bytes(), SEMAPHORE_FLAGS);
     id
 }
 
 /// A session made with the helpers' token, for a peer the test plays.
-fn helper_session(world: &World) -> String {
+fn helper_session(world: &World<TestConsul>) -> String {
     let spec = serde_json::json!({"Name": "hidden peer", "TTL": "30s", "Behavior": "delete"});
     let (status, body) =
         world
-            .consul
+            .store
             .request("PUT", "/v1/session/create", spec.to_string().as_bytes());
     assert_eq!(status, 200, "{body}");
     serde_json::from_str::<serde_json::Value>(&body).unwrap()["ID"]
@@ -714,7 +713,7 @@ const BOTH_FILTERINGS: [Filtering; 2] = [Filtering::Announced, Filtering::Silent
 
 /// ACLs in which `TOKEN` can read and write every key under the world's
 /// prefix but `hidden`'s contender key, and the helpers can do anything.
-fn hiding_acl(world: &World, hidden: &str, filtering: Filtering) -> Acl {
+fn hiding_acl(world: &World<TestConsul>, hidden: &str, filtering: Filtering) -> Acl {
     let rights = Rights {
         session_write: true,
         key_read: vec![],
@@ -736,14 +735,14 @@ fn hiding_acl(world: &World, hidden: &str, filtering: Filtering) -> Acl {
 /// names (Limit 1): listings leave it out, and say so or not as `filtering`
 /// has it. Pruning on such a listing would drop the holder and run a second
 /// job under Limit 1. Returns the world and the holder's session.
-fn filtered_world(name: &str, filtering: Filtering) -> (World, String) {
+fn filtered_world(name: &str, filtering: Filtering) -> (World<TestConsul>, String) {
     let world = acl_world(name, |_| Acl::new());
     let peer = hidden_holder(&world);
     double(&world).enable_acls(hiding_acl(&world, &peer, filtering));
     // What the token sees: .lock naming the holder, but not its key.
     let url = format!(
         "{}/v1/kv/{}/?recurse",
-        world.consul.base_url(),
+        world.store.base_url(),
         encode_key(&world.prefix)
     );
     let seen = http_request(&http_agent(), "GET", &url, Some(TOKEN), b"").unwrap();
@@ -760,7 +759,7 @@ fn filtered_world(name: &str, filtering: Filtering) -> (World, String) {
     (world, peer)
 }
 
-fn assert_filtering_explained(world: &World, error: &str) {
+fn assert_filtering_explained(world: &World<TestConsul>, error: &str) {
     assert!(
         error.contains("left keys out")
             && error.contains(&format!("key:read on {}/", world.prefix)),
@@ -769,7 +768,7 @@ fn assert_filtering_explained(world: &World, error: &str) {
 }
 
 /// `consem <subcommand> --prefix <prefix> --token TOKEN <extra>` against the world.
-fn admin_with_token(world: &World, subcommand: &str, extra: &[&str]) -> Output {
+fn admin_with_token(world: &World<TestConsul>, subcommand: &str, extra: &[&str]) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_consem"));
     for name in CONSUL_ENV {
         command.env_remove(name);
@@ -853,7 +852,7 @@ fn a_dead_holder_is_still_pruned_with_a_token_that_cannot_read_everything() {
     let peer = hidden_holder(&world);
     let elsewhere = "ffffffff-0000-4000-8000-000000000000";
     double(&world).enable_acls(hiding_acl(&world, elsewhere, Filtering::Silent));
-    world.consul.destroy_session(&peer);
+    world.store.destroy_session(&peer);
     let lock = world.lock_value().expect(".lock stays");
     assert_eq!(lock["Holders"][&peer], true, "{lock}");
     let output = admin_with_token(&world, "status", &["--json"]);
@@ -873,7 +872,7 @@ fn a_dead_holder_whose_key_the_token_cannot_read_is_not_pruned_either() {
     // Its session is gone, but the token cannot tell: agents filter
     // session reads by ACL without a word, as they filter listings.
     let (world, peer) = filtered_world("acl-dead-hidden", Filtering::Silent);
-    world.consul.destroy_session(&peer);
+    world.store.destroy_session(&peer);
     let before = keys(&world);
     let error = denied(consem_with_token(&world, TOKEN, &HELLO));
     assert_filtering_explained(&world, &error);
@@ -906,11 +905,11 @@ fn leaving_keeps_a_hidden_holder_in_lock() {
             "/v1/kv/{}?acquire={peer}&flags={SEMAPHORE_FLAGS}",
             encode_key(&world.key(&peer))
         );
-        let (status, body) = world.consul.request("PUT", &acquired, b"{}");
+        let (status, body) = world.store.request("PUT", &acquired, b"{}");
         assert_eq!((status, body.trim()), (200, "true"));
         let mut lock = world.lock_value().expect("consem wrote .lock");
         lock["Holders"][&peer] = serde_json::Value::Bool(true);
-        world.consul.put(
+        world.store.put(
             &world.key(".lock"),
             lock.to_string().as_bytes(),
             SEMAPHORE_FLAGS,
@@ -1001,7 +1000,7 @@ fn the_token_travels_only_in_x_consul_token() {
 
 /// A world where only `winner` may run the semaphore and `loser` may do
 /// nothing, so that exit 0 shows which token consem sent.
-fn precedence_world(name: &str, winner: &str, loser: &str) -> World {
+fn precedence_world(name: &str, winner: &str, loser: &str) -> World<TestConsul> {
     acl_world(name, |prefix| {
         Acl::new()
             .token(winner, Rights::semaphore(prefix))
@@ -1009,7 +1008,7 @@ fn precedence_world(name: &str, winner: &str, loser: &str) -> World {
     })
 }
 
-fn assert_sent_only(world: &World, token: &str) {
+fn assert_sent_only(world: &World<TestConsul>, token: &str) {
     for request in consem_requests(world) {
         assert_eq!(
             request.header("X-Consul-Token"),
@@ -1088,7 +1087,7 @@ fn consul_http_auth_sends_basic_authentication() {
 // Datacenter, namespace, partition on every call
 // ---------------------------------------------------------------------------
 
-fn assert_scoped(world: &World, dc: Option<&str>, ns: &str, partition: &str) {
+fn assert_scoped(world: &World<TestConsul>, dc: Option<&str>, ns: &str, partition: &str) {
     let requests = consem_requests(world);
     // Session, contender key, listing, .lock, and the release's calls.
     assert!(requests.len() >= 6, "{requests:?}");
@@ -1145,9 +1144,9 @@ fn a_session_destroyed_under_acls_ends_the_run_without_a_cleanup_warning() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    common::wait_until(PROMPT, "the command to start", || world.exists("ready"));
+    crate::common::wait_until(PROMPT, "the command to start", || world.exists("ready"));
     let (session, _) = world.sessions().into_iter().next().expect("a session");
-    world.consul.destroy_session(&session);
+    world.store.destroy_session(&session);
     let output = finish(holder);
     assert_eq!(output.status.code(), Some(76), "{}", stderr(&output));
     assert!(

@@ -9,8 +9,6 @@
 //! (CONSEM_TEST_CONSUL_ADDR). The job-control tests read process states from
 //! /proc and so run on Linux only.
 
-mod common;
-
 use std::io::{Read as _, Write as _};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::unix::process::CommandExt as _;
@@ -19,9 +17,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::pty::spawn_on_terminal;
-use common::wait_until;
-use common::world::*;
+use crate::common::pty::spawn_on_terminal;
+use crate::common::wait_until;
+use crate::common::world::*;
 
 /// `consul lock`'s flag on a mutex's `.lock` (the Go API's `LockFlagValue`).
 const MUTEX_FLAGS: u64 = 0x2ddc_cbc0_58a5_0c18;
@@ -30,7 +28,7 @@ const MUTEX_FLAGS: u64 = 0x2ddc_cbc0_58a5_0c18;
 
 /// A command for consem that writes its pid to `pid` (see `read_pid`) and
 /// runs until the test creates `go`, then exits 0.
-fn pid_until_go(world: &World, pid: &str, go: &str) -> Vec<String> {
+fn pid_until_go<S>(world: &World<S>, pid: &str, go: &str) -> Vec<String> {
     let script = format!(
         "echo $$ > '{}'; while [ ! -e '{}' ]; do sleep 0.02; done",
         world.path(pid),
@@ -202,7 +200,7 @@ fn serve_one(mut stream: TcpStream, response: &[u8], requests: &AtomicUsize) {
 /// directly, runs the command and cleans up.
 #[test]
 fn proxy_variables_are_ignored() {
-    let world = World::new("proxies");
+    let world = World::consul("proxies");
     let proxy = format!("http://{}", closed_addr());
     let mut command = world.consem(1, &[], &["printf", "ran"]);
     for name in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"] {
@@ -225,7 +223,7 @@ fn proxy_variables_are_ignored() {
 #[cfg(target_os = "linux")]
 #[test]
 fn sigtstp_to_consem_stops_the_command_and_sigcont_continues_it() {
-    let world = World::new("tstp-consem");
+    let world = World::consul("tstp-consem");
     let mut consem = spawn_verbose(
         &world,
         1,
@@ -261,7 +259,7 @@ fn sigtstp_to_consem_stops_the_command_and_sigcont_continues_it() {
 #[cfg(target_os = "linux")]
 #[test]
 fn a_stopped_command_stops_consem_and_sigcont_continues_both() {
-    let world = World::new("stop-child");
+    let world = World::consul("stop-child");
     let mut consem = spawn_verbose(
         &world,
         1,
@@ -301,7 +299,7 @@ fn a_stopped_command_stops_consem_and_sigcont_continues_both() {
 #[cfg(target_os = "linux")]
 #[test]
 fn ctrl_z_on_a_terminal_stops_consem_with_the_command_and_fg_resumes_it() {
-    let world = World::new("pty-ctrl-z");
+    let world = World::consul("pty-ctrl-z");
     let script = format!(
         "echo $$ > '{}'; echo ready; read line; echo \"got:$line\"",
         world.path("pid")
@@ -358,7 +356,7 @@ fn ctrl_z_on_a_terminal_stops_consem_with_the_command_and_fg_resumes_it() {
 #[cfg(target_os = "linux")]
 #[test]
 fn a_command_that_cannot_start_leaves_the_terminal_to_the_shell() {
-    let world = World::new("pty-spawn-fail");
+    let world = World::consul("pty-spawn-fail");
     let (mut shell, mut terminal) = script_on_terminal(
         &world,
         "echo ready; read go; \"$@\"; echo \"rc=$?\"; read bye; echo done",
@@ -395,11 +393,11 @@ fn a_command_that_cannot_start_leaves_the_terminal_to_the_shell() {
 /// the script runs consem with `command` on the world's store: a shell
 /// script without job control, as a user's script runs, so that consem
 /// shares its process group with the shell and the script's pipelines.
-fn script_on_terminal(
-    world: &World,
+fn script_on_terminal<S: TestStore>(
+    world: &World<S>,
     script: &str,
     command: &[&str],
-) -> (Child, common::pty::Terminal) {
+) -> (Child, crate::common::pty::Terminal) {
     let consem = world.consem(1, &[], command);
     let mut shell = Command::new("sh");
     shell
@@ -564,7 +562,7 @@ fn nohup_survives_the_terminal_s_close() {
 /// command's exit status comes back, promptly.
 #[test]
 fn sigchld_ignored_by_the_parent_still_passes_the_exit_status_on() {
-    let world = World::new("sigchld-ignored");
+    let world = World::consul("sigchld-ignored");
     let mut command = world.consem(1, &[], &["sh", "-c", "exit 5"]);
     // SAFETY: signal is async-signal-safe and takes no pointers.
     unsafe {
@@ -658,14 +656,14 @@ fn prefixes_with_empty_dot_or_dot_dot_segments_are_usage_errors() {
 /// key exactly as it was (value, flags, session, indexes).
 #[test]
 fn a_consul_lock_mutex_is_a_conflict_and_stays_untouched() {
-    let world = World::new("mutex");
+    let world = World::consul("mutex");
     let session = peer_session(&world, &format!("consul lock {}", world.prefix));
     let url = format!(
         "http://{}/v1/kv/{}?acquire={session}&flags={MUTEX_FLAGS}",
-        world.consul.addr(),
-        common::encode_key(&world.key(".lock"))
+        world.store.addr(),
+        crate::common::encode_key(&world.key(".lock"))
     );
-    let (status, body) = common::http("PUT", &url, b"");
+    let (status, body) = crate::common::http("PUT", &url, b"");
     assert_eq!((status, body.trim()), (200, "true"));
     let before = world.entries();
     assert_eq!(before.len(), 1, "{before:?}");
@@ -680,7 +678,7 @@ fn a_consul_lock_mutex_is_a_conflict_and_stays_untouched() {
     assert!(message.contains(".lock"), "{message}");
     assert_eq!(world.entries(), before, ".lock changed");
 
-    world.consul.destroy_session(&session);
-    world.consul.delete_tree(&format!("{}/", world.prefix));
+    world.store.destroy_session(&session);
+    world.store.delete_tree(&format!("{}/", world.prefix));
     world.assert_clean();
 }

@@ -28,6 +28,7 @@ pub struct ConsulLockLoop {
 impl ConsulLockLoop {
     /// `base` is `http://host:port`; `holding`, if given, is set while a
     /// slot is held (for tests that look at who holds).
+    #[allow(dead_code)] // the benchmark's (benches/handoff.rs includes this file)
     pub fn start(base: &str, prefix: &str, limit: u32, hold: Duration) -> ConsulLockLoop {
         ConsulLockLoop::start_watched(base, prefix, limit, hold, None)
     }

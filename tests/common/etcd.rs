@@ -11,6 +11,7 @@ use base64::Engine as _;
 use serde_json::{json, Value};
 
 use super::pki::PkiFiles;
+use super::world::{LeasedStore, ServerStore, TestStore};
 use super::{wait_until, Access};
 
 /// The etcdctl variables consem reads as defaults; `World::consem` and the
@@ -550,6 +551,46 @@ impl EtcdServer {
 
     pub fn thaw(&self) {
         self.signal(libc::SIGCONT);
+    }
+}
+
+impl TestStore for EtcdServer {
+    const NAME: &'static str = "etcd";
+    const HAS_LEASE: bool = true;
+
+    fn point(&self, command: &mut Command) {
+        command.arg(format!("--store={}", self.url()));
+    }
+
+    fn contenders(&self, prefix: &str) -> usize {
+        EtcdServer::contenders(self, prefix)
+    }
+
+    fn assert_clean(&self, prefix: &str) {
+        // The server is the world's own: any lease on it is one that a
+        // consem left behind.
+        assert_eq!(self.keys(prefix), Vec::<String>::new(), "keys left on etcd");
+        assert_eq!(self.leases(), Vec::<String>::new(), "leases left on etcd");
+    }
+}
+
+impl ServerStore for EtcdServer {
+    fn address(&self) -> String {
+        EtcdServer::address(self)
+    }
+
+    fn point_through(&self, addr: &str, command: &mut Command) {
+        command.arg(format!("--store=etcd://{addr}"));
+    }
+}
+
+/// A slot's lease is an etcd lease: its TTL as granted.
+impl LeasedStore for EtcdServer {
+    fn lease_seconds(&self, _prefix: &str) -> Vec<f64> {
+        self.leases()
+            .iter()
+            .map(|lease| self.time_to_live(lease).0 as f64)
+            .collect()
     }
 }
 

@@ -1,11 +1,11 @@
 //! Shared helpers for the integration tests: the Consul double and a wrapper
 //! that runs the same tests against a real agent when
 //! `CONSEM_TEST_CONSUL_ADDR` is set.
-#![allow(dead_code)] // each test crate uses a different part of this module
 
 pub mod consul_lock;
 pub mod double;
 pub mod etcd;
+pub mod local;
 pub mod pki;
 pub mod proxy;
 pub mod pty;
@@ -23,6 +23,7 @@ pub use double::{ConsulDouble, KvEntry};
 
 use double::{Acl, Rights};
 use pki::{CertKey, TestPki};
+use world::{LeasedStore, ServerStore, TestStore};
 
 /// Set to `host:port` of a real Consul agent to run the tests against it.
 pub const REAL_CONSUL_ENV: &str = "CONSEM_TEST_CONSUL_ADDR";
@@ -195,12 +196,107 @@ impl TestConsul {
         sessions.into_iter().map(|s| (s.id, s.name)).collect()
     }
 
+    /// The sessions of consems on `prefix` (they are named after it); a
+    /// double holds no others.
+    pub fn sessions_of(&self, prefix: &str) -> Vec<(String, String)> {
+        self.sessions()
+            .into_iter()
+            .filter(|(_, name)| self.double().is_some() || name.contains(prefix))
+            .collect()
+    }
+
+    /// What `consem` gets as `CONSUL_HTTP_ADDR`: `host:port`, or the
+    /// `https://` URL of a TLS double.
+    pub fn http_addr(&self) -> String {
+        match self.double() {
+            Some(double) if double.is_tls() => double.url(),
+            _ => self.addr(),
+        }
+    }
+
     pub fn destroy_session(&self, id: &str) {
         let path = format!("/v1/session/destroy/{}", encode_key(id));
         let url = self.url(&path);
         let (status, body) = self.request("PUT", &path, b"");
         assert_eq!(status, 200, "PUT {url} answered {status}: {body}");
     }
+}
+
+/// Consul is the store `consem` uses when given none: it is told the
+/// agent's address in `CONSUL_HTTP_ADDR`.
+impl TestStore for TestConsul {
+    const NAME: &'static str = "consul";
+    const HAS_LEASE: bool = true;
+
+    fn point(&self, command: &mut std::process::Command) {
+        command.env("CONSUL_HTTP_ADDR", self.http_addr());
+    }
+
+    /// Contender keys: every key under the prefix but `.lock`.
+    fn contenders(&self, prefix: &str) -> usize {
+        self.kv_entries(&format!("{prefix}/"))
+            .iter()
+            .filter(|e| !e.key.ends_with("/.lock"))
+            .count()
+    }
+
+    fn assert_clean(&self, prefix: &str) {
+        assert_eq!(
+            self.kv_entries(&format!("{prefix}/")),
+            vec![],
+            "keys left under {prefix}"
+        );
+        assert_eq!(self.sessions_of(prefix), vec![], "sessions left behind");
+    }
+}
+
+impl ServerStore for TestConsul {
+    fn address(&self) -> String {
+        self.addr()
+    }
+
+    fn point_through(&self, addr: &str, command: &mut std::process::Command) {
+        command.env("CONSUL_HTTP_ADDR", addr);
+    }
+}
+
+/// A slot's lease is its session's TTL.
+impl LeasedStore for TestConsul {
+    fn lease_seconds(&self, prefix: &str) -> Vec<f64> {
+        let url = format!("http://{}/v1/session/list", self.addr());
+        let (status, body) = http("GET", &url, b"");
+        assert_eq!(status, 200, "{body}");
+        let sessions: Vec<serde_json::Value> = serde_json::from_str(&body).unwrap();
+        sessions
+            .iter()
+            .filter(|s| {
+                self.double().is_some() || s["Name"].as_str().is_some_and(|n| n.contains(prefix))
+            })
+            .map(|s| {
+                go_duration(s["TTL"].as_str().unwrap_or_default())
+                    .unwrap_or_else(|| panic!("a session TTL: {s}"))
+            })
+            .collect()
+    }
+}
+
+/// A duration as Go writes it (`15s`, `15000ms`, `1m30s`), in seconds.
+fn go_duration(text: &str) -> Option<f64> {
+    let mut seconds = 0.0;
+    let mut rest = text;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit() && c != '.')
+            .unwrap_or(rest.len());
+        let number: f64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let (unit, scale) = [("ms", 0.001), ("s", 1.0), ("m", 60.0), ("h", 3600.0)]
+            .into_iter()
+            .find(|(unit, _)| rest.starts_with(unit))?;
+        rest = &rest[unit.len()..];
+        seconds += number * scale;
+    }
+    (!text.is_empty()).then_some(seconds)
 }
 
 #[derive(Deserialize)]

@@ -5,6 +5,8 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use super::world::{LeasedStore, ServerStore, TestStore};
+
 pub struct RedisServer {
     pub port: u16,
     process: Child,
@@ -149,6 +151,61 @@ fn glob_escape(text: &str) -> String {
             other => vec![other],
         })
         .collect()
+}
+
+impl TestStore for RedisServer {
+    const NAME: &'static str = "redis";
+    const HAS_LEASE: bool = true;
+
+    fn point(&self, command: &mut Command) {
+        command.arg(format!("--store={}", self.url()));
+    }
+
+    fn contenders(&self, prefix: &str) -> usize {
+        RedisServer::contenders(self, prefix)
+    }
+
+    fn assert_clean(&self, prefix: &str) {
+        // The fence and ticket counters stay, so that they keep growing,
+        // and the epoch, by which contenders tell that the keys were lost.
+        let keys = self.keys(prefix);
+        let left: Vec<&String> = keys
+            .iter()
+            .filter(|k| {
+                !k.ends_with(":fence") && !k.ends_with(":tickets") && !k.ends_with(":epoch")
+            })
+            .collect();
+        assert!(left.is_empty(), "keys left on Redis: {left:?}");
+    }
+}
+
+impl ServerStore for RedisServer {
+    fn address(&self) -> String {
+        self.url().trim_start_matches("redis://").to_string()
+    }
+
+    fn point_through(&self, addr: &str, command: &mut Command) {
+        command.arg(format!("--store=redis://{addr}"));
+    }
+}
+
+/// A slot's lease is its permit, whose score is its expiry by the
+/// server's clock: what is left of it, each renewal setting it from the
+/// server's now.
+impl LeasedStore for RedisServer {
+    fn lease_seconds(&self, prefix: &str) -> Vec<f64> {
+        let mut connection = self.connection().unwrap();
+        let (seconds, micros): (f64, f64) = redis::cmd("TIME").query(&mut connection).unwrap();
+        let now = seconds + micros / 1e6;
+        let permits: Vec<(String, f64)> = redis::cmd("ZRANGE")
+            .arg(format!("semaphore:{prefix}"))
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .query(&mut connection)
+            .unwrap();
+        permits.iter().map(|(_, expiry)| expiry - now).collect()
+    }
 }
 
 impl Drop for RedisServer {

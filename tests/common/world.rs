@@ -1,20 +1,26 @@
-//! A test's world for running the real `consem` binary: a store (Consul,
-//! double or real agent; the local store in a directory of its own; or a
-//! Redis or etcd server of its own), a prefix of its own, a scratch
-//! directory, and checks that nothing is left behind.
+//! A test's world for running the real `consem` binary: a store (see
+//! [`TestStore`]: Consul, double or real agent; the local store in a
+//! directory of its own; or a Redis or etcd server of its own), a prefix of
+//! its own, a scratch directory, and checks that nothing is left behind.
 
 use std::fs::File;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::Duration;
 
+pub use super::etcd::EtcdServer;
+pub use super::local::LocalStore;
+pub use super::redis::RedisServer;
+pub use super::TestConsul;
+
 use super::double::Fault;
-use super::{http, unique_prefix, wait_until, ConsulDouble, KvEntry, TestConsul};
+use super::{http, unique_prefix, wait_until, ConsulDouble, KvEntry};
 
 pub const SEMAPHORE_FLAGS: u64 = 16210313421097356768;
 
 /// The consul CLI's variables that consem reads besides `CONSUL_HTTP_ADDR`;
-/// `World::consem` clears them so that a test sets exactly the ones it means.
+/// `World::consem_command` clears them so that a test sets exactly the ones
+/// it means.
 pub const CONSUL_ENV: [&str; 12] = [
     "CONSUL_HTTP_TOKEN",
     "CONSUL_HTTP_TOKEN_FILE",
@@ -34,209 +40,82 @@ pub const CONSUL_ENV: [&str; 12] = [
 /// stay stable on a loaded 2-core machine.
 pub const PROMPT: Duration = Duration::from_secs(10);
 
-/// One test's world: a store, a prefix of its own, a scratch directory.
-pub struct World {
-    pub consul: TestConsul,
-    pub prefix: String,
-    pub dir: PathBuf,
-    /// `Some(dir)`: the local store in `dir` (every `consem` gets `--store
-    /// local:<dir>`); `None`: the Consul in `consul`.
-    pub local: Option<PathBuf>,
-    /// `Some`: a Redis server of the world's own (every `consem` gets
-    /// `--store redis://...`).
-    pub redis: Option<super::redis::RedisServer>,
-    /// `Some`: an etcd server of the world's own (every `consem` gets
-    /// `--store etcd://...`).
-    pub etcd: Option<super::etcd::EtcdServer>,
+/// A store a world runs `consem` against: how `consem` is pointed at it,
+/// and what the checks read of it. Each store's helpers implement it.
+pub trait TestStore {
+    /// The store's name, as `status` shows it.
+    const NAME: &'static str;
+    /// Whether a slot has a lease on the server, which `--ttl` sets; the
+    /// local store's slot lasts as long as consem does, and it refuses
+    /// `--ttl`.
+    const HAS_LEASE: bool;
+    /// Points `command` (a `consem` subcommand, its options being given)
+    /// at this store: `--store ...`, or Consul's address in the
+    /// environment.
+    fn point(&self, command: &mut Command);
+    /// How many contenders (holders and waiters) the store holds under
+    /// `prefix`.
+    fn contenders(&self, prefix: &str) -> usize;
+    /// Panics if more than what is meant to stay is left under `prefix`
+    /// once everyone left.
+    fn assert_clean(&self, prefix: &str);
 }
 
-impl World {
-    pub fn new(name: &str) -> World {
-        World::with_consul(name, TestConsul::start())
-    }
+/// A store on a server that a test can put a proxy in front of.
+pub trait ServerStore: TestStore {
+    /// `host:port` of the server.
+    fn address(&self) -> String;
+    /// Points `command` at this store through `addr` (a proxy in front of
+    /// the server) instead.
+    fn point_through(&self, addr: &str, command: &mut Command);
+}
 
-    /// A world around a Consul the test set up itself (a TLS double, one
-    /// with ACLs, ...); `consem` addresses it by its URL when it speaks TLS.
-    pub fn with_consul(name: &str, consul: TestConsul) -> World {
+/// A store whose slot outlives a dead consem until its lease runs out on
+/// the server (Consul's session, a Redis permit, an etcd lease).
+pub trait LeasedStore: TestStore {
+    /// What the server keeps each holder's slot under `prefix` for after
+    /// each renewal, in seconds, as it stands: Consul's session TTL and
+    /// etcd's granted TTL, or the time left on a Redis permit, whose expiry
+    /// each renewal sets from the server's clock (at most the TTL, at least
+    /// the TTL less a renewal period and the time since).
+    fn lease_seconds(&self, prefix: &str) -> Vec<f64>;
+}
+
+/// The store of a world whose test starts and names its store itself (an
+/// etcd cluster, a server over TLS, an address nobody answers at).
+pub struct NoStore;
+
+/// One test's world: a store, a prefix of its own, a scratch directory.
+pub struct World<S> {
+    pub store: S,
+    pub prefix: String,
+    pub dir: PathBuf,
+}
+
+impl<S> World<S> {
+    /// A world whose store `start` sets up in the world's scratch
+    /// directory.
+    pub fn with_store(name: &str, start: impl FnOnce(&Path) -> S) -> World<S> {
         let dir = std::env::temp_dir().join(unique_prefix(name).replace('/', "_"));
         std::fs::create_dir_all(&dir).unwrap();
         World {
-            consul,
+            store: start(&dir),
             prefix: unique_prefix(name),
             dir,
-            local: None,
-            redis: None,
-            etcd: None,
         }
     }
 
-    /// A world on a Redis server of its own.
-    pub fn redis(name: &str) -> World {
-        let mut world = World::with_consul(name, TestConsul::start());
-        world.redis = Some(super::redis::RedisServer::start(
-            &world.dir.join("redis"),
-            &[],
-        ));
-        world
-    }
-
-    /// A world on an etcd server of its own.
-    pub fn etcd(name: &str) -> World {
-        let mut world = World::with_consul(name, TestConsul::start());
-        world.etcd = Some(super::etcd::EtcdServer::start(&world.dir.join("etcd")));
-        world
-    }
-
-    /// A world on the Consul double even when a real agent is given, for
-    /// tests that inject faults or control time: they run against the
-    /// double in every setting rather than skip.
-    pub fn on_the_double(name: &str) -> World {
-        World::with_consul(name, TestConsul::Double(ConsulDouble::start()))
-    }
-
-    /// The double of a world made by [`World::on_the_double`].
-    pub fn the_double(&self) -> &ConsulDouble {
-        self.consul
-            .double()
-            .expect("a world on the double (World::on_the_double)")
-    }
-
-    /// A world on the local store, in a directory of the scratch directory.
-    pub fn local(name: &str) -> World {
-        let mut world = World::with_consul(name, TestConsul::start());
-        let base = world.dir.join("local-store");
-        world.local = Some(base);
-        world
-    }
-
-    /// Which store, as `status` names it.
-    pub fn store_name(&self) -> &'static str {
-        if self.local.is_some() {
-            "local"
-        } else if self.redis.is_some() {
-            "redis"
-        } else if self.etcd.is_some() {
-            "etcd"
-        } else {
-            "consul"
-        }
-    }
-
-    /// `--store ...` for a local, Redis or etcd world, nothing for Consul.
-    pub fn store_args(&self) -> Vec<String> {
-        if let Some(base) = &self.local {
-            vec![format!("--store=local:{}", base.display())]
-        } else if let Some(redis) = &self.redis {
-            vec![format!("--store={}", redis.url())]
-        } else if let Some(etcd) = &self.etcd {
-            vec![format!("--store={}", etcd.url())]
-        } else {
-            Vec::new()
-        }
-    }
-
-    /// `host:port` of the world's server (Redis, etcd or Consul); `None`
-    /// for the local store.
-    pub fn server_addr(&self) -> Option<String> {
-        if self.local.is_some() {
-            None
-        } else if let Some(redis) = &self.redis {
-            Some(redis.url().trim_start_matches("redis://").to_string())
-        } else if let Some(etcd) = &self.etcd {
-            Some(etcd.address())
-        } else {
-            Some(self.consul.addr())
-        }
-    }
-
-    /// [`World::consem`], reaching the world's server at `addr` instead
-    /// (a proxy in front of it).
-    pub fn consem_via(&self, addr: &str, limit: u32, extra: &[&str], command: &[&str]) -> Command {
-        let mut cmd = self.consem_command();
-        let store = if self.redis.is_some() {
-            Some(format!("--store=redis://{addr}"))
-        } else if self.etcd.is_some() {
-            Some(format!("--store=etcd://{addr}"))
-        } else {
-            cmd.env("CONSUL_HTTP_ADDR", addr);
-            None
-        };
-        cmd.args([
-            "run",
-            "--prefix",
-            &self.prefix,
-            "--limit",
-            &limit.to_string(),
-        ])
-        .args(store)
-        .args(extra)
-        .arg("--")
-        .args(command);
-        cmd
-    }
-
-    /// The `consem` binary with the world's Consul address and none of
-    /// the caller's Consul or etcdctl variables: only what a test sets
-    /// reaches consem, not the caller's shell.
+    /// The `consem` binary with none of the caller's Consul or etcdctl
+    /// variables: only what a test sets reaches consem, not the caller's
+    /// shell.
     pub fn consem_command(&self) -> Command {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_consem"));
-        cmd.env("CONSUL_HTTP_ADDR", self.http_addr());
+        cmd.env_remove("CONSUL_HTTP_ADDR");
         for name in CONSUL_ENV.iter().chain(&super::etcd::ETCDCTL_ENV) {
             cmd.env_remove(name);
         }
         cmd.stdin(Stdio::null());
         cmd
-    }
-
-    /// `consem <subcommand> --prefix <prefix> <extra>` (status, release,
-    /// reset) against this world's store.
-    pub fn admin(&self, subcommand: &str, extra: &[&str]) -> Command {
-        let mut cmd = self.consem_command();
-        cmd.arg(subcommand)
-            .args(["--prefix", &self.prefix])
-            .args(self.store_args())
-            .args(extra);
-        cmd
-    }
-
-    /// What `consem` gets as `CONSUL_HTTP_ADDR`: `host:port`, or the
-    /// `https://` URL of a TLS double.
-    pub fn http_addr(&self) -> String {
-        match self.consul.double() {
-            Some(double) if double.is_tls() => double.url(),
-            _ => self.consul.addr(),
-        }
-    }
-
-    pub fn with_prefix(name: &str, prefix: String) -> World {
-        let mut world = World::new(name);
-        world.prefix = prefix;
-        world
-    }
-
-    /// `consem run --prefix <prefix> --limit <limit> <extra> -- <command>`.
-    pub fn consem(&self, limit: u32, extra: &[&str], command: &[&str]) -> Command {
-        let mut cmd = self.consem_command();
-        cmd.args([
-            "run",
-            "--prefix",
-            &self.prefix,
-            "--limit",
-            &limit.to_string(),
-        ])
-        .args(self.store_args())
-        .args(extra)
-        .arg("--")
-        .args(command);
-        cmd
-    }
-
-    pub fn spawn(&self, limit: u32, extra: &[&str], command: &[&str]) -> Child {
-        self.consem(limit, extra, command)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
     }
 
     pub fn path(&self, name: &str) -> String {
@@ -266,39 +145,114 @@ impl World {
         format!("{}/{name}", self.prefix)
     }
 
-    pub fn entries(&self) -> Vec<KvEntry> {
-        self.consul.kv_entries(&format!("{}/", self.prefix))
+    /// `consem run --prefix <prefix> --limit <limit>`, pointed by `point`.
+    fn run_command(&self, limit: u32, point: impl FnOnce(&mut Command)) -> Command {
+        let mut cmd = self.consem_command();
+        cmd.args([
+            "run",
+            "--prefix",
+            &self.prefix,
+            "--limit",
+            &limit.to_string(),
+        ]);
+        point(&mut cmd);
+        cmd
+    }
+}
+
+impl<S: TestStore> World<S> {
+    /// Which store, as `status` names it.
+    pub fn store_name(&self) -> &'static str {
+        S::NAME
+    }
+
+    /// `consem run --prefix <prefix> --limit <limit> <extra> -- <command>`.
+    pub fn consem(&self, limit: u32, extra: &[&str], command: &[&str]) -> Command {
+        let mut cmd = self.run_command(limit, |cmd| self.store.point(cmd));
+        cmd.args(extra).arg("--").args(command);
+        cmd
+    }
+
+    /// `consem <subcommand> --prefix <prefix> <extra>` (status, release,
+    /// reset) against this world's store.
+    pub fn admin(&self, subcommand: &str, extra: &[&str]) -> Command {
+        let mut cmd = self.consem_command();
+        cmd.arg(subcommand).args(["--prefix", &self.prefix]);
+        self.store.point(&mut cmd);
+        cmd.args(extra);
+        cmd
+    }
+
+    pub fn spawn(&self, limit: u32, extra: &[&str], command: &[&str]) -> Child {
+        self.consem(limit, extra, command)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
     }
 
     /// How many contenders (holders and waiters) the store holds: Consul's
     /// or etcd's contender keys, the local store's contender files, Redis's
     /// permits and queue.
     pub fn contender_keys(&self) -> usize {
-        if let Some(redis) = &self.redis {
-            return redis.contenders(&self.prefix);
-        }
-        if let Some(etcd) = &self.etcd {
-            return etcd.contenders(&self.prefix);
-        }
-        if let Some(base) = &self.local {
-            let Ok(prefixes) = std::fs::read_dir(base) else {
-                return 0;
-            };
-            return prefixes
-                .flat_map(|p| std::fs::read_dir(p.unwrap().path()).unwrap())
-                .filter(|e| {
-                    e.as_ref()
-                        .unwrap()
-                        .file_name()
-                        .to_string_lossy()
-                        .ends_with(".c")
-                })
-                .count();
-        }
-        self.entries()
-            .iter()
-            .filter(|e| !e.key.ends_with("/.lock"))
-            .count()
+        self.store.contenders(&self.prefix)
+    }
+
+    pub fn assert_clean(&self) {
+        self.store.assert_clean(&self.prefix);
+    }
+}
+
+impl<S: ServerStore> World<S> {
+    /// `host:port` of the world's server.
+    pub fn server_addr(&self) -> String {
+        self.store.address()
+    }
+
+    /// [`World::consem`], reaching the world's server at `addr` instead
+    /// (a proxy in front of it).
+    pub fn consem_via(&self, addr: &str, limit: u32, extra: &[&str], command: &[&str]) -> Command {
+        let mut cmd = self.run_command(limit, |cmd| self.store.point_through(addr, cmd));
+        cmd.args(extra).arg("--").args(command);
+        cmd
+    }
+}
+
+impl World<TestConsul> {
+    /// A world on a real Consul agent if `CONSEM_TEST_CONSUL_ADDR` is set,
+    /// else on a new double.
+    pub fn consul(name: &str) -> World<TestConsul> {
+        World::with_consul(name, TestConsul::start())
+    }
+
+    /// A world around a Consul the test set up itself (a TLS double, one
+    /// with ACLs, ...); `consem` addresses it by its URL when it speaks TLS.
+    pub fn with_consul(name: &str, consul: TestConsul) -> World<TestConsul> {
+        World::with_store(name, |_| consul)
+    }
+
+    /// A world on the Consul double even when a real agent is given, for
+    /// tests that inject faults or control time: they run against the
+    /// double in every setting rather than skip.
+    pub fn on_the_double(name: &str) -> World<TestConsul> {
+        World::with_consul(name, TestConsul::Double(ConsulDouble::start()))
+    }
+
+    /// The double of a world made by [`World::on_the_double`].
+    pub fn the_double(&self) -> &ConsulDouble {
+        self.store
+            .double()
+            .expect("a world on the double (World::on_the_double)")
+    }
+
+    /// What `consem` gets as `CONSUL_HTTP_ADDR`: `host:port`, or the
+    /// `https://` URL of a TLS double.
+    pub fn http_addr(&self) -> String {
+        self.store.http_addr()
+    }
+
+    pub fn entries(&self) -> Vec<KvEntry> {
+        self.store.kv_entries(&format!("{}/", self.prefix))
     }
 
     pub fn lock_value(&self) -> Option<serde_json::Value> {
@@ -311,77 +265,44 @@ impl World {
 
     /// Our sessions are named after the prefix; a double holds no others.
     pub fn sessions(&self) -> Vec<(String, String)> {
-        self.consul
-            .sessions()
-            .into_iter()
-            .filter(|(_, name)| self.consul.double().is_some() || name.contains(&self.prefix))
-            .collect()
-    }
-
-    pub fn assert_clean(&self) {
-        if let Some(redis) = &self.redis {
-            // The fence and ticket counters stay, so that they keep growing,
-            // and the epoch, by which contenders tell that the keys were lost.
-            let keys = redis.keys(&self.prefix);
-            let left: Vec<&String> = keys
-                .iter()
-                .filter(|k| {
-                    !k.ends_with(":fence") && !k.ends_with(":tickets") && !k.ends_with(":epoch")
-                })
-                .collect();
-            assert!(left.is_empty(), "keys left on Redis: {left:?}");
-            return;
-        }
-        if let Some(etcd) = &self.etcd {
-            // The server is the world's own: any lease on it is one that
-            // a consem left behind.
-            assert_eq!(
-                etcd.keys(&self.prefix),
-                Vec::<String>::new(),
-                "keys left on etcd"
-            );
-            assert_eq!(etcd.leases(), Vec::<String>::new(), "leases left on etcd");
-            return;
-        }
-        if let Some(base) = &self.local {
-            assert_local_clean(base);
-            return;
-        }
-        assert_eq!(self.entries(), vec![], "keys left under {}", self.prefix);
-        assert_eq!(self.sessions(), vec![], "sessions left behind");
+        self.store.sessions_of(&self.prefix)
     }
 }
 
-impl Drop for World {
+impl World<LocalStore> {
+    /// A world on the local store, in a directory of the scratch directory.
+    pub fn local(name: &str) -> World<LocalStore> {
+        World::with_store(name, |dir| LocalStore {
+            base: dir.join("local-store"),
+        })
+    }
+}
+
+impl World<RedisServer> {
+    /// A world on a Redis server of its own.
+    pub fn redis(name: &str) -> World<RedisServer> {
+        World::with_store(name, |dir| RedisServer::start(&dir.join("redis"), &[]))
+    }
+}
+
+impl World<EtcdServer> {
+    /// A world on an etcd server of its own.
+    pub fn etcd(name: &str) -> World<EtcdServer> {
+        World::with_store(name, |dir| EtcdServer::start(&dir.join("etcd")))
+    }
+}
+
+impl World<NoStore> {
+    /// A prefix and a scratch directory, for a test that starts its store
+    /// itself and names it to `consem`.
+    pub fn without_store(name: &str) -> World<NoStore> {
+        World::with_store(name, |_| NoStore)
+    }
+}
+
+impl<S> Drop for World<S> {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// The local store keeps, per prefix, only its `meta` lock file and its
-/// `state` record (the fence survives); no contender file, no holder, no
-/// limit once everyone left.
-pub fn assert_local_clean(base: &std::path::Path) {
-    let Ok(prefixes) = std::fs::read_dir(base) else {
-        return;
-    };
-    for prefix in prefixes {
-        let dir = prefix.unwrap().path();
-        let mut names: Vec<String> = std::fs::read_dir(&dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        names.sort();
-        assert!(
-            names.iter().all(|n| n == "meta" || n == "state"),
-            "files left in {}: {names:?}",
-            dir.display()
-        );
-        if let Ok(state) = std::fs::read(dir.join("state")) {
-            let state: serde_json::Value = serde_json::from_slice(&state).unwrap();
-            assert_eq!(state["holders"], serde_json::json!([]), "{state}");
-            assert_eq!(state["limit"], serde_json::Value::Null, "{state}");
-        }
     }
 }
 
@@ -404,7 +325,7 @@ pub fn signal(child: &Child, signal: i32) {
 
 /// Holds a slot with a first consem whose child waits for `go`, and returns it
 /// once the child runs.
-pub fn hold_slot(world: &World, limit: u32, ready: &str, go: &str) -> Child {
+pub fn hold_slot<S: TestStore>(world: &World<S>, limit: u32, ready: &str, go: &str) -> Child {
     let holder = world.spawn(limit, &[], &strs(&world.held_until(ready, go, 0)));
     wait_until(PROMPT, "the holder's child to start", || {
         world.exists(ready)
@@ -414,8 +335,8 @@ pub fn hold_slot(world: &World, limit: u32, ready: &str, go: &str) -> Child {
 
 /// Plays a `consul lock -n 2` holder: a session, its contender key, and a
 /// map-form `.lock` naming it.
-pub fn consul_lock_holder(world: &World, limit: u32) -> String {
-    let base = format!("http://{}", world.consul.addr());
+pub fn consul_lock_holder(world: &World<TestConsul>, limit: u32) -> String {
+    let base = format!("http://{}", world.store.addr());
     let id = peer_session(world, "consul lock peer");
     let contender = super::encode_key(&world.key(&id));
     let (status, body) = http(
@@ -426,15 +347,15 @@ pub fn consul_lock_holder(world: &World, limit: u32) -> String {
     assert_eq!((status, body.trim()), (200, "true"));
     let lock = format!(r#"{{"Limit":{limit},"Holders":{{"{id}":true}}}}"#);
     world
-        .consul
+        .store
         .put(&world.key(".lock"), lock.as_bytes(), SEMAPHORE_FLAGS);
     id
 }
 
 /// Creates a session (TTL 15 s, behaviour `delete`) for a peer that the test
 /// plays, as `consul lock` would, and returns its ID.
-pub fn peer_session(world: &World, name: &str) -> String {
-    let url = format!("http://{}/v1/session/create", world.consul.addr());
+pub fn peer_session(world: &World<TestConsul>, name: &str) -> String {
+    let url = format!("http://{}/v1/session/create", world.store.addr());
     let spec = serde_json::json!({"Name": name, "TTL": "15s", "Behavior": "delete"});
     let (status, body) = http("PUT", &url, spec.to_string().as_bytes());
     assert_eq!(status, 200, "{body}");
@@ -447,7 +368,7 @@ pub fn peer_session(world: &World, name: &str) -> String {
 /// Wakes the holders' blocking watch of `.lock` by rewriting it unchanged
 /// (the double does it in one step, like a CAS write of what was read, and
 /// without a read that faults injected on reads would meet).
-pub fn nudge(double: &ConsulDouble, world: &World) {
+pub fn nudge(double: &ConsulDouble, world: &World<TestConsul>) {
     assert!(double.rewrite(&world.key(".lock")), "no .lock to rewrite");
 }
 
@@ -455,7 +376,7 @@ pub fn nudge(double: &ConsulDouble, world: &World) {
 /// `faults` (three in all, within that budget) and checks that it rides them
 /// out: it reads again until a good answer, the child ends normally, and
 /// nothing is left.
-pub fn holder_rides_out(world: &World, double: &ConsulDouble, faults: Vec<Fault>) {
+pub fn holder_rides_out(world: &World<TestConsul>, double: &ConsulDouble, faults: Vec<Fault>) {
     let holder = world.spawn(
         1,
         &["--monitor-retry", "3"],
@@ -482,7 +403,7 @@ pub fn holder_rides_out(world: &World, double: &ConsulDouble, faults: Vec<Fault>
 
 /// Waits for the pid a child wrote to `name` in the scratch directory with
 /// `echo $$ > name` (a whole line, so never half-written) and reads it.
-pub fn read_pid(world: &World, name: &str) -> i32 {
+pub fn read_pid<S>(world: &World<S>, name: &str) -> i32 {
     let path = world.path(name);
     let mut pid = None;
     wait_until(PROMPT, "the child to write its pid", || {
@@ -542,8 +463,8 @@ pub fn wait_with_deadline(child: &mut Child, within: Duration, what: &str) -> Ex
 
 /// Spawns consem with `-v`, its stderr going to a file in the scratch
 /// directory so that the test can follow its events as they happen.
-pub fn spawn_verbose(
-    world: &World,
+pub fn spawn_verbose<S: TestStore>(
+    world: &World<S>,
     limit: u32,
     extra: &[&str],
     command: &[&str],
@@ -559,7 +480,7 @@ pub fn spawn_verbose(
         .unwrap()
 }
 
-pub fn log_text(world: &World, log: &str) -> String {
+pub fn log_text<S>(world: &World<S>, log: &str) -> String {
     std::fs::read_to_string(world.path(log)).unwrap_or_default()
 }
 
