@@ -36,7 +36,7 @@
 //! failure always keeps them).
 //!
 //! The summary lines are written to the real stderr (not the captured one),
-//! so that `cargo test --test chaos` shows them for docs/reliability.md.
+//! so that `cargo test --test suite chaos::` shows them for docs/reliability.md.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;

@@ -9,7 +9,7 @@
 //! To refresh the committed files after changing the command line:
 //!
 //! ```text
-//! CONSEM_BLESS=1 cargo test --test generated_docs
+//! CONSEM_BLESS=1 cargo test --test suite generated_docs::
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -23,7 +23,7 @@ const BIN_NAME: &str = "consem";
 const COMPLETIONS_DIR: &str = "completions";
 const MAN_DIR: &str = "docs/man";
 const SOURCE: &str = concat!("consem ", env!("CARGO_PKG_VERSION"));
-const BLESS_HINT: &str = "CONSEM_BLESS=1 cargo test --test generated_docs";
+const BLESS_HINT: &str = "CONSEM_BLESS=1 cargo test --test suite generated_docs::";
 
 /// A file as it should be committed, relative to the crate root.
 struct Generated {

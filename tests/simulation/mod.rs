@@ -1486,7 +1486,7 @@ fn run_seeds(test: &str, trouble: Trouble, default_seeds: u64) -> Option<Stats> 
     for seed in 0..seeds {
         let (outcome, stats, _) = run_seed(seed, false, trouble);
         if let Err(violation) = outcome {
-            panic!("seed {seed}: {violation}\nreplay it with: CONSEM_SIM_SEED={seed} cargo test --test simulation {test} -- --nocapture");
+            panic!("seed {seed}: {violation}\nreplay it with: CONSEM_SIM_SEED={seed} cargo test --test suite simulation::{test} -- --nocapture");
         }
         total += stats;
     }
