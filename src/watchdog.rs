@@ -464,7 +464,10 @@ mod tests {
         assert_eq!(held.due(100 * SECOND), Due::Kill);
         // A grace longer than the time since the clock's start.
         assert_eq!(guard(SECOND, false).due(0), Due::Term);
-        assert_eq!(guard(NO_DEADLINE, false).due(1_000_000 * SECOND), Due::Nothing);
+        assert_eq!(
+            guard(NO_DEADLINE, false).due(1_000_000 * SECOND),
+            Due::Nothing
+        );
     }
 
     #[test]

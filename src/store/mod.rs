@@ -5,6 +5,7 @@
 //! of its own below this one.
 
 pub mod consul;
+pub mod driver;
 pub mod etcd;
 pub mod kind;
 pub mod lease;

@@ -11,11 +11,31 @@ use std::time::{Duration, Instant};
 pub const FIRST_BACKOFF: Duration = Duration::from_millis(200);
 pub const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
+/// A pause that doubles after each failure in a row, from
+/// [`FIRST_BACKOFF`] to [`MAX_BACKOFF`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff(Duration);
+
+impl Default for Backoff {
+    fn default() -> Backoff {
+        Backoff(FIRST_BACKOFF)
+    }
+}
+
+impl Backoff {
+    /// The pause before the next attempt; the one after it doubles.
+    pub fn next_pause(&mut self) -> Duration {
+        let pause = self.0;
+        self.0 = (self.0 * 2).min(MAX_BACKOFF);
+        pause
+    }
+}
+
 pub struct Outage {
     ttl: Duration,
     ever_reached: bool,
     since: Option<Instant>,
-    backoff: Duration,
+    backoff: Backoff,
 }
 
 impl Outage {
@@ -24,7 +44,7 @@ impl Outage {
             ttl,
             ever_reached: false,
             since: None,
-            backoff: FIRST_BACKOFF,
+            backoff: Backoff::default(),
         }
     }
 
@@ -32,7 +52,7 @@ impl Outage {
     pub fn recovered(&mut self) {
         self.ever_reached = true;
         self.since = None;
-        self.backoff = FIRST_BACKOFF;
+        self.backoff = Backoff::default();
     }
 
     /// After a failure worth retrying: how long to pause before the next
@@ -48,9 +68,7 @@ impl Outage {
         if !self.ever_reached || now.duration_since(since) > self.ttl {
             return None;
         }
-        let pause = self.backoff;
-        self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
-        Some(pause)
+        Some(self.backoff.next_pause())
     }
 }
 

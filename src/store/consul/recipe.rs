@@ -8,7 +8,7 @@
 //! release wait for a write in flight, so a CAS won while shutting down is
 //! seen and undone.
 
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -20,8 +20,9 @@ use crate::store::consul::contender::{
     Answer, Call, Contender, Note, Step, WaitPicture, Watched, Watcher, UNMATCHED_CAS,
 };
 use crate::store::consul::semaphore::{self, Loss, ReleaseStep, Snapshot, SEMAPHORE_FLAGS};
+use crate::store::driver::{self, Gate, Grant, Guarded, Recipe, Stop};
 use crate::store::lease::{self, lease_end};
-use crate::store::outage::{Outage, FIRST_BACKOFF, MAX_BACKOFF};
+use crate::store::outage::{Backoff, Outage};
 use crate::store::{
     Contend, ContenderInfo, Holder, Notify, Progress, Released, SlotBackend, SlotEvent, StoreError,
 };
@@ -50,16 +51,16 @@ pub struct Settings {
     pub monitor_retry: Option<u32>,
 }
 
+/// What the helper threads share with `release`, beside the [`Gate`]'s
+/// own (release began; the writes in flight; the command has started).
 #[derive(Default)]
-struct Shared {
+pub struct Shared {
     session: Option<String>,
     /// When the request that created the current session, or its last
     /// renewal that Consul confirmed, was sent: the lease runs from there.
     lease_from: Option<Instant>,
     holding: bool,
     fence: Option<u64>,
-    closing: bool,
-    writes_in_flight: u32,
     renewer_started: bool,
     /// Consul denied us and the run ends on it: release's own denials are
     /// that same news, not worth a second message.
@@ -67,28 +68,22 @@ struct Shared {
     /// A session create went out and got no answer: it may have created a
     /// session that nobody renews or destroys.
     create_unanswered: bool,
-    /// The command has started: the holder's first requests wait for it.
-    command_started: bool,
 }
 
 /// A semaphore on one Consul prefix, for one run.
 pub struct ConsulSemaphore {
     client: Client,
     settings: Settings,
-    shared: Mutex<Shared>,
-    /// Signalled when `closing` is set or a guarded write ends.
-    changed: Condvar,
-    /// Where the helpers report events; set by `contend`.
-    notify: OnceLock<Notify>,
+    gate: Gate<Shared>,
 }
 
-/// Why contending stopped without a slot.
-enum Stop {
-    /// `--try` found no free slot.
-    NoSlot,
-    /// Release began: nothing more to report.
-    Closing,
-    Failed(StoreError),
+/// What holding needs from acquiring: where the watches start (the fence
+/// for `.lock`, our key's index for our key), and whether a waiter behind
+/// is owed the relay write.
+pub struct Held {
+    fence: u64,
+    key_index: u64,
+    relay: bool,
 }
 
 impl ConsulSemaphore {
@@ -96,18 +91,16 @@ impl ConsulSemaphore {
         ConsulSemaphore {
             client,
             settings,
-            shared: Mutex::new(Shared::default()),
-            changed: Condvar::new(),
-            notify: OnceLock::new(),
+            gate: Gate::default(),
         }
     }
 
-    fn shared(&self) -> MutexGuard<'_, Shared> {
-        self.shared.lock().unwrap_or_else(|e| e.into_inner())
+    fn shared(&self) -> MutexGuard<'_, Guarded<Shared>> {
+        self.gate.lock()
     }
 
     fn closing(&self) -> bool {
-        self.shared().closing
+        self.gate.closing()
     }
 
     fn key(&self, name: &str) -> String {
@@ -121,38 +114,16 @@ impl ConsulSemaphore {
         write: impl FnOnce() -> T,
         record: impl FnOnce(&mut Shared, &T),
     ) -> Option<T> {
-        {
-            let mut shared = self.shared();
-            if shared.closing {
-                return None;
-            }
-            shared.writes_in_flight += 1;
-        }
-        let outcome = write();
-        let mut shared = self.shared();
-        record(&mut shared, &outcome);
-        shared.writes_in_flight -= 1;
-        self.changed.notify_all();
-        Some(outcome)
-    }
-
-    /// Sleeps for `pause`, or less if release begins. True if it did.
-    fn pause(&self, pause: Duration) -> bool {
-        let shared = self.shared();
-        let (shared, _) = self
-            .changed
-            .wait_timeout_while(shared, pause, |s| !s.closing)
-            .unwrap_or_else(|e| e.into_inner());
-        shared.closing
+        self.gate.write(|_| {}, write, record)
     }
 
     // ---- acquiring ------------------------------------------------------
 
-    /// The contender thread: acquire, report, then watch until the slot goes.
-    fn contend_thread(self: Arc<Self>, mode: Contend, notify: Notify) {
-        let _guard = PanicReport(Arc::clone(&notify));
-        let acquired = loop {
-            match self.acquire(mode) {
+    /// Takes a slot on a lease with room for the command to start: a slot
+    /// won on a session that Consul no longer knows is joined again.
+    fn acquire_with_room(self: &Arc<Self>, mode: Contend) -> Result<Grant<Held>, Stop> {
+        let (fence, key_index, relay) = loop {
+            match self.take_slot(mode) {
                 Ok(_) if !self.lease_has_room() => report::event(
                     "rejoining",
                     &[
@@ -163,62 +134,56 @@ impl ConsulSemaphore {
                         ),
                     ],
                 ),
-                other => break other,
+                other => break other?,
             }
         };
-        match acquired {
-            Ok((fence, key_index, relay)) => {
-                self.shared().fence = Some(fence);
-                report::event(
-                    "acquired",
-                    &[("prefix", &self.settings.prefix), ("fence", &fence)],
-                );
-                // Only now may the renewer report a loss or a lease: one
-                // reported before `Acquired` would reach a supervisor still
-                // waiting.
-                let lease_from = {
-                    let mut shared = self.shared();
-                    shared.holding = true;
-                    shared.lease_from
-                };
-                notify(SlotEvent::Acquired {
-                    fence,
-                    lease: lease_from.map(|sent| lease_end(sent, self.settings.ttl)),
-                });
-                let Some(session) = self.shared().session.clone() else {
-                    return;
-                };
-                // Starting the command comes first: the watches and the
-                // relay wait for it, so as not to compete with it.
-                {
-                    let period = lease::renew_period(self.settings.ttl);
-                    let _ = self.changed.wait_timeout_while(self.shared(), period, |s| {
-                        !s.command_started && !s.closing
-                    });
-                }
-                let (limit, retry) = (self.settings.limit, self.settings.monitor_retry);
-                let key = Watcher::new(&session, limit, Watched::Key, key_index, retry);
-                let this = Arc::clone(&self);
-                let key_notify = Arc::clone(&notify);
-                thread::Builder::new()
-                    .name("consem-watch-key".into())
-                    .spawn(move || {
-                        let _guard = PanicReport(Arc::clone(&key_notify));
-                        this.watch(key, &key_notify);
-                    })
-                    .expect("cannot start the watch thread");
-                if relay {
-                    self.relay(&session, fence, key_index);
-                }
-                self.watch(
-                    Watcher::new(&session, limit, Watched::Lock, fence, retry),
-                    &notify,
-                );
+        // Only now may the renewer report a loss or a lease: one reported
+        // before `Acquired` would reach a supervisor still waiting.
+        let lease_from = {
+            let mut shared = self.shared();
+            shared.fence = Some(fence);
+            shared.holding = true;
+            shared.lease_from
+        };
+        Ok(Grant {
+            fence,
+            lease: lease_from.map(|sent| lease_end(sent, self.settings.ttl)),
+            held: Held {
+                fence,
+                key_index,
+                relay,
+            },
+        })
+    }
+
+    /// Watches the slot (our key on a thread of its own, `.lock` on this
+    /// one) once the command has started, after the relay write if one is
+    /// owed; returns why the slot is lost, or `None` once release began.
+    fn watch_slot(self: &Arc<Self>, held: Held) -> Option<String> {
+        let session = self.shared().session.clone()?;
+        // Starting the command comes first: the watches and the relay wait
+        // for it, so as not to compete with it.
+        self.gate
+            .wait_for_command(lease::renew_period(self.settings.ttl));
+        let (limit, retry) = (self.settings.limit, self.settings.monitor_retry);
+        let key = Watcher::new(&session, limit, Watched::Key, held.key_index, retry);
+        let this = Arc::clone(self);
+        let notify = self.gate.notifier().expect("contend says where events go");
+        driver::spawn("consem-watch-key", notify, move |_| {
+            if let Some(reason) = this.watch_until_lost(key) {
+                this.gate.lost(reason);
             }
-            Err(Stop::NoSlot) => notify(SlotEvent::NoSlot),
-            Err(Stop::Closing) => {}
-            Err(Stop::Failed(error)) => notify(SlotEvent::Failed(error)),
+        });
+        if held.relay {
+            self.relay(&session, held.fence, held.key_index);
         }
+        self.watch_until_lost(Watcher::new(
+            &session,
+            limit,
+            Watched::Lock,
+            held.fence,
+            retry,
+        ))
     }
 
     /// Whether the lease leaves the command room to start. A waiter that
@@ -271,7 +236,7 @@ impl ConsulSemaphore {
     /// watch's news, not ours.
     fn relay(&self, session: &str, fence: u64, key_index: u64) {
         let value = semaphore::holding_value(&self.settings.contender_value, fence);
-        let mut pause = FIRST_BACKOFF;
+        let mut backoff = Backoff::default();
         let mut failures = 0;
         loop {
             match self.rewrite_own_key(session, value.clone(), key_index) {
@@ -286,10 +251,9 @@ impl ConsulSemaphore {
                         return;
                     }
                     report::event("relay-retry", &[("error", &error)]);
-                    if self.pause(pause) {
+                    if self.gate.pause(backoff.next_pause()) {
                         return;
                     }
-                    pause = (pause * 2).min(MAX_BACKOFF);
                 }
             }
         }
@@ -298,7 +262,7 @@ impl ConsulSemaphore {
     /// Runs the [`Contender`] until a slot is ours. Returns the fence (where
     /// watching `.lock` starts), our key's index (where watching it starts)
     /// and whether a waiter behind is owed the relay write.
-    fn acquire(self: &Arc<Self>, mode: Contend) -> Result<(u64, u64, bool), Stop> {
+    fn take_slot(self: &Arc<Self>, mode: Contend) -> Result<(u64, u64, bool), Stop> {
         let mut contender = Contender::new(self.settings.limit, mode);
         let mut outage = Outage::new(self.settings.ttl);
         let mut call = contender.start();
@@ -320,23 +284,9 @@ impl ConsulSemaphore {
             let step = contender.on_answer(answer);
             for note in contender.take_notes() {
                 match note {
-                    Note::Waiting(picture) => {
-                        let progress = self.progress(&picture);
-                        report::event(
-                            "waiting",
-                            &[
-                                ("prefix", &self.settings.prefix),
-                                (
-                                    "held",
-                                    &format!("{}/{}", progress.holders.len(), progress.limit),
-                                ),
-                                ("ahead", &progress.ahead),
-                            ],
-                        );
-                        if let Some(notify) = self.notify.get() {
-                            notify(SlotEvent::Waiting(progress));
-                        }
-                    }
+                    Note::Waiting(picture) => self
+                        .gate
+                        .waiting(&self.settings.prefix, self.progress(&picture)),
                     // While leaving, our key goes because we destroyed
                     // the session: nothing to tell.
                     Note::Rejoining if self.closing() => {}
@@ -535,26 +485,17 @@ impl ConsulSemaphore {
 
     // ---- holding --------------------------------------------------------
 
-    /// Runs a [`Watcher`] while the command runs, and reports the loss of
-    /// the slot unless release began first.
-    fn watch(&self, watcher: Watcher, notify: &Notify) {
-        if let Some(reason) = self.watch_until_lost(watcher) {
-            if !self.closing() {
-                notify(SlotEvent::Lost(reason));
-            }
-        }
-    }
-
-    /// Returns why the slot is lost, or `None` if release began.
+    /// Runs a [`Watcher`] while the command runs; returns why the slot is
+    /// lost, or `None` if release began.
     fn watch_until_lost(&self, mut watcher: Watcher) -> Option<String> {
-        let mut backoff = FIRST_BACKOFF;
+        let mut backoff = Backoff::default();
         loop {
             if self.closing() {
                 return None;
             }
             match self.read(&watcher.call()) {
                 Ok(read) => {
-                    backoff = FIRST_BACKOFF;
+                    backoff = Backoff::default();
                     if let Err(loss) = watcher.on_read(read) {
                         if self.closing() {
                             return None;
@@ -587,10 +528,9 @@ impl ConsulSemaphore {
                     }
                     Ok(failures) => {
                         report::event("watch-retry", &[("failures", &failures), ("error", &error)]);
-                        if self.pause(backoff) {
+                        if self.gate.pause(backoff.next_pause()) {
                             return None;
                         }
-                        backoff = (backoff * 2).min(MAX_BACKOFF);
                     }
                 },
             }
@@ -622,7 +562,7 @@ impl ConsulSemaphore {
         let period = lease::renew_period(ttl);
         let mut next_pause = period;
         let mut failures = 0;
-        while !self.pause(next_pause) {
+        while !self.gate.pause(next_pause) {
             let Some(session) = self.shared().session.clone() else {
                 continue;
             };
@@ -630,16 +570,10 @@ impl ConsulSemaphore {
                 Ok(Some(sent)) => {
                     failures = 0;
                     next_pause = period;
-                    let holding = {
-                        let shared = self.shared();
-                        shared.holding && !shared.closing
-                    };
-                    if holding {
-                        if let Some(notify) = self.notify.get() {
-                            notify(SlotEvent::Leased {
-                                until: lease_end(sent, ttl),
-                            });
-                        }
+                    if self.holding() {
+                        self.gate.notify(SlotEvent::Leased {
+                            until: lease_end(sent, ttl),
+                        });
                     }
                 }
                 Ok(None) => {
@@ -724,29 +658,16 @@ impl ConsulSemaphore {
         }
     }
 
-    fn report_loss_if_holding(&self, reason: &str) {
-        let holding = {
-            let shared = self.shared();
-            shared.holding && !shared.closing
-        };
-        if holding {
-            if let Some(notify) = self.notify.get() {
-                notify(SlotEvent::Lost(reason.to_string()));
-            }
-        }
+    /// The slot is ours, and release has not begun: the renewer reports
+    /// on it.
+    fn holding(&self) -> bool {
+        let shared = self.shared();
+        shared.holding && !shared.closing()
     }
-}
 
-/// Reports a panicking helper as a failure, so that the supervisor never
-/// waits forever for an event that will not come.
-struct PanicReport(Notify);
-
-impl Drop for PanicReport {
-    fn drop(&mut self) {
-        if thread::panicking() {
-            (self.0)(SlotEvent::Failed(StoreError::Unavailable(
-                "internal error: the semaphore thread failed".into(),
-            )));
+    fn report_loss_if_holding(&self, reason: &str) {
+        if self.holding() {
+            self.gate.notify(SlotEvent::Lost(reason.to_string()));
         }
     }
 }
@@ -777,19 +698,36 @@ fn on_failure(
         return Err(give_up(error));
     };
     report::event("retry", &[("error", &error)]);
-    if semaphore.pause(pause) {
+    if semaphore.gate.pause(pause) {
         return Err(Stop::Closing);
     }
     Ok(())
 }
 
+impl Recipe for ConsulSemaphore {
+    type Shared = Shared;
+    type Held = Held;
+
+    fn gate(&self) -> &Gate<Shared> {
+        &self.gate
+    }
+
+    fn prefix(&self) -> &str {
+        &self.settings.prefix
+    }
+
+    fn acquire(self: &Arc<Self>, mode: Contend) -> Result<Grant<Held>, Stop> {
+        self.acquire_with_room(mode)
+    }
+
+    fn hold(self: &Arc<Self>, held: Held) -> Option<String> {
+        self.watch_slot(held)
+    }
+}
+
 impl SlotBackend for ConsulSemaphore {
     fn contend(self: Arc<Self>, mode: Contend, notify: Notify) {
-        let _ = self.notify.set(Arc::clone(&notify));
-        thread::Builder::new()
-            .name("consem-contend".into())
-            .spawn(move || self.contend_thread(mode, notify))
-            .expect("cannot start the semaphore thread");
+        driver::contend(self, mode, notify);
     }
 
     fn release(&self, budget: Duration) -> Result<Released, String> {
@@ -797,17 +735,11 @@ impl SlotBackend for ConsulSemaphore {
         // Stop the helpers' writes and let one in flight land, so that what
         // it created is known.
         let session = {
-            let mut shared = self.shared();
-            shared.closing = true;
-            self.changed.notify_all();
-            let (mut shared, waited) = self
-                .changed
-                .wait_timeout_while(shared, budget / 2, |s| s.writes_in_flight > 0)
-                .unwrap_or_else(|e| e.into_inner());
+            let (mut shared, in_flight) = self.gate.stop(budget / 2);
             shared.holding = false;
             (
                 shared.session.take(),
-                waited.timed_out() || shared.create_unanswered,
+                in_flight || shared.create_unanswered,
                 shared.denied,
                 shared.fence.is_some(),
             )
@@ -950,8 +882,7 @@ impl SlotBackend for ConsulSemaphore {
     }
 
     fn command_started(&self) {
-        self.shared().command_started = true;
-        self.changed.notify_all();
+        self.gate.command_started();
     }
 
     fn own_child_env(&self) -> Vec<(String, String)> {

@@ -14,19 +14,19 @@ pub mod admin;
 pub mod client;
 pub mod queue;
 
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use client::{Client, Compare, EtcdError, Op, Revoked, TxnReply, WatchRequest, Watched};
-use queue::Place;
+use queue::{AfterChange, AfterRead, OwnKey};
 
+use super::driver::{self, Failures, Gate, Grant, Recipe, Stop};
 use super::kind::{Lease, Store, StoreSettings};
 use super::lease;
 use super::outage::{Outage, FIRST_BACKOFF};
 use super::{
-    Admin, Contend, ContenderInfo, Holder, Notify, Progress, Released, SlotBackend, SlotEvent,
-    StoreError,
+    Admin, Contend, ContenderInfo, Notify, Progress, Released, SlotBackend, SlotEvent, StoreError,
 };
 use crate::report;
 
@@ -85,35 +85,16 @@ impl StoreSettings for Settings {
     }
 }
 
+/// What the helper threads share with `release`, beside the [`Gate`]'s
+/// own (a lease grant or a join may be under way: release waits for it).
 #[derive(Default)]
-struct Shared {
-    closing: bool,
-    /// A lease grant or a join may be under way: release waits for it.
-    writing: bool,
+pub struct Shared {
     lease: Option<i64>,
     /// When the last renewal etcd confirmed (or the grant) was sent: the
     /// lease lasts a TTL from then, at least.
     renewed: Option<Instant>,
     /// Our key's create revision: the fence.
     fence: Option<i64>,
-    /// The command has started: the holder's first requests wait for it.
-    command_started: bool,
-}
-
-/// Where a waiter waits, and what it has seen.
-struct Wait {
-    request_key: Vec<u8>,
-    /// `Some`: the whole prefix, for deletions only (the first waiter).
-    end: Option<Vec<u8>>,
-    /// The revision the waiter has seen through: its listing's, then the
-    /// last event's.
-    seen: i64,
-    /// The keys ahead of ours in the last listing.
-    ahead: Vec<Vec<u8>>,
-    /// Those of them, and others, seen deleted since: every one, for a
-    /// watch of the whole prefix (`end`).
-    deleted: Vec<Vec<u8>>,
-    watch: Option<client::Watch>,
 }
 
 /// What ends the run on a failure while contending, or how long to pause
@@ -145,20 +126,7 @@ pub struct EtcdSemaphore {
     range: (Vec<u8>, Vec<u8>),
     limit_key: Vec<u8>,
     info: Vec<u8>,
-    shared: Mutex<Shared>,
-    changed: Condvar,
-}
-
-/// Why acquiring stopped without a slot.
-enum Stop {
-    Closing,
-    Failed(StoreError),
-}
-
-impl From<StoreError> for Stop {
-    fn from(error: StoreError) -> Stop {
-        Stop::Failed(error)
-    }
+    gate: Gate<Shared>,
 }
 
 /// What joining found.
@@ -187,23 +155,8 @@ impl EtcdSemaphore {
             prefix: prefix.to_string(),
             limit,
             settings,
-            shared: Mutex::new(Shared::default()),
-            changed: Condvar::new(),
+            gate: Gate::default(),
         })
-    }
-
-    fn shared(&self) -> MutexGuard<'_, Shared> {
-        self.shared.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Sleeps for `pause` unless release begins; true if it did.
-    fn pause(&self, pause: Duration) -> bool {
-        let shared = self.shared();
-        let (shared, _) = self
-            .changed
-            .wait_timeout_while(shared, pause, |s| !s.closing)
-            .unwrap_or_else(|e| e.into_inner());
-        shared.closing
     }
 
     fn key(&self, lease: i64) -> Vec<u8> {
@@ -213,17 +166,9 @@ impl EtcdSemaphore {
     /// Runs `call`, a write, unless release began; release waits for it
     /// to finish, so that it can undo what it wrote.
     fn writing<T>(&self, call: impl FnOnce() -> T) -> Result<T, Stop> {
-        {
-            let mut shared = self.shared();
-            if shared.closing {
-                return Err(Stop::Closing);
-            }
-            shared.writing = true;
-        }
-        let result = call();
-        self.shared().writing = false;
-        self.changed.notify_all();
-        Ok(result)
+        self.gate
+            .write(|_| {}, call, |_, _| {})
+            .ok_or(Stop::Closing)
     }
 
     /// Runs `call` until it answers, within the outage policy.
@@ -233,7 +178,7 @@ impl EtcdSemaphore {
         mut call: impl FnMut() -> Result<T, EtcdError>,
     ) -> Result<Result<T, EtcdError>, Stop> {
         loop {
-            if self.shared().closing {
+            if self.gate.closing() {
                 return Err(Stop::Closing);
             }
             match call() {
@@ -247,7 +192,7 @@ impl EtcdSemaphore {
                 }
                 Err(error) => {
                     let pause = on_failure(outage, error)?;
-                    if self.pause(pause) {
+                    if self.gate.pause(pause) {
                         return Err(Stop::Closing);
                     }
                 }
@@ -274,15 +219,19 @@ impl EtcdSemaphore {
         loop {
             let sent = Instant::now();
             // Recorded before release may look, so that it revokes it.
-            let granted = self.writing(|| {
-                let granted = self.client.grant(self.settings.ttl);
-                if let Ok(lease) = granted {
-                    let mut shared = self.shared();
-                    shared.lease = Some(lease);
-                    shared.renewed = Some(sent);
-                }
-                granted
-            })?;
+            let granted = self
+                .gate
+                .write(
+                    |_| {},
+                    || self.client.grant(self.settings.ttl),
+                    |shared, granted| {
+                        if let Ok(lease) = granted {
+                            shared.lease = Some(*lease);
+                            shared.renewed = Some(sent);
+                        }
+                    },
+                )
+                .ok_or(Stop::Closing)?;
             match granted {
                 Ok(lease) => {
                     outage.recovered();
@@ -291,7 +240,7 @@ impl EtcdSemaphore {
                 }
                 Err(error) => {
                     let pause = on_failure(outage, error)?;
-                    if self.pause(pause) {
+                    if self.gate.pause(pause) {
                         return Err(Stop::Closing);
                     }
                 }
@@ -425,361 +374,373 @@ impl EtcdSemaphore {
         })
     }
 
-    /// Contends until the slot is ours: the fence, when the lease was last
-    /// renewed, the revision through which our key is known to be there,
-    /// and whether a waiter may be watching our key (it is owed the relay
-    /// write).
-    fn acquire(&self, mode: Contend, notify: &Notify) -> Result<(i64, Instant, i64, bool), Stop> {
-        let ttl = self.settings.ttl;
-        let period = lease::renew_period(ttl);
-        let mut outage = Outage::new(ttl);
+    /// Contends until the slot is ours: grants a lease, joins, and waits
+    /// (a rejoin when our key or our lease goes).
+    fn take_slot(&self, mode: Contend) -> Result<HeldSlot, Stop> {
+        let mut outage = Outage::new(self.settings.ttl);
         let mut lease: Option<(i64, Instant)> = None;
-        let mut last_picture: Option<Progress> = None;
-        'join: loop {
-            let (id, mut renewed) = match lease {
+        let mut told: Option<Progress> = None;
+        loop {
+            let (id, renewed) = match lease {
                 Some(lease) => lease,
                 None => self.grant(&mut outage)?,
             };
-            lease = Some((id, renewed));
-            let (fence, mut joined) = match self.join(id, &mut outage)? {
+            let (fence, joined) = match self.join(id, &mut outage)? {
                 Joined::At(revision, listing) => (revision, listing),
                 Joined::LeaseGone => {
                     lease = None;
-                    continue 'join;
+                    continue;
                 }
             };
-            self.shared().fence = Some(fence);
-            let key = self.key(id);
-            let mut wait: Option<Wait> = None;
-            loop {
-                if period.saturating_sub(renewed.elapsed()) < client::SHORTEST_WATCH {
-                    let sent = Instant::now();
-                    match self.retrying(&mut outage, || self.client.keep_alive(id, period))? {
-                        Ok(()) => {
-                            renewed = sent;
-                            self.shared().renewed = Some(sent);
-                        }
-                        Err(_) => {
-                            report::event("rejoin", &[("why", &"our lease ended while we waited")]);
-                            lease = None;
-                            continue 'join;
-                        }
-                    }
-                    lease = Some((id, renewed));
+            self.gate.lock().fence = Some(fence);
+            let mut contender = Contender {
+                lease: id,
+                key: self.key(id),
+                renewed,
+                joined,
+                wait: None,
+            };
+            let waited = self.wait_for_slot(&mut contender, mode, &mut outage, &mut told)?;
+            lease = Some((id, contender.renewed));
+            match waited {
+                Waited::Holding { seen, relay_owed } => {
+                    return Ok(HeldSlot {
+                        lease: id,
+                        fence,
+                        key: contender.key,
+                        renewed: contender.renewed,
+                        seen,
+                        relay_owed,
+                        renew_now: false,
+                        failures: Failures::new(self.settings.monitor_retry),
+                    })
                 }
-                if let Some(waiting) = &mut wait {
-                    let watch = match &mut waiting.watch {
-                        Some(watch) => watch,
-                        None => {
-                            let left = period.saturating_sub(renewed.elapsed());
-                            let request = WatchRequest {
-                                key: &waiting.request_key,
-                                end: waiting.end.as_deref(),
-                                deletions_only: waiting.end.is_some(),
-                            };
-                            match self
-                                .retrying(&mut outage, || self.client.watch(&request, left))?
-                            {
-                                Ok(Some(watch)) => waiting.watch.insert(watch),
-                                // The wait ended first: renew.
-                                _ => continue,
-                            }
-                        }
-                    };
-                    // A watch tells what changed after etcd created it;
-                    // what changed between our read and then, we read.
-                    if watch.created_at <= waiting.seen {
-                        let watched = self.client.next_change(watch, waiting.seen);
-                        if self.shared().closing {
-                            return Err(Stop::Closing);
-                        }
-                        match watched {
-                            Err(error) => {
-                                waiting.watch = None;
-                                let pause = on_failure(&mut outage, error)?;
-                                if self.pause(pause) {
-                                    return Err(Stop::Closing);
-                                }
-                                continue;
-                            }
-                            // Renew, then watch again.
-                            Ok(Watched::Quiet) => {
-                                outage.recovered();
-                                waiting.watch = None;
-                                continue;
-                            }
-                            Ok(Watched::Changed(changes)) if !changes.deleted.contains(&key) => {
-                                outage.recovered();
-                                waiting.seen = changes.through;
-                                waiting.deleted.extend(changes.deleted);
-                                // Departures alone can tell that the slot is
-                                // ours: the next command starts without another
-                                // read. Whoever joined since may watch our key.
-                                if queue::holds_after(&waiting.ahead, &waiting.deleted, self.limit)
-                                {
-                                    return Ok((fence, renewed, waiting.seen, true));
-                                }
-                                // The first waiter sees every departure: one
-                                // from behind it changes nothing.
-                                if waiting.end.is_some() {
-                                    continue;
-                                }
-                            }
-                            // Our key went, or etcd ended the watch: read.
-                            Ok(_) => outage.recovered(),
-                        }
-                        waiting.watch = None;
+                Waited::LeaseGone => lease = None,
+                Waited::KeyGone => {}
+            }
+        }
+    }
+
+    /// Waits in the queue, once joined: reads the prefix, watches what
+    /// [`queue::after_read`] says, keeps the lease alive meanwhile.
+    fn wait_for_slot(
+        &self,
+        contender: &mut Contender,
+        mode: Contend,
+        outage: &mut Outage,
+        told: &mut Option<Progress>,
+    ) -> Result<Waited, Stop> {
+        let period = lease::renew_period(self.settings.ttl);
+        loop {
+            if renewal_due(contender.renewed, period) {
+                let id = contender.lease;
+                let sent = Instant::now();
+                match self.retrying(outage, || self.client.keep_alive(id, period))? {
+                    Ok(()) => {
+                        contender.renewed = sent;
+                        self.gate.lock().renewed = Some(sent);
+                    }
+                    Err(_) => {
+                        report::event("rejoin", &[("why", &"our lease ended while we waited")]);
+                        return Ok(Waited::LeaseGone);
                     }
                 }
-                let listing = match joined.take() {
-                    Some(listing) => listing,
-                    None => match self.retrying(&mut outage, || {
-                        self.client.range(&self.range.0, &self.range.1)
-                    })? {
-                        Ok(listing) => listing,
-                        Err(_) => continue,
-                    },
-                };
-                let contenders = queue::contenders(&listing.kvs, &self.limit_key);
-                if let Some(foreign) = queue::foreign(&contenders) {
-                    return Err(Stop::Failed(StoreError::Conflict(format!(
-                        "{} is a key on a lease with no consem description: etcdctl lock, or another client of etcd's concurrency.Mutex, uses {}/ too; consem leaves it untouched. The two cannot share a name (etcdctl lock waits for every older key, {} included): use another --prefix",
-                        String::from_utf8_lossy(&foreign.key),
-                        self.prefix,
-                        queue::LIMIT_KEY_NAME
-                    ))));
+            }
+            if let Some(wait) = &mut contender.wait {
+                let left = period.saturating_sub(contender.renewed.elapsed());
+                match self.watch_queue(wait, &contender.key, left, outage)? {
+                    Watching::Holding => {
+                        // Whoever joined since may watch our key.
+                        return Ok(Waited::Holding {
+                            seen: wait.waiting.seen,
+                            relay_owed: true,
+                        });
+                    }
+                    Watching::Again => continue,
+                    Watching::Read => {}
                 }
-                let place = queue::place(&contenders, &key, self.limit);
-                let seen = listing.header.revision;
-                let (request_key, end) = match &place {
-                    Place::Holding => {
-                        // A linearizable read showed our key among the
-                        // first `limit`: the slot is ours. A waiter that
-                        // read before us, and may watch our key, is behind
-                        // us in this listing.
-                        let behind = contenders.last().is_some_and(|last| last.key != key);
-                        return Ok((fence, renewed, seen, behind));
-                    }
-                    Place::Gone => {
-                        report::event("rejoin", &[("why", &"our key was deleted")]);
-                        continue 'join;
-                    }
-                    _ if mode == Contend::Try => {
-                        notify(SlotEvent::NoSlot);
-                        return Err(Stop::Closing);
-                    }
-                    Place::First => (self.range.0.clone(), Some(self.range.1.clone())),
-                    Place::Behind {
-                        ahead: just_ahead, ..
-                    } => (just_ahead.clone(), None),
-                };
-                // A watch of the same keys, made before this read, goes on
-                // from it.
-                let watch = wait
-                    .take()
-                    .filter(|w| w.request_key == request_key && w.end == end)
-                    .and_then(|w| w.watch)
-                    .filter(|watch| watch.created_at <= seen);
-                wait = Some(Wait {
-                    request_key,
-                    end,
-                    seen,
-                    ahead: contenders
-                        .iter()
-                        .take_while(|kv| kv.key != key)
-                        .map(|kv| kv.key.clone())
-                        .collect(),
-                    deleted: Vec::new(),
-                    watch,
-                });
-                let picture = Progress {
-                    limit: self.limit,
-                    holders: contenders
-                        .iter()
-                        .take(self.limit as usize)
-                        .map(|kv| Holder::from(&ContenderInfo::parse(&kv.value)))
-                        .collect(),
-                    ahead: match &place {
-                        Place::Behind { waiters_ahead, .. } => *waiters_ahead,
-                        _ => 0,
-                    },
-                };
-                if last_picture.as_ref() != Some(&picture) {
-                    report::event(
-                        "waiting",
-                        &[
-                            ("prefix", &self.prefix),
-                            ("held", &format!("{}/{}", picture.holders.len(), self.limit)),
-                            ("ahead", &picture.ahead),
-                        ],
-                    );
-                    notify(SlotEvent::Waiting(picture.clone()));
-                    last_picture = Some(picture);
+            }
+            let listing = match contender.joined.take() {
+                Some(listing) => listing,
+                None => match self
+                    .retrying(outage, || self.client.range(&self.range.0, &self.range.1))?
+                {
+                    Ok(listing) => listing,
+                    Err(_) => continue,
+                },
+            };
+            let seen = listing.header.revision;
+            let range = (self.range.0.as_slice(), self.range.1.as_slice());
+            match queue::after_read(
+                &listing.kvs,
+                seen,
+                &contender.key,
+                self.limit,
+                range,
+                &self.limit_key,
+            ) {
+                AfterRead::Foreign(foreign) => return Err(self.foreign(foreign).into()),
+                // A linearizable read showed our key among the first
+                // `limit`: the slot is ours.
+                AfterRead::Holding { relay_owed } => {
+                    return Ok(Waited::Holding { seen, relay_owed })
+                }
+                AfterRead::Gone => {
+                    report::event("rejoin", &[("why", &"our key was deleted")]);
+                    return Ok(Waited::KeyGone);
+                }
+                AfterRead::Wait(..) if mode == Contend::Try => return Err(Stop::NoSlot),
+                AfterRead::Wait(waiting, picture) => {
+                    // A watch of the same keys, made before this read, goes
+                    // on from it.
+                    let watch = contender
+                        .wait
+                        .take()
+                        .filter(|old| old.waiting.watches_as(&waiting))
+                        .and_then(|old| old.watch)
+                        .filter(|watch| watch.created_at <= seen);
+                    contender.wait = Some(Wait { waiting, watch });
+                    self.gate.waiting_if_changed(&self.prefix, picture, told);
                 }
             }
         }
     }
 
-    /// Keeps the lease alive every TTL/3 and watches our key between
-    /// renewals; returns why the slot is lost, or `None` once release
-    /// began.
-    #[allow(clippy::too_many_arguments)]
-    fn hold(
+    /// Watches what a waiter waits on, for `left` at most (the next
+    /// keep-alive is due then). A watch tells what changed after etcd
+    /// created it; what changed between our read and then, we read.
+    fn watch_queue(
         &self,
-        lease_id: i64,
-        fence: i64,
-        mut renewed: Instant,
-        mut seen: i64,
-        mut relay_owed: bool,
-        notify: &Notify,
-    ) -> Option<String> {
-        let ttl = self.settings.ttl;
-        let period = lease::renew_period(ttl);
-        let key = self.key(lease_id);
-        let shown_key = String::from_utf8_lossy(&key).into_owned();
-        let mut failures = 0;
-        let mut renew_now = false;
-        {
-            let left = period.saturating_sub(renewed.elapsed());
-            let _ = self
-                .changed
-                .wait_timeout_while(self.shared(), left, |s| !s.command_started && !s.closing);
+        wait: &mut Wait,
+        key: &[u8],
+        left: Duration,
+        outage: &mut Outage,
+    ) -> Result<Watching, Stop> {
+        let watch = match &mut wait.watch {
+            Some(watch) => watch,
+            None => {
+                let request = WatchRequest {
+                    key: &wait.waiting.watched,
+                    end: wait.waiting.end.as_deref(),
+                    deletions_only: wait.waiting.end.is_some(),
+                };
+                match self.retrying(outage, || self.client.watch(&request, left))? {
+                    Ok(Some(watch)) => wait.watch.insert(watch),
+                    // The wait ended first: renew.
+                    _ => return Ok(Watching::Again),
+                }
+            }
+        };
+        if watch.created_at > wait.waiting.seen {
+            return Ok(Watching::Read);
         }
+        let watched = self.client.next_change(watch, wait.waiting.seen);
+        if self.gate.closing() {
+            return Err(Stop::Closing);
+        }
+        let next = match watched {
+            Err(error) => {
+                wait.watch = None;
+                let pause = on_failure(outage, error)?;
+                if self.gate.pause(pause) {
+                    return Err(Stop::Closing);
+                }
+                return Ok(Watching::Again);
+            }
+            // Renew, then watch again.
+            Ok(Watched::Quiet) => {
+                outage.recovered();
+                wait.watch = None;
+                return Ok(Watching::Again);
+            }
+            Ok(Watched::Changed(changes)) => {
+                outage.recovered();
+                wait.waiting.after_change(changes, key, self.limit)
+            }
+            // etcd ended the watch: read.
+            Ok(Watched::Ended) => {
+                outage.recovered();
+                AfterChange::Read
+            }
+        };
+        match next {
+            AfterChange::Holding => Ok(Watching::Holding),
+            AfterChange::WatchOn => Ok(Watching::Again),
+            AfterChange::Read => {
+                wait.watch = None;
+                Ok(Watching::Read)
+            }
+        }
+    }
+
+    fn foreign(&self, foreign: &client::KeyValue) -> StoreError {
+        StoreError::Conflict(format!(
+            "{} is a key on a lease with no consem description: etcdctl lock, or another client of etcd's concurrency.Mutex, uses {}/ too; consem leaves it untouched. The two cannot share a name (etcdctl lock waits for every older key, {} included): use another --prefix",
+            String::from_utf8_lossy(&foreign.key),
+            self.prefix,
+            queue::LIMIT_KEY_NAME
+        ))
+    }
+
+    /// Keeps the lease alive every TTL/3 and watches our key between
+    /// renewals, once the command has started (its first requests wait
+    /// for it); returns why the slot is lost, or `None` once release
+    /// began.
+    fn keep_holding(&self, slot: &mut HeldSlot) -> Option<String> {
+        let period = lease::renew_period(self.settings.ttl);
+        self.gate
+            .wait_for_command(period.saturating_sub(slot.renewed.elapsed()));
         loop {
-            if self.shared().closing {
+            if self.gate.closing() {
                 return None;
             }
-            if relay_owed && !renew_now {
-                // The relay write, owed to the waiter behind us: it wakes
-                // when our key changes. Until it is made, that waiter
-                // sleeps, so a failure is retried as a renewal's is.
-                match self.client.txn(
-                    &[Compare::Created(&key, fence)],
-                    &[Op::Put(&key, &self.info, lease_id)],
-                    &[],
-                ) {
-                    Ok(reply) if reply.succeeded => {
-                        relay_owed = false;
-                        seen = reply.header.revision;
-                    }
-                    Ok(_) => {
-                        return Some(format!(
-                            "our key {shown_key} was deleted while our lease lives (consem release, or by hand)"
-                        ))
-                    }
-                    Err(_) => renew_now = true,
-                }
-            }
-            if renew_now || period.saturating_sub(renewed.elapsed()) < client::SHORTEST_WATCH {
-                let sent = Instant::now();
-                match self.client.keep_alive(lease_id, period.min(RENEW_TIMEOUT)) {
-                    Ok(()) => {
-                        failures = 0;
-                        renew_now = false;
-                        renewed = sent;
-                        self.shared().renewed = Some(sent);
-                        notify(SlotEvent::Leased {
-                            until: lease::lease_end(sent, ttl),
-                        });
-                    }
-                    Err(EtcdError::LeaseGone) => {
-                        return Some(format!(
-                            "our lease {lease_id:x} is gone: etcd let it expire (no keep-alive within --ttl {}) or someone revoked it (consem release, etcdctl lease revoke)",
-                            crate::duration::human(ttl)
-                        ))
-                    }
-                    Err(EtcdError::Denied(why)) => return Some(why),
-                    Err(error) => {
-                        failures += 1;
-                        let pause = match lease::after_failure(
-                            failures,
-                            self.settings.monitor_retry,
-                            lease::lease_end(renewed, ttl),
-                            Instant::now(),
-                        ) {
-                            lease::AfterFailure::RetryIn(pause) => pause,
-                            gave_up => {
-                                return Some(format!(
-                                    "cannot keep our lease alive: {error} ({gave_up})"
-                                ))
-                            }
-                        };
-                        report::event("watch-retry", &[("failures", &failures), ("error", &error)]);
-                        renew_now = true;
-                        if self.pause(pause) {
-                            return None;
-                        }
-                        continue;
-                    }
-                }
-            }
-            let left = period.saturating_sub(renewed.elapsed());
-            let request = WatchRequest {
-                key: &key,
-                end: None,
-                deletions_only: false,
-            };
-            let mut watch = match self.client.watch(&request, left) {
-                Ok(Some(watch)) => watch,
-                Ok(None) => continue,
-                Err(_) => {
-                    // Renewing tells whether etcd is there, and counts.
-                    renew_now = true;
-                    if self.pause(FIRST_BACKOFF) {
-                        return None;
-                    }
-                    continue;
-                }
-            };
-            // What changed between what we saw and the watch's start, we
-            // read.
-            let mut check = watch.created_at > seen;
-            loop {
-                if check {
-                    match self.client.range(&key, &[]) {
-                        Ok(reply) if reply.kvs.is_empty() => {
-                            return Some(self.why_gone(lease_id, &shown_key))
-                        }
-                        // Put again without our lease (etcdctl put), or
-                        // deleted and put again: no longer our contender,
-                        // or no longer where it stood in the queue.
-                        Ok(reply) if reply.kvs[0].lease != lease_id => {
-                            return Some(format!(
-                                "our key {shown_key} was written again without our lease {lease_id:x} (by hand, etcdctl put): it no longer counts as a contender, and the next may take the slot"
-                            ))
-                        }
-                        Ok(reply) if reply.kvs[0].create_revision != fence => {
-                            return Some(format!(
-                                "our key {shown_key} was deleted and written again (by hand): it stands behind every other contender now"
-                            ))
-                        }
-                        Ok(reply) => seen = reply.header.revision,
-                        Err(_) => {
-                            renew_now = true;
-                            break;
-                        }
-                    }
-                }
-                let watched = self.client.next_change(&mut watch, seen);
-                // Our own release: it deleted the key.
-                if self.shared().closing {
-                    return None;
-                }
-                match watched {
-                    Ok(Watched::Changed(_)) => check = true,
-                    // Renew, or watch again: what changed meanwhile is read
-                    // then.
-                    Ok(Watched::Quiet | Watched::Ended) => break,
-                    Err(_) => {
-                        renew_now = true;
-                        if self.pause(FIRST_BACKOFF) {
-                            return None;
-                        }
-                        break;
-                    }
-                }
+            if let Err(end) = self.hold_once(slot, period) {
+                return end;
             }
         }
+    }
+
+    /// One round of holding: the relay write if owed, a keep-alive if
+    /// due, then the watch of our key until the next is due.
+    fn hold_once(&self, slot: &mut HeldSlot, period: Duration) -> Result<(), Ended> {
+        if slot.relay_owed && !slot.renew_now {
+            self.relay(slot)?;
+        }
+        if (slot.renew_now || renewal_due(slot.renewed, period)) && !self.renew(slot)? {
+            return Ok(());
+        }
+        self.watch_own_key(slot)
+    }
+
+    /// The relay write, owed to the waiter behind us: it wakes when our
+    /// key changes. Until it is made, that waiter sleeps, so a failure is
+    /// retried as a renewal's is.
+    fn relay(&self, slot: &mut HeldSlot) -> Result<(), Ended> {
+        match self.client.txn(
+            &[Compare::Created(&slot.key, slot.fence)],
+            &[Op::Put(&slot.key, &self.info, slot.lease)],
+            &[],
+        ) {
+            Ok(reply) if reply.succeeded => {
+                slot.relay_owed = false;
+                slot.seen = reply.header.revision;
+            }
+            Ok(_) => {
+                return Err(Some(format!(
+                    "our key {} was deleted while our lease lives (consem release, or by hand)",
+                    slot.shown_key()
+                )))
+            }
+            Err(_) => slot.renew_now = true,
+        }
+        Ok(())
+    }
+
+    /// Sends a keep-alive, and tells the supervisor the lease it gives.
+    /// `Ok(false)` after a failure, once the pause before the next attempt
+    /// is over.
+    fn renew(&self, slot: &mut HeldSlot) -> Result<bool, Ended> {
+        let ttl = self.settings.ttl;
+        let period = lease::renew_period(ttl);
+        let sent = Instant::now();
+        match self.client.keep_alive(slot.lease, period.min(RENEW_TIMEOUT)) {
+            Ok(()) => {
+                slot.failures.reset();
+                slot.renew_now = false;
+                slot.renewed = sent;
+                self.gate.lock().renewed = Some(sent);
+                self.gate.notify(SlotEvent::Leased {
+                    until: lease::lease_end(sent, ttl),
+                });
+                Ok(true)
+            }
+            Err(EtcdError::LeaseGone) => Err(Some(format!(
+                "our lease {:x} is gone: etcd let it expire (no keep-alive within --ttl {}) or someone revoked it (consem release, etcdctl lease revoke)",
+                slot.lease,
+                crate::duration::human(ttl)
+            ))),
+            Err(EtcdError::Denied(why)) => Err(Some(why)),
+            Err(error) => {
+                slot.renew_now = true;
+                let lease_end = lease::lease_end(slot.renewed, ttl);
+                slot.failures.retry(
+                    &self.gate,
+                    lease_end,
+                    "cannot keep our lease alive: ",
+                    &error,
+                )?;
+                Ok(false)
+            }
+        }
+    }
+
+    /// Watches our own key until the next keep-alive is due: a deletion,
+    /// or our key written again, is a loss unless our own release made it.
+    fn watch_own_key(&self, slot: &mut HeldSlot) -> Result<(), Ended> {
+        let left = lease::renew_period(self.settings.ttl).saturating_sub(slot.renewed.elapsed());
+        let request = WatchRequest {
+            key: &slot.key,
+            end: None,
+            deletions_only: false,
+        };
+        let mut watch = match self.client.watch(&request, left) {
+            Ok(Some(watch)) => watch,
+            Ok(None) => return Ok(()),
+            Err(_) => return self.renew_after_failure(slot),
+        };
+        // What changed between what we saw and the watch's start, we read.
+        let mut check = watch.created_at > slot.seen;
+        loop {
+            if check {
+                match self.client.range(&slot.key, &[]) {
+                    Ok(reply) => {
+                        self.check_own_key(slot, &reply.kvs)?;
+                        slot.seen = reply.header.revision;
+                    }
+                    Err(_) => {
+                        slot.renew_now = true;
+                        return Ok(());
+                    }
+                }
+            }
+            let watched = self.client.next_change(&mut watch, slot.seen);
+            // Our own release: it deleted the key.
+            if self.gate.closing() {
+                return Err(None);
+            }
+            match watched {
+                Ok(Watched::Changed(_)) => check = true,
+                // Renew, or watch again: what changed meanwhile is read
+                // then.
+                Ok(Watched::Quiet | Watched::Ended) => return Ok(()),
+                Err(_) => return self.renew_after_failure(slot),
+            }
+        }
+    }
+
+    /// A watch failed: renewing tells whether etcd is there, and counts.
+    fn renew_after_failure(&self, slot: &mut HeldSlot) -> Result<(), Ended> {
+        slot.renew_now = true;
+        if self.gate.pause(FIRST_BACKOFF) {
+            return Err(None);
+        }
+        Ok(())
+    }
+
+    /// Our key as a read of it found it: the loss, unless it is ours.
+    fn check_own_key(&self, slot: &HeldSlot, kvs: &[client::KeyValue]) -> Result<(), Ended> {
+        let shown_key = slot.shown_key();
+        let lease_id = slot.lease;
+        Err(Some(match queue::own_key(kvs, slot.lease, slot.fence) {
+            OwnKey::Ours => return Ok(()),
+            OwnKey::Gone => self.why_gone(lease_id, &shown_key),
+            OwnKey::WithoutOurLease => format!(
+                "our key {shown_key} was written again without our lease {lease_id:x} (by hand, etcdctl put): it no longer counts as a contender, and the next may take the slot"
+            ),
+            OwnKey::Recreated => format!(
+                "our key {shown_key} was deleted and written again (by hand): it stands behind every other contender now"
+            ),
+        }))
     }
 
     /// Why our key is gone: the lease tells who took it away.
@@ -793,68 +754,23 @@ impl EtcdSemaphore {
             ),
         }
     }
-}
 
-impl SlotBackend for EtcdSemaphore {
-    fn contend(self: Arc<Self>, mode: Contend, notify: Notify) {
-        thread::Builder::new()
-            .name("consem-contend".into())
-            .spawn(move || match self.acquire(mode, &notify) {
-                Ok((fence, renewed, seen, relay_owed)) => {
-                    report::event("acquired", &[("prefix", &self.prefix), ("fence", &fence)]);
-                    notify(SlotEvent::Acquired {
-                        fence: fence as u64,
-                        lease: Some(lease::lease_end(renewed, self.settings.ttl)),
-                    });
-                    let lease = self.shared().lease.unwrap_or_default();
-                    if let Some(reason) =
-                        self.hold(lease, fence, renewed, seen, relay_owed, &notify)
-                    {
-                        if !self.shared().closing {
-                            notify(SlotEvent::Lost(reason));
-                        }
-                    }
-                }
-                Err(Stop::Closing) => {}
-                Err(Stop::Failed(error)) => notify(SlotEvent::Failed(error)),
-            })
-            .expect("cannot start the semaphore thread");
-    }
-
-    fn release(&self, budget: Duration) -> Result<Released, String> {
-        let deadline = Instant::now() + budget;
-        let (lease, renewed) = {
-            let mut shared = self.shared();
-            shared.closing = true;
-            self.changed.notify_all();
-            let (shared, _) = self
-                .changed
-                .wait_timeout_while(shared, budget / 2, |s| s.writing)
-                .unwrap_or_else(|e| e.into_inner());
-            (shared.lease, shared.renewed)
-        };
-        let Some(lease) = lease else {
-            return Ok(Released::Left);
-        };
-        // Waiting for etcd much longer than the lease has left is of no
-        // use: the key goes with the lease either way. But a restarted etcd,
-        // or a new leader, extends every lease: it gets the time of an
-        // election even past the lease's end, within the budget.
-        let ends = renewed.map(|sent| sent + self.settings.ttl);
-        let revoke_until = ends.map_or(deadline, |ends| {
-            deadline.min(ends.max(Instant::now() + ELECTION))
-        });
+    /// Revokes the lease (our key goes with it), trying again while etcd
+    /// has no leader or is down, until `revoke_until` (a member without a
+    /// leader) or `down_until` (one that cannot be reached).
+    fn revoke(
+        &self,
+        lease: i64,
+        revoke_until: Instant,
+        down_until: Instant,
+    ) -> Result<Revoked, EtcdError> {
         let left = |floor: Duration| {
             revoke_until
                 .saturating_duration_since(Instant::now())
                 .max(floor)
         };
-        // A member that lost its leader refuses until another is elected,
-        // and an etcd that is down may be restarting: try again meanwhile,
-        // the latter for an election's time at most.
-        let down_until = deadline.min(Instant::now() + ELECTION);
         let mut resent = false;
-        let revoked = loop {
+        loop {
             match self
                 .client
                 .revoke(lease, left(Duration::from_millis(100)), &mut resent)
@@ -872,9 +788,163 @@ impl SlotBackend for EtcdSemaphore {
                     report::event("retry", &[("error", &why)]);
                     thread::sleep(FIRST_BACKOFF);
                 }
-                revoked => break revoked,
+                revoked => return revoked,
             }
+        }
+    }
+
+    /// The last one out drops the limit record, unless a contender
+    /// arrived since the listing.
+    fn drop_limit_record_if_last(&self, within: Duration) {
+        let Ok(listing) = self
+            .client
+            .range_within(&self.range.0, &self.range.1, within)
+        else {
+            return;
         };
+        // Keys of etcdctl lock count for nothing: they wait for the record
+        // to go.
+        let contenders = queue::contenders(&listing.kvs, &self.limit_key);
+        if contenders.iter().all(|kv| !queue::is_consem(kv))
+            && listing.kvs.iter().any(|kv| kv.key == self.limit_key)
+        {
+            let _ = self.client.txn_within(
+                &[Compare::UnchangedSince(
+                    &self.range.0,
+                    &self.range.1,
+                    listing.header.revision,
+                )],
+                &[Op::Delete(&self.limit_key)],
+                &[],
+                within,
+            );
+        }
+    }
+}
+
+/// Whether the next keep-alive is due: too little is left before it for
+/// a watch.
+fn renewal_due(renewed: Instant, period: Duration) -> bool {
+    period.saturating_sub(renewed.elapsed()) < client::SHORTEST_WATCH
+}
+
+/// Why holding ended: the slot is lost, or (`None`) release began.
+type Ended = Option<String>;
+
+/// A contender between its steps, from joining to a slot.
+struct Contender {
+    lease: i64,
+    key: Vec<u8>,
+    /// When the last keep-alive etcd confirmed (or the grant) was sent.
+    renewed: Instant,
+    /// The prefix as the join read it, used for the first decision.
+    joined: Option<client::RangeReply>,
+    wait: Option<Wait>,
+}
+
+/// Where a waiter waits, and its watch.
+struct Wait {
+    waiting: queue::Waiting,
+    watch: Option<client::Watch>,
+}
+
+/// How waiting ended.
+enum Waited {
+    /// The slot is ours; our key is known to be there through `seen`;
+    /// `relay_owed`: a waiter may be watching our key.
+    Holding { seen: i64, relay_owed: bool },
+    /// Our lease ended: grant another, and join again.
+    LeaseGone,
+    /// Our key was deleted: join again on the same lease.
+    KeyGone,
+}
+
+/// What one look at a waiter's watch says.
+enum Watching {
+    /// The slot is ours.
+    Holding,
+    /// Renew if due, then watch again.
+    Again,
+    /// Read the prefix.
+    Read,
+}
+
+/// A slot held, between the holder's steps.
+pub struct HeldSlot {
+    lease: i64,
+    /// Our key's create revision.
+    fence: i64,
+    key: Vec<u8>,
+    /// When the last keep-alive etcd confirmed was sent.
+    renewed: Instant,
+    /// The revision through which our key is known to be ours.
+    seen: i64,
+    /// The relay write is owed to a waiter behind us.
+    relay_owed: bool,
+    /// Something failed: keep the lease alive before anything else.
+    renew_now: bool,
+    failures: Failures,
+}
+
+impl HeldSlot {
+    fn shown_key(&self) -> String {
+        String::from_utf8_lossy(&self.key).into_owned()
+    }
+}
+
+impl Recipe for EtcdSemaphore {
+    type Shared = Shared;
+    type Held = HeldSlot;
+
+    fn gate(&self) -> &Gate<Shared> {
+        &self.gate
+    }
+
+    fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    fn acquire(self: &Arc<Self>, mode: Contend) -> Result<Grant<HeldSlot>, Stop> {
+        let slot = self.take_slot(mode)?;
+        Ok(Grant {
+            fence: slot.fence as u64,
+            lease: Some(lease::lease_end(slot.renewed, self.settings.ttl)),
+            held: slot,
+        })
+    }
+
+    fn hold(self: &Arc<Self>, mut slot: HeldSlot) -> Option<String> {
+        self.keep_holding(&mut slot)
+    }
+}
+
+impl SlotBackend for EtcdSemaphore {
+    fn contend(self: Arc<Self>, mode: Contend, notify: Notify) {
+        driver::contend(self, mode, notify);
+    }
+
+    fn release(&self, budget: Duration) -> Result<Released, String> {
+        let deadline = Instant::now() + budget;
+        let (lease, renewed) = {
+            let (shared, _) = self.gate.stop(budget / 2);
+            (shared.lease, shared.renewed)
+        };
+        let Some(lease) = lease else {
+            return Ok(Released::Left);
+        };
+        // Waiting for etcd much longer than the lease has left is of no
+        // use: the key goes with the lease either way. But a restarted etcd,
+        // or a new leader, extends every lease: it gets the time of an
+        // election even past the lease's end, within the budget.
+        let ends = renewed.map(|sent| sent + self.settings.ttl);
+        let revoke_until = ends.map_or(deadline, |ends| {
+            deadline.min(ends.max(Instant::now() + ELECTION))
+        });
+        // A member that lost its leader refuses until another is elected,
+        // and an etcd that is down may be restarting: try again meanwhile,
+        // the latter for an election's time at most.
+        let down_until = deadline.min(Instant::now() + ELECTION);
+        let revoked = self.revoke(lease, revoke_until, down_until);
         report::event("released", &[("prefix", &self.prefix)]);
         let released = match revoked {
             Ok(Revoked::Now) => Released::Left,
@@ -889,35 +959,16 @@ impl SlotBackend for EtcdSemaphore {
                 ));
             }
         };
-        // The last one out drops the limit record, unless a contender
-        // arrived since the listing.
-        let left = deadline
-            .saturating_duration_since(Instant::now())
-            .max(Duration::from_millis(100));
-        if let Ok(listing) = self.client.range_within(&self.range.0, &self.range.1, left) {
-            // Keys of etcdctl lock count for nothing: they wait for the
-            // record to go.
-            let contenders = queue::contenders(&listing.kvs, &self.limit_key);
-            if contenders.iter().all(|kv| !queue::is_consem(kv))
-                && listing.kvs.iter().any(|kv| kv.key == self.limit_key)
-            {
-                let _ = self.client.txn_within(
-                    &[Compare::UnchangedSince(
-                        &self.range.0,
-                        &self.range.1,
-                        listing.header.revision,
-                    )],
-                    &[Op::Delete(&self.limit_key)],
-                    &[],
-                    left,
-                );
-            }
-        }
+        self.drop_limit_record_if_last(
+            deadline
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(100)),
+        );
         Ok(released)
     }
 
     fn own_child_env(&self) -> Vec<(String, String)> {
-        let shared = self.shared();
+        let shared = self.gate.lock();
         let fence = shared.fence.unwrap_or_default().to_string();
         let key = shared
             .lease
@@ -935,7 +986,6 @@ impl SlotBackend for EtcdSemaphore {
     }
 
     fn command_started(&self) {
-        self.shared().command_started = true;
-        self.changed.notify_all();
+        self.gate.command_started();
     }
 }

@@ -6,7 +6,8 @@
 //! stays there until it leaves: holding needs no write, and never more than
 //! `limit` hold at any revision.
 
-use super::client::KeyValue;
+use super::client::{Changes, KeyValue};
+use crate::store::{ContenderInfo, Holder, Progress};
 
 /// The name of the limit record under the prefix.
 pub const LIMIT_KEY_NAME: &str = ".limit";
@@ -81,6 +82,150 @@ pub fn place(contenders: &[&KeyValue], me: &[u8], limit: u32) -> Place {
 /// waiter woken by a holder's departure starts without reading again.
 pub fn holds_after(ahead: &[Vec<u8>], deleted: &[Vec<u8>], limit: u32) -> bool {
     ahead.iter().filter(|key| !deleted.contains(key)).count() < limit as usize
+}
+
+/// Where a waiter waits, and what it has seen since it read the prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Waiting {
+    /// The key watched, or the start of the prefix.
+    pub watched: Vec<u8>,
+    /// `Some`: the whole prefix up to this end, for deletions only (the
+    /// first waiter).
+    pub end: Option<Vec<u8>>,
+    /// The revision the waiter has seen through: its listing's, then the
+    /// last event's.
+    pub seen: i64,
+    /// The keys ahead of ours in the listing.
+    pub ahead: Vec<Vec<u8>>,
+    /// Those of them, and others, seen deleted since: every one, for a
+    /// watch of the whole prefix (`end`).
+    pub deleted: Vec<Vec<u8>>,
+}
+
+/// What a contender does once it has read the prefix.
+#[derive(Debug, PartialEq, Eq)]
+pub enum AfterRead<'a> {
+    /// A key on a lease that is not consem's shares the prefix.
+    Foreign(&'a KeyValue),
+    /// The slot is ours; `relay_owed`: a waiter that read before us, and
+    /// may watch our key, is behind us in the listing.
+    Holding { relay_owed: bool },
+    /// Our key is gone: join again.
+    Gone,
+    /// Every slot is taken: wait there, telling who holds.
+    Wait(Waiting, Progress),
+}
+
+/// Decides on a listing of the prefix (`kvs`, read at `revision`) for the
+/// contender with key `me`; `range` is the prefix's.
+pub fn after_read<'a>(
+    kvs: &'a [KeyValue],
+    revision: i64,
+    me: &[u8],
+    limit: u32,
+    range: (&[u8], &[u8]),
+    limit_key: &[u8],
+) -> AfterRead<'a> {
+    let contenders = contenders(kvs, limit_key);
+    if let Some(foreign) = foreign(&contenders) {
+        return AfterRead::Foreign(foreign);
+    }
+    let place = place(&contenders, me, limit);
+    let (watched, end, waiters_ahead) = match place {
+        Place::Holding => {
+            let relay_owed = contenders.last().is_some_and(|last| last.key != me);
+            return AfterRead::Holding { relay_owed };
+        }
+        Place::Gone => return AfterRead::Gone,
+        Place::First => (range.0.to_vec(), Some(range.1.to_vec()), 0),
+        Place::Behind {
+            ahead,
+            waiters_ahead,
+        } => (ahead, None, waiters_ahead),
+    };
+    let waiting = Waiting {
+        watched,
+        end,
+        seen: revision,
+        ahead: contenders
+            .iter()
+            .take_while(|kv| kv.key != me)
+            .map(|kv| kv.key.clone())
+            .collect(),
+        deleted: Vec::new(),
+    };
+    let picture = Progress {
+        limit,
+        holders: contenders
+            .iter()
+            .take(limit as usize)
+            .map(|kv| Holder::from(&ContenderInfo::parse(&kv.value)))
+            .collect(),
+        ahead: waiters_ahead,
+    };
+    AfterRead::Wait(waiting, picture)
+}
+
+/// What a change its watch showed tells a waiter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterChange {
+    /// Departures alone tell that the slot is ours: the command starts
+    /// without another read.
+    Holding,
+    /// Nothing that concerns us (the first waiter sees every departure,
+    /// one from behind it too): watch on.
+    WatchOn,
+    /// Our key went, or the key ahead changed: read the prefix again.
+    Read,
+}
+
+impl Waiting {
+    /// Takes in `changes`, the events of a watch, for the contender with
+    /// key `me`.
+    pub fn after_change(&mut self, changes: Changes, me: &[u8], limit: u32) -> AfterChange {
+        if changes.deleted.iter().any(|key| key == me) {
+            return AfterChange::Read;
+        }
+        self.seen = changes.through;
+        self.deleted.extend(changes.deleted);
+        if holds_after(&self.ahead, &self.deleted, limit) {
+            AfterChange::Holding
+        } else if self.end.is_some() {
+            AfterChange::WatchOn
+        } else {
+            AfterChange::Read
+        }
+    }
+
+    /// Whether it watches what `other` watches.
+    pub fn watches_as(&self, other: &Waiting) -> bool {
+        self.watched == other.watched && self.end == other.end
+    }
+}
+
+/// What a holder's read of its own key shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OwnKey {
+    /// Still ours, where it stood in the queue.
+    Ours,
+    /// Gone (its lease ended, or deleted).
+    Gone,
+    /// Put again without our lease (`etcdctl put`): no longer a
+    /// contender.
+    WithoutOurLease,
+    /// Deleted and put again: it stands behind every waiter now.
+    Recreated,
+}
+
+/// Reads our key as a range read of it found it (`kvs`), for the lease
+/// `lease` that created it at revision `fence`.
+pub fn own_key(kvs: &[KeyValue], lease: i64, fence: i64) -> OwnKey {
+    match kvs.first() {
+        None => OwnKey::Gone,
+        Some(kv) if kv.lease != lease => OwnKey::WithoutOurLease,
+        Some(kv) if kv.create_revision != fence => OwnKey::Recreated,
+        Some(_) => OwnKey::Ours,
+    }
 }
 
 /// What the limit record says.
@@ -175,6 +320,103 @@ mod tests {
         assert!(holds_after(&ahead, &[b"p/2".to_vec()], 2));
         assert!(!holds_after(&ahead, &[b"p/2".to_vec()], 1));
         assert!(holds_after(&ahead, &[b"p/2".to_vec(), b"p/1".to_vec()], 1));
+    }
+
+    fn described(name: &str, revision: i64) -> KeyValue {
+        KeyValue {
+            value: br#"{"Host":"h"}"#.to_vec(),
+            ..kv(name, revision, revision)
+        }
+    }
+
+    #[test]
+    fn a_read_says_hold_rejoin_or_wait_on_what() {
+        let range: (&[u8], &[u8]) = (b"p/", b"p0");
+        let listing = vec![
+            described("a", 5),
+            described("b", 6),
+            described("c", 7),
+            kv(".limit", 2, 0),
+        ];
+        let read = |me: &[u8]| after_read(&listing, 9, me, 1, range, b"p/.limit");
+        assert_eq!(read(b"p/a"), AfterRead::Holding { relay_owed: true });
+        assert_eq!(
+            after_read(&listing, 9, b"p/c", 3, range, b"p/.limit"),
+            AfterRead::Holding { relay_owed: false }
+        );
+        assert_eq!(read(b"p/x"), AfterRead::Gone);
+        let AfterRead::Wait(first, picture) = read(b"p/b") else {
+            panic!("the second of limit 1 waits");
+        };
+        assert_eq!(first.watched, b"p/");
+        assert_eq!(first.end.as_deref(), Some(&b"p0"[..]));
+        assert_eq!(
+            (first.seen, first.ahead.clone()),
+            (9, vec![b"p/a".to_vec()])
+        );
+        assert_eq!((picture.holders.len(), picture.ahead), (1, 0));
+        assert_eq!(picture.holders[0].host.as_deref(), Some("h"));
+        let AfterRead::Wait(behind, picture) = read(b"p/c") else {
+            panic!("the third of limit 1 waits");
+        };
+        assert_eq!(
+            (behind.watched.as_slice(), behind.end.clone()),
+            (&b"p/b"[..], None)
+        );
+        assert_eq!(picture.ahead, 1);
+        assert!(!behind.watches_as(&first));
+        let mut foreign = listing.clone();
+        foreign.push(kv("m", 8, 8));
+        assert_eq!(
+            after_read(&foreign, 9, b"p/a", 1, range, b"p/.limit"),
+            AfterRead::Foreign(&foreign[4])
+        );
+    }
+
+    #[test]
+    fn a_waiter_holds_on_departures_ahead_and_reads_on_any_other_change() {
+        let changes = |deleted: &[&[u8]], through| Changes {
+            deleted: deleted.iter().map(|k| k.to_vec()).collect(),
+            through,
+        };
+        let waiting = |end: Option<&[u8]>| Waiting {
+            watched: b"p/".to_vec(),
+            end: end.map(<[u8]>::to_vec),
+            seen: 9,
+            ahead: vec![b"p/a".to_vec(), b"p/b".to_vec()],
+            deleted: Vec::new(),
+        };
+        let mut first = waiting(Some(b"p0"));
+        assert_eq!(
+            first.after_change(changes(&[b"p/z"], 10), b"p/c", 2),
+            AfterChange::WatchOn,
+            "a departure from behind"
+        );
+        assert_eq!(
+            first.after_change(changes(&[b"p/a"], 11), b"p/c", 2),
+            AfterChange::Holding
+        );
+        assert_eq!(first.seen, 11);
+        let mut behind = waiting(None);
+        assert_eq!(
+            behind.after_change(changes(&[], 10), b"p/c", 1),
+            AfterChange::Read,
+            "the key ahead rewritten"
+        );
+        assert_eq!(
+            behind.after_change(changes(&[b"p/c"], 12), b"p/c", 2),
+            AfterChange::Read,
+            "our own key gone"
+        );
+        assert_eq!(behind.seen, 10, "our key's deletion is read, not counted");
+    }
+
+    #[test]
+    fn a_holder_tells_its_key_from_one_written_again() {
+        assert_eq!(own_key(&[], 7, 5), OwnKey::Gone);
+        assert_eq!(own_key(&[kv("7", 5, 7)], 7, 5), OwnKey::Ours);
+        assert_eq!(own_key(&[kv("7", 5, 0)], 7, 5), OwnKey::WithoutOurLease);
+        assert_eq!(own_key(&[kv("7", 8, 7)], 7, 5), OwnKey::Recreated);
     }
 
     #[test]

@@ -22,16 +22,16 @@ pub use decide::{decide, Decision, WaitOn};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::thread;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use files::{PrefixDir, StaleFile, WakeFifo, Waker};
 
+use super::driver::{self, Gate, Grant, Recipe, Stop};
 use super::kind::{Store, StoreSettings};
 use super::{
     Admin, Contend, ContenderInfo, ContenderStatus, Holder, Notify, Progress, Released,
-    ResetOutcome, SlotBackend, SlotEvent, Status, StoreError,
+    ResetOutcome, SlotBackend, Status, StoreError,
 };
 use crate::report;
 
@@ -94,18 +94,16 @@ pub fn default_base(runtime_dir: Option<String>) -> PathBuf {
     PathBuf::from(format!("/tmp/consem-{}", unsafe { libc::getuid() }))
 }
 
-/// What the contender thread and `release` share.
+/// What the contender thread and `release` share (release began: take no
+/// slot from now on).
 #[derive(Default)]
-struct Shared {
-    /// Release began: take no slot from now on.
-    closing: bool,
+pub struct Shared {
     /// Our ticket and our two locked files, once joined.
     ticket: Option<u64>,
     contender_file: Option<File>,
     queue_file: Option<File>,
     /// Read end of our wake FIFO (made when we join).
     wake_fifo: Option<Arc<WakeFifo>>,
-    holding: bool,
 }
 
 /// A semaphore at one prefix on this host, for one run.
@@ -114,8 +112,7 @@ pub struct LocalSemaphore {
     limit: u32,
     info: ContenderInfo,
     place: PrefixDir,
-    shared: Mutex<Shared>,
-    notify: OnceLock<Notify>,
+    gate: Gate<Shared>,
 }
 
 impl LocalSemaphore {
@@ -131,13 +128,8 @@ impl LocalSemaphore {
             limit,
             info,
             place: PrefixDir::open(&settings.base, prefix, true)?,
-            shared: Mutex::new(Shared::default()),
-            notify: OnceLock::new(),
+            gate: Gate::default(),
         })
-    }
-
-    fn shared(&self) -> MutexGuard<'_, Shared> {
-        self.shared.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn conflict(&self, found: u32) -> StoreError {
@@ -151,7 +143,7 @@ impl LocalSemaphore {
     /// `None` if release began first.
     fn join(&self) -> Result<Option<u64>, StoreError> {
         let _meta = self.place.lock()?;
-        if self.shared().closing {
+        if self.gate.closing() {
             return Ok(None);
         }
         let mut state = self.place.read_state()?;
@@ -172,7 +164,7 @@ impl LocalSemaphore {
             self.place.remove_files(ticket);
             return Err(error);
         }
-        let mut shared = self.shared();
+        let mut shared = self.gate.lock();
         shared.ticket = Some(ticket);
         shared.contender_file = Some(joined.contender);
         shared.queue_file = Some(joined.queue);
@@ -180,45 +172,27 @@ impl LocalSemaphore {
         Ok(Some(ticket))
     }
 
-    /// The contender thread: join, wait for a slot, then watch it.
-    fn contend_thread(self: Arc<Self>, mode: Contend, notify: Notify) {
-        match self.acquire(mode) {
-            Ok(Some(fence)) => {
-                report::event("acquired", &[("prefix", &self.prefix), ("fence", &fence)]);
-                notify(SlotEvent::Acquired { fence, lease: None });
-                if let Some(reason) = self.watch() {
-                    if !self.shared().closing {
-                        notify(SlotEvent::Lost(reason));
-                    }
-                }
-            }
-            Ok(None) => {}
-            Err(error) => notify(SlotEvent::Failed(error)),
-        }
-    }
-
-    /// Returns the fence once the slot is ours, `None` if release began or
-    /// `--try` found no free slot (reported here).
-    fn acquire(&self, mode: Contend) -> Result<Option<u64>, StoreError> {
+    /// Joins, and waits until the slot is ours: its fence.
+    fn take_slot(&self, mode: Contend) -> Result<u64, Stop> {
         // Made only when we first have to wait for any departure: an
         // uncontended run never sets up inotify (closing an inotify
         // descriptor waits for the kernel's grace period, about 10 ms).
         let mut waker: Option<Waker> = None;
         let Some(ticket) = self.join()? else {
-            return Ok(None);
+            return Err(Stop::Closing);
         };
         let mut last_picture: Option<Progress> = None;
         loop {
             let meta = self.place.lock()?;
-            if self.shared().closing {
-                return Ok(None);
+            if self.gate.closing() {
+                return Err(Stop::Closing);
             }
             if let Some(waker) = &mut waker {
                 waker.drain();
             }
             let mut state = self.place.read_state()?;
             match state.limit {
-                Some(found) if found != self.limit => return Err(self.conflict(found)),
+                Some(found) if found != self.limit => return Err(self.conflict(found).into()),
                 // Reset while we waited: the limit is ours to set again.
                 None => state.limit = Some(self.limit),
                 Some(_) => {}
@@ -238,13 +212,12 @@ impl LocalSemaphore {
                     if let Some(waker) = waker.take() {
                         waker.retire();
                     }
-                    let mut shared = self.shared();
-                    shared.holding = true;
+                    let mut shared = self.gate.lock();
                     // Wakes the waiter blocked on our queue file.
                     self.place.remove_queue_file(ticket);
                     shared.queue_file = None;
                     drop(meta);
-                    return Ok(Some(state.fence));
+                    return Ok(state.fence);
                 }
                 Decision::Full {
                     wait_on: WaitOn::AnyDeparture,
@@ -266,25 +239,10 @@ impl LocalSemaphore {
                     };
                     drop(meta);
                     if mode == Contend::Try {
-                        if let Some(notify) = self.notify.get() {
-                            notify(SlotEvent::NoSlot);
-                        }
-                        return Ok(None);
+                        return Err(Stop::NoSlot);
                     }
-                    if last_picture.as_ref() != Some(&picture) {
-                        report::event(
-                            "waiting",
-                            &[
-                                ("prefix", &self.prefix),
-                                ("held", &format!("{}/{}", picture.holders.len(), self.limit)),
-                                ("ahead", &picture.ahead),
-                            ],
-                        );
-                        if let Some(notify) = self.notify.get() {
-                            notify(SlotEvent::Waiting(picture.clone()));
-                        }
-                        last_picture = Some(picture);
-                    }
+                    self.gate
+                        .waiting_if_changed(&self.prefix, picture, &mut last_picture);
                     match (wait_on, &mut waker) {
                         (WaitOn::AnyDeparture, Some(waker)) => waker.wait(RECHECK),
                         (WaitOn::AnyDeparture, None) => unreachable!("a waker is made first"),
@@ -301,11 +259,11 @@ impl LocalSemaphore {
     /// changes the record; we also look every `HOLDER_RECHECK`.
     fn watch(&self) -> Option<String> {
         let (ticket, fifo) = {
-            let shared = self.shared();
+            let shared = self.gate.lock();
             (shared.ticket?, Arc::clone(shared.wake_fifo.as_ref()?))
         };
         loop {
-            if self.shared().closing {
+            if self.gate.closing() {
                 return None;
             }
             // Under the lock: `state` is rewritten in place, and a record
@@ -335,24 +293,46 @@ impl LocalSemaphore {
     }
 }
 
+impl Recipe for LocalSemaphore {
+    type Shared = Shared;
+    /// Nothing: the slot lasts as long as our files' locks.
+    type Held = ();
+
+    fn gate(&self) -> &Gate<Shared> {
+        &self.gate
+    }
+
+    fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    fn acquire(self: &Arc<Self>, mode: Contend) -> Result<Grant<()>, Stop> {
+        let fence = self.take_slot(mode)?;
+        Ok(Grant {
+            fence,
+            lease: None,
+            held: (),
+        })
+    }
+
+    fn hold(self: &Arc<Self>, (): ()) -> Option<String> {
+        self.watch()
+    }
+}
+
 impl SlotBackend for LocalSemaphore {
     fn contend(self: Arc<Self>, mode: Contend, notify: Notify) {
-        let _ = self.notify.set(Arc::clone(&notify));
-        thread::Builder::new()
-            .name("consem-contend".into())
-            .spawn(move || self.contend_thread(mode, notify))
-            .expect("cannot start the semaphore thread");
+        driver::contend(self, mode, notify);
     }
 
     fn release(&self, budget: Duration) -> Result<Released, String> {
         // From here on the contender thread neither joins nor takes a slot: it
         // looks under the directory's lock, which release then takes, so a
         // join or a take under way is finished (and undone here) first.
-        self.shared().closing = true;
+        drop(self.gate.stop(Duration::ZERO));
         let meta = self.place.lock_within(Instant::now() + budget);
         let (ticket, files) = {
-            let mut shared = self.shared();
-            shared.holding = false;
+            let mut shared = self.gate.lock();
             let files = (
                 shared.contender_file.take(),
                 shared.queue_file.take(),

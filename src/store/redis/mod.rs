@@ -10,14 +10,16 @@
 //! in `BLPOP` on their own list, pushed by the departure that may serve
 //! them, with a look again every TTL/3 that also keeps their place alive.
 
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use redis::{Connection, RedisError, Script, Value};
 
+use super::driver::{self, Failures, Gate, Grant, Recipe, Stop};
 use super::kind::{Lease, Store, StoreSettings};
 use super::lease;
+use super::outage::Outage;
 use super::{
     Admin, Contend, ContenderInfo, ContenderStatus, Holder, Notify, Progress, Released,
     ResetOutcome, SlotBackend, SlotEvent, Status, StoreError,
@@ -41,8 +43,6 @@ pub const STORE: Store = Store {
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// Budget of one command (a `BLPOP` gets its own wait on top).
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
-const FIRST_BACKOFF: Duration = Duration::from_millis(200);
-const MAX_BACKOFF: Duration = Duration::from_secs(1);
 /// How often a holder renews its permit (or every TTL/3 if that is
 /// sooner): a permit that vanished (FLUSHALL, an eviction, a restart
 /// without data) is noticed within this, which bounds the overlap a wipe
@@ -351,13 +351,11 @@ fn evicting_policy(info: &str) -> Option<String> {
     (limited && policy.starts_with("allkeys-")).then(|| policy.to_string())
 }
 
+/// What the helper threads share with `release`, beside the [`Gate`]'s
+/// own (a script that writes may be under way: release waits for it).
 #[derive(Default)]
-struct Shared {
-    closing: bool,
-    holding: bool,
+pub struct Shared {
     fence: Option<u64>,
-    /// A script that writes may be under way: release waits for it.
-    writing: bool,
     /// A script that writes was sent: release has something to undo.
     written: bool,
     /// The semaphore's epoch as we last saw it.
@@ -373,9 +371,7 @@ pub struct RedisSemaphore {
     /// Our permit's id: random, so that no two contenders share one.
     id: String,
     info: String,
-    shared: Mutex<Shared>,
-    changed: std::sync::Condvar,
-    notify: OnceLock<Notify>,
+    gate: Gate<Shared>,
 }
 
 impl RedisSemaphore {
@@ -392,14 +388,8 @@ impl RedisSemaphore {
             prefix: prefix.to_string(),
             limit,
             settings,
-            shared: Mutex::new(Shared::default()),
-            changed: std::sync::Condvar::new(),
-            notify: OnceLock::new(),
+            gate: Gate::default(),
         }
-    }
-
-    fn shared(&self) -> MutexGuard<'_, Shared> {
-        self.shared.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Runs the acquire script unless release began (marking the write
@@ -409,67 +399,35 @@ impl RedisSemaphore {
         connection: &mut Connection,
         mode: Contend,
     ) -> Option<Result<Value, RedisError>> {
-        {
-            let mut shared = self.shared();
-            if shared.closing {
-                return None;
-            }
-            shared.writing = true;
-            shared.written = true;
-        }
         let ttl_ms = self.settings.ttl.as_millis() as u64;
-        let (seen, delay_if_lost) = self.epoch_seen();
-        let answer = acquire_script()
-            .key(&self.keys.holders)
-            .key(&self.keys.queue)
-            .key(&self.keys.tickets)
-            .key(&self.keys.fence)
-            .key(&self.keys.limit)
-            .key(&self.keys.alive)
-            .key(&self.keys.epoch)
-            .key(&self.keys.lock_delay)
-            .arg(&self.id)
-            .arg(self.limit)
-            .arg(ttl_ms)
-            .arg(&self.keys.base)
-            .arg(&self.info)
-            .arg(if mode == Contend::Try { "try" } else { "wait" })
-            .arg(seen)
-            .arg(delay_if_lost.as_millis() as u64)
-            .invoke::<Value>(connection);
-        let mut shared = self.shared();
-        shared.writing = false;
-        self.changed.notify_all();
-        Some(answer)
-    }
-
-    fn contend_thread(self: Arc<Self>, mode: Contend, notify: Notify) {
-        match self.acquire(mode) {
-            Ok(Some((fence, sent))) => {
-                report::event("acquired", &[("prefix", &self.prefix), ("fence", &fence)]);
-                // The permit's expiry was set by the script that gave us
-                // the slot: the lease counts from then, so that a first
-                // renewal that never gets through is still bounded.
-                let lease_end = lease::lease_end(sent, self.settings.ttl);
-                notify(SlotEvent::Acquired {
-                    fence,
-                    lease: Some(lease_end),
-                });
-                if let Some(reason) = self.hold(lease_end, &notify) {
-                    if !self.shared().closing {
-                        notify(SlotEvent::Lost(reason));
-                    }
-                }
-            }
-            Ok(None) => {}
-            Err(error) => notify(SlotEvent::Failed(error)),
-        }
+        let script = || {
+            let (seen, delay_if_lost) = self.epoch_seen();
+            acquire_script()
+                .key(&self.keys.holders)
+                .key(&self.keys.queue)
+                .key(&self.keys.tickets)
+                .key(&self.keys.fence)
+                .key(&self.keys.limit)
+                .key(&self.keys.alive)
+                .key(&self.keys.epoch)
+                .key(&self.keys.lock_delay)
+                .arg(&self.id)
+                .arg(self.limit)
+                .arg(ttl_ms)
+                .arg(&self.keys.base)
+                .arg(&self.info)
+                .arg(if mode == Contend::Try { "try" } else { "wait" })
+                .arg(seen)
+                .arg(delay_if_lost.as_millis() as u64)
+                .invoke::<Value>(connection)
+        };
+        self.gate
+            .write(|shared| shared.written = true, script, |_, _| {})
     }
 
     /// The fence once the slot is ours, and when the call that won it was
-    /// sent; `None` if release began or `--try` found no slot (reported
-    /// here).
-    fn acquire(&self, mode: Contend) -> Result<Option<(u64, Instant)>, StoreError> {
+    /// sent.
+    fn take_slot(&self, mode: Contend) -> Result<(u64, Instant), Stop> {
         let shown = &self.settings.shown;
         let ttl = self.settings.ttl;
         let period = lease::renew_period(ttl);
@@ -483,20 +441,16 @@ impl RedisSemaphore {
             }
         })?;
         self.refuse_eviction(&mut connection)?;
-        let mut reached = false;
-        let mut outage: Option<Instant> = None;
-        let mut backoff = FIRST_BACKOFF;
+        let mut outage = Outage::new(ttl);
         let mut last_picture: Option<Progress> = None;
         loop {
             let sent = Instant::now();
             let Some(answer) = self.acquire_once(&mut connection, mode) else {
-                return Ok(None);
+                return Err(Stop::Closing);
             };
             let answer = match answer {
                 Ok(value) => {
-                    reached = true;
-                    outage = None;
-                    backoff = FIRST_BACKOFF;
+                    outage.recovered();
                     read_answer(value).map_err(|why| {
                         StoreError::Unavailable(format!("Redis at {shown} gave {why}"))
                     })?
@@ -506,18 +460,16 @@ impl RedisSemaphore {
                         // A script refused for want of permission never
                         // ran: release has nothing to undo.
                         if matches!(error, StoreError::Denied(_)) {
-                            self.shared().written = false;
+                            self.gate.lock().written = false;
                         }
-                        return Err(error);
+                        return Err(error.into());
                     }
                     Failure::Transient(why) => {
-                        let since = *outage.get_or_insert_with(Instant::now);
-                        if !reached || since.elapsed() > ttl {
-                            return Err(StoreError::Unavailable(why));
-                        }
+                        let Some(pause) = outage.retry_after() else {
+                            return Err(StoreError::Unavailable(why).into());
+                        };
                         report::event("retry", &[("error", &why)]);
-                        thread::sleep(backoff);
-                        backoff = (backoff * 2).min(MAX_BACKOFF);
+                        thread::sleep(pause);
                         if let Ok(fresh) = connect(&self.settings, period + CALL_TIMEOUT) {
                             connection = fresh;
                         }
@@ -528,30 +480,23 @@ impl RedisSemaphore {
             match answer {
                 Answer::Acquired { fence, epoch } => {
                     self.note_epoch(epoch);
-                    let mut shared = self.shared();
-                    shared.fence = Some(fence);
-                    shared.holding = true;
-                    return Ok(Some((fence, sent)));
+                    self.gate.lock().fence = Some(fence);
+                    return Ok((fence, sent));
                 }
                 Answer::Foreign(key, what) => {
                     // Refused before anything was written.
-                    self.shared().written = false;
+                    self.gate.lock().written = false;
                     return Err(StoreError::Conflict(format!(
                         "{key} {what}: it is not consem's, and consem leaves it untouched; use another --prefix, or delete the key if it is stale"
-                    )));
+                    )).into());
                 }
                 Answer::Conflict(why) => {
                     return Err(StoreError::Conflict(format!(
                         "{} {why} but --limit is {}: every contender on a prefix must use the same limit (consem reset --store redis://… --prefix {} once it is idle); a key that is not consem's is left untouched",
                         self.keys.holders, self.limit, self.prefix
-                    )))
+                    )).into())
                 }
-                Answer::Full => {
-                    if let Some(notify) = self.notify.get() {
-                        notify(SlotEvent::NoSlot);
-                    }
-                    return Ok(None);
-                }
+                Answer::Full => return Err(Stop::NoSlot),
                 Answer::Wait {
                     held,
                     ahead,
@@ -570,16 +515,8 @@ impl RedisSemaphore {
                         holders: vec![Holder { host: None, pid: None, since: None }; held],
                         ahead,
                     };
-                    if last_picture.as_ref() != Some(&picture) {
-                        report::event(
-                            "waiting",
-                            &[("prefix", &self.prefix), ("held", &format!("{held}/{}", self.limit)), ("ahead", &ahead)],
-                        );
-                        if let Some(notify) = self.notify.get() {
-                            notify(SlotEvent::Waiting(picture.clone()));
-                        }
-                        last_picture = Some(picture);
-                    }
+                    self.gate
+                        .waiting_if_changed(&self.prefix, picture, &mut last_picture);
                     // Woken by the departure that may serve us, or after a
                     // period (or the lock delay's end): the next look also
                     // keeps our place alive.
@@ -601,7 +538,7 @@ impl RedisSemaphore {
     /// seen before means its keys were lost meanwhile (the script has set
     /// the lock delay).
     fn note_epoch(&self, epoch: Epoch) {
-        let mut shared = self.shared();
+        let mut shared = self.gate.lock();
         if shared
             .epoch
             .as_ref()
@@ -616,7 +553,7 @@ impl RedisSemaphore {
     /// delay a script sets should it find the keys lost since: a TTL, ours
     /// or the longest in use when we last looked, whichever is longer.
     fn epoch_seen(&self) -> (String, Duration) {
-        match &self.shared().epoch {
+        match &self.gate.lock().epoch {
             Some(epoch) => (epoch.id.clone(), epoch.longest_ttl.max(self.settings.ttl)),
             None => (String::new(), self.settings.ttl),
         }
@@ -648,16 +585,6 @@ impl RedisSemaphore {
         }
     }
 
-    /// Sleeps `pause`; true once release began.
-    fn pause(&self, pause: Duration) -> bool {
-        let shared = self.shared();
-        let (shared, _) = self
-            .changed
-            .wait_timeout_while(shared, pause, |s| !s.closing)
-            .unwrap_or_else(|e| e.into_inner());
-        shared.closing
-    }
-
     /// Renews the permit every second (or every TTL/3 if that is sooner),
     /// at once when an operator wakes us, and retries what fails while the
     /// lease granted until `lease_end` lasts. Renewing this often keeps the
@@ -665,17 +592,17 @@ impl RedisSemaphore {
     /// out for as long as the lease can cover, and a permit that vanished
     /// (a wipe, an eviction) is noticed within a second. Returns why the
     /// slot is lost, or `None` once release began.
-    fn hold(&self, mut lease_end: Instant, notify: &Notify) -> Option<String> {
+    fn renew_until_lost(&self, mut lease_end: Instant) -> Option<String> {
         let ttl = self.settings.ttl;
         let every = RENEW_EVERY.min(lease::renew_period(ttl));
-        let fence = self.shared().fence.unwrap_or_default();
-        let mut failures = 0;
+        let fence = self.gate.lock().fence.unwrap_or_default();
+        let mut failures = Failures::new(self.settings.monitor_retry);
         let mut connection: Option<Connection> = None;
         // When the last confirmed renewal was sent; `None` renews at once
         // (the first round, and after a failure).
         let mut renewed: Option<Instant> = None;
         loop {
-            if self.shared().closing {
+            if self.gate.closing() {
                 return None;
             }
             let attempt = match connection.as_mut() {
@@ -710,17 +637,17 @@ impl RedisSemaphore {
                     .invoke::<Value>(con)
                     .map(|answer| (answer, sent))
             });
-            if self.shared().closing {
+            if self.gate.closing() {
                 return None;
             }
             let why = match result {
                 Ok((answer, sent)) => match read_renewal(answer) {
                     Ok((Renewal::Held, epoch)) => {
-                        failures = 0;
+                        failures.reset();
                         self.note_epoch(epoch);
                         renewed = Some(sent);
                         lease_end = lease::lease_end(sent, ttl);
-                        notify(SlotEvent::Leased { until: lease_end });
+                        self.gate.notify(SlotEvent::Leased { until: lease_end });
                         continue;
                     }
                     Ok((Renewal::Gone, _)) => {
@@ -742,51 +669,56 @@ impl RedisSemaphore {
                     Failure::Transient(why) => why,
                 },
             };
-            failures += 1;
             connection = None;
             renewed = None;
-            match lease::after_failure(
-                failures,
-                self.settings.monitor_retry,
-                lease_end,
-                Instant::now(),
-            ) {
-                lease::AfterFailure::RetryIn(pause) => {
-                    report::event("watch-retry", &[("failures", &failures), ("error", &why)]);
-                    if self.pause(pause) {
-                        return None;
-                    }
-                }
-                gave_up => return Some(format!("{why} ({gave_up})")),
+            if let Err(end) = failures.retry(&self.gate, lease_end, "", &why) {
+                return end;
             }
         }
     }
 }
 
+impl Recipe for RedisSemaphore {
+    type Shared = Shared;
+    /// When the lease granted with the slot ends.
+    type Held = Instant;
+
+    fn gate(&self) -> &Gate<Shared> {
+        &self.gate
+    }
+
+    fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    fn acquire(self: &Arc<Self>, mode: Contend) -> Result<Grant<Instant>, Stop> {
+        let (fence, sent) = self.take_slot(mode)?;
+        // The permit's expiry was set by the script that gave us the slot:
+        // the lease counts from then, so that a first renewal that never
+        // gets through is still bounded.
+        let lease_end = lease::lease_end(sent, self.settings.ttl);
+        Ok(Grant {
+            fence,
+            lease: Some(lease_end),
+            held: lease_end,
+        })
+    }
+
+    fn hold(self: &Arc<Self>, lease_end: Instant) -> Option<String> {
+        self.renew_until_lost(lease_end)
+    }
+}
+
 impl SlotBackend for RedisSemaphore {
     fn contend(self: Arc<Self>, mode: Contend, notify: Notify) {
-        let _ = self.notify.set(Arc::clone(&notify));
-        thread::Builder::new()
-            .name("consem-contend".into())
-            .spawn(move || self.contend_thread(mode, notify))
-            .expect("cannot start the semaphore thread");
+        driver::contend(self, mode, notify);
     }
 
     fn release(&self, budget: Duration) -> Result<Released, String> {
         let deadline = Instant::now() + budget;
-        {
-            let mut shared = self.shared();
-            shared.closing = true;
-            shared.holding = false;
-            // A holder pausing between retries stops at once.
-            self.changed.notify_all();
-            let (shared, _) = self
-                .changed
-                .wait_timeout_while(shared, budget / 2, |s| s.writing)
-                .unwrap_or_else(|e| e.into_inner());
-            if !shared.written {
-                return Ok(Released::Left);
-            }
+        // A holder pausing between retries stops at once.
+        if !self.gate.stop(budget / 2).0.written {
+            return Ok(Released::Left);
         }
         let left = deadline
             .saturating_duration_since(Instant::now())
