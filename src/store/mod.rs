@@ -254,6 +254,97 @@ pub enum Released {
     TakenBefore(String),
 }
 
+/// What leaving could not clean up, step by step; the run's outcome does
+/// not change for it.
+#[derive(Debug)]
+pub struct ReleaseError(pub Vec<Unfinished>);
+
+impl ReleaseError {
+    /// Left, unless some step did not finish.
+    pub fn or_left(unfinished: Vec<Unfinished>) -> Result<Released, ReleaseError> {
+        if unfinished.is_empty() {
+            Ok(Released::Left)
+        } else {
+            Err(ReleaseError(unfinished))
+        }
+    }
+}
+
+impl std::fmt::Display for ReleaseError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, unfinished) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{unfinished}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ReleaseError {}
+
+/// A step of leaving that did not finish, and what cleans up after it.
+#[derive(Debug)]
+pub struct Unfinished {
+    /// What was being done (`destroying session …`); `None` where the
+    /// cause says it.
+    pub step: Option<String>,
+    /// Why it did not finish.
+    pub cause: Option<Box<dyn std::error::Error + Send + Sync>>,
+    /// What removes what it left behind, or what happens meanwhile.
+    pub cleanup: Option<String>,
+}
+
+impl Unfinished {
+    /// `step` did not finish.
+    pub fn step(step: impl Into<String>) -> Unfinished {
+        Unfinished {
+            step: Some(step.into()),
+            cause: None,
+            cleanup: None,
+        }
+    }
+
+    /// A step failed, as `cause` says.
+    pub fn failed(cause: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Unfinished {
+        Unfinished {
+            step: None,
+            cause: Some(cause.into()),
+            cleanup: None,
+        }
+    }
+
+    pub fn because(self, cause: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Unfinished {
+        Unfinished {
+            cause: Some(cause.into()),
+            ..self
+        }
+    }
+
+    pub fn cleanup(self, cleanup: impl Into<String>) -> Unfinished {
+        Unfinished {
+            cleanup: Some(cleanup.into()),
+            ..self
+        }
+    }
+}
+
+impl std::fmt::Display for Unfinished {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (&self.step, &self.cause) {
+            (Some(step), Some(cause)) => write!(f, "{step}: {cause}")?,
+            (Some(step), None) => f.write_str(step)?,
+            (None, Some(cause)) => write!(f, "{cause}")?,
+            (None, None) => {}
+        }
+        match &self.cleanup {
+            Some(cleanup) => write!(f, "; {cleanup}"),
+            None => Ok(()),
+        }
+    }
+}
+
 /// A distributed counting semaphore as the supervisor sees it.
 pub trait SlotBackend: Send + Sync {
     /// Starts contending for a slot on helper threads and returns at once.
@@ -266,7 +357,7 @@ pub trait SlotBackend: Send + Sync {
     /// won while shutting down is released too. Idempotent; returns within
     /// `budget` (plus one request's timeout at worst), even if the store is
     /// down, saying what it could not clean up.
-    fn release(&self, budget: std::time::Duration) -> Result<Released, String>;
+    fn release(&self, budget: std::time::Duration) -> Result<Released, ReleaseError>;
 
     /// Variables of the store's own for the child, as the store's own
     /// tools set them for scripts written for those; the supervisor sets

@@ -110,6 +110,8 @@ impl std::fmt::Display for ConsulError {
     }
 }
 
+impl std::error::Error for ConsulError {}
+
 /// Holders a listing showed as dead that are not: see
 /// [`Client::reveal_hidden`].
 #[derive(Debug, Default)]

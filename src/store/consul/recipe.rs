@@ -24,7 +24,8 @@ use crate::store::driver::{self, Gate, Grant, Guarded, Recipe, Stop};
 use crate::store::lease::{self, lease_end};
 use crate::store::outage::{Backoff, Outage};
 use crate::store::{
-    Contend, ContenderInfo, Holder, Notify, Progress, Released, SlotBackend, SlotEvent, StoreError,
+    Contend, ContenderInfo, Holder, Notify, Progress, ReleaseError, Released, SlotBackend,
+    SlotEvent, StoreError, Unfinished,
 };
 
 /// How long one blocking query may wait on the server. The caller's deadline
@@ -84,6 +85,34 @@ pub struct Held {
     fence: u64,
     key_index: u64,
     relay: bool,
+}
+
+/// A release under way, once the helpers are stopped and a session is
+/// known.
+struct Leaving {
+    session: String,
+    deadline: Instant,
+    /// Consul denied us and the run ended on it: its denials now repeat
+    /// that news.
+    denied: bool,
+    unfinished: Vec<Unfinished>,
+}
+
+impl Leaving {
+    /// What is left of the budget, for one call: 100 ms at least.
+    fn remaining(&self) -> Duration {
+        self.deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(100))
+    }
+
+    /// `step` failed with `error`: said, unless it repeats the denial
+    /// that ended the run.
+    fn failed(&mut self, step: Unfinished, error: ConsulError) {
+        if !(self.denied && matches!(error, ConsulError::Denied(_))) {
+            self.unfinished.push(step.because(error));
+        }
+    }
 }
 
 impl ConsulSemaphore {
@@ -610,6 +639,75 @@ impl ConsulSemaphore {
         }
     }
 
+    /// Step 1 of release: a holder writes `.lock` with the first consem
+    /// waiter in its place, and wakes the waiter behind that heir. A third
+    /// of the budget at most: destroying the session matters more. The
+    /// heir, once `.lock` names it.
+    fn hand_off(&self, leaving: &Leaving) -> Option<String> {
+        let client = self.client.with_call_timeout(leaving.remaining() / 3);
+        let snapshot = self.leaving_snapshot(&client, &leaving.session).ok()?;
+        let ReleaseStep::Rewrite {
+            value,
+            cas,
+            heir: Some(heir),
+        } = semaphore::plan_release(&snapshot, &leaving.session, self.settings.limit)
+        else {
+            return None;
+        };
+        let lock_key = self.key(semaphore::LOCK_KEY_NAME);
+        if let Ok(true) = client.put_cas(&lock_key, value, cas, SEMAPHORE_FLAGS) {
+            self.wake_behind_heir(&client, &snapshot, &heir, cas);
+            return Some(heir);
+        }
+        None
+    }
+
+    /// Step 3 of release: writes `.lock` without us (pruning the dead, and
+    /// handing the slot on), or deletes it if nobody else is left; with
+    /// CAS, tried again against concurrent writers.
+    fn leave_lock(&self, leaving: &mut Leaving) {
+        let lock_key = self.key(semaphore::LOCK_KEY_NAME);
+        for attempt in 1..=RELEASE_CAS_ATTEMPTS {
+            let client = self.client.with_call_timeout(leaving.remaining());
+            let snapshot = match self.leaving_snapshot(&client, &leaving.session) {
+                Ok(snapshot) => snapshot,
+                Err(error) => {
+                    let step = Unfinished::step(format!("reading {}", self.settings.prefix));
+                    return leaving.failed(step, error);
+                }
+            };
+            let written =
+                match semaphore::plan_release(&snapshot, &leaving.session, self.settings.limit) {
+                    ReleaseStep::Nothing => return,
+                    ReleaseStep::Rewrite { value, cas, heir } => {
+                        let written = client.put_cas(&lock_key, value, cas, SEMAPHORE_FLAGS);
+                        if let (Ok(true), Some(heir)) = (&written, heir) {
+                            self.wake_behind_heir(&client, &snapshot, &heir, cas);
+                        }
+                        written
+                    }
+                    ReleaseStep::Delete { cas } => client.delete(&lock_key, Some(cas)),
+                };
+            match written {
+                Ok(true) => return,
+                Ok(false)
+                    if attempt < RELEASE_CAS_ATTEMPTS && Instant::now() < leaving.deadline =>
+                {
+                    continue
+                }
+                Ok(false) => {
+                    let step = Unfinished::step(format!("{lock_key} kept changing"))
+                        .cleanup("the next contender prunes us");
+                    return leaving.unfinished.push(step);
+                }
+                Err(error) => {
+                    let step = Unfinished::step(format!("updating {lock_key}"));
+                    return leaving.failed(step, error);
+                }
+            }
+        }
+    }
+
     /// What release decides on: the prefix as the token sees it, with the
     /// holders it cannot see marked hidden, so that they are neither pruned
     /// from `.lock` nor deleted with it. Holders the listing shows as dead
@@ -730,11 +828,11 @@ impl SlotBackend for ConsulSemaphore {
         driver::contend(self, mode, notify);
     }
 
-    fn release(&self, budget: Duration) -> Result<Released, String> {
+    fn release(&self, budget: Duration) -> Result<Released, ReleaseError> {
         let deadline = Instant::now() + budget;
         // Stop the helpers' writes and let one in flight land, so that what
         // it created is known.
-        let session = {
+        let (session, write_unsettled, denied, held) = {
             let (mut shared, in_flight) = self.gate.stop(budget / 2);
             shared.holding = false;
             (
@@ -744,32 +842,27 @@ impl SlotBackend for ConsulSemaphore {
                 shared.fence.is_some(),
             )
         };
-        let (session, write_unsettled, denied, held) = session;
-        // A denial here repeats the one that ended the run: not news.
-        let worth_telling =
-            |error: &ConsulError| !(denied && matches!(error, ConsulError::Denied(_)));
-        let mut problems = Vec::new();
+        let mut unfinished = Vec::new();
         if write_unsettled {
             // Even before an answer names a session: what it creates stays
             // until its TTL runs out, unrenewed.
-            problems.push(format!(
-                "a request that may create a session or write a key was still in flight, or got no answer; what it leaves behind, Consul removes within {} (the session expires and takes its key), and the next contender prunes it from .lock",
-                crate::duration::human(self.settings.ttl * 2)
-            ));
+            unfinished.push(
+                Unfinished::step("a request that may create a session or write a key was still in flight, or got no answer")
+                    .cleanup(format!(
+                        "what it leaves behind, Consul removes within {} (the session expires and takes its key), and the next contender prunes it from .lock",
+                        crate::duration::human(self.settings.ttl * 2)
+                    )),
+            );
         }
         let Some(session) = session else {
-            return if problems.is_empty() {
-                Ok(Released::Left)
-            } else {
-                Err(problems.join("; "))
-            };
+            return ReleaseError::or_left(unfinished);
         };
-        let remaining = || {
-            deadline
-                .saturating_duration_since(Instant::now())
-                .max(Duration::from_millis(100))
+        let mut leaving = Leaving {
+            session,
+            deadline,
+            denied,
+            unfinished,
         };
-        let lock_key = self.key(semaphore::LOCK_KEY_NAME);
 
         // 1. A holder hands its slot to the first consem waiter while its
         // session still holds it: once our key goes, `consul lock` waiters
@@ -777,25 +870,8 @@ impl SlotBackend for ConsulSemaphore {
         // hand-off, and the heir's key that wakes the waiter behind it, are
         // written before the session goes; a rewrite without an heir waits
         // for step 3, so that of several holders leaving at once the last
-        // deletes `.lock`. A third of the budget at most: destroying the
-        // session matters more.
-        let mut handed_to = None;
-        if held {
-            let client = self.client.with_call_timeout(remaining() / 3);
-            if let Ok(snapshot) = self.leaving_snapshot(&client, &session) {
-                if let ReleaseStep::Rewrite {
-                    value,
-                    cas,
-                    heir: Some(heir),
-                } = semaphore::plan_release(&snapshot, &session, self.settings.limit)
-                {
-                    if let Ok(true) = client.put_cas(&lock_key, value, cas, SEMAPHORE_FLAGS) {
-                        self.wake_behind_heir(&client, &snapshot, &heir, cas);
-                        handed_to = Some(heir);
-                    }
-                }
-            }
-        }
+        // deletes `.lock`.
+        let handed_to = if held { self.hand_off(&leaving) } else { None };
 
         // 2. Destroy the session: its `delete` behaviour removes our
         // contender key in the same write. The key goes before `.lock` is
@@ -803,18 +879,19 @@ impl SlotBackend for ConsulSemaphore {
         // `.lock` last sees no other contender key and deletes `.lock`: an
         // idle prefix ends empty. (We are releasing: that others may prune us
         // from this moment is what we want.)
-        let client = self.client.with_call_timeout(remaining());
-        match client.destroy_session(&session) {
-            Err(error) if worth_telling(&error) => problems.push(format!(
-                "destroying session {session}: {error}; Consul drops it and its key {} within {}",
-                self.key(&session),
-                crate::duration::human(self.settings.ttl * 2)
-            )),
-            _ => {}
+        let client = self.client.with_call_timeout(leaving.remaining());
+        if let Err(error) = client.destroy_session(&leaving.session) {
+            let step = Unfinished::step(format!("destroying session {}", leaving.session)).cleanup(
+                format!(
+                    "Consul drops it and its key {} within {}",
+                    self.key(&leaving.session),
+                    crate::duration::human(self.settings.ttl * 2)
+                ),
+            );
+            leaving.failed(step, error);
         }
         // Told only now: until the session is gone, our key looks like the
         // first waiter's to whoever leaves next.
-        let left_lock = handed_to.is_some();
         if let Some(heir) = &handed_to {
             report::event(
                 "handed-over",
@@ -824,57 +901,18 @@ impl SlotBackend for ConsulSemaphore {
 
         // 3. Leave `.lock`: take ourselves out (handing the slot on), or
         // delete it if we are the last.
-        for attempt in (1..=RELEASE_CAS_ATTEMPTS).filter(|_| !left_lock) {
-            let client = self.client.with_call_timeout(remaining());
-            let snapshot = match self.leaving_snapshot(&client, &session) {
-                Ok(snapshot) => snapshot,
-                Err(error) => {
-                    if worth_telling(&error) {
-                        problems.push(format!("reading {}: {error}", self.settings.prefix));
-                    }
-                    break;
-                }
-            };
-            let written = match semaphore::plan_release(&snapshot, &session, self.settings.limit) {
-                ReleaseStep::Nothing => break,
-                ReleaseStep::Rewrite { value, cas, heir } => {
-                    let written = client.put_cas(&lock_key, value, cas, SEMAPHORE_FLAGS);
-                    if let (Ok(true), Some(heir)) = (&written, heir) {
-                        self.wake_behind_heir(&client, &snapshot, &heir, cas);
-                    }
-                    written
-                }
-                ReleaseStep::Delete { cas } => client.delete(&lock_key, Some(cas)),
-            };
-            match written {
-                Ok(true) => break,
-                Ok(false) if attempt < RELEASE_CAS_ATTEMPTS && Instant::now() < deadline => {
-                    continue
-                }
-                Ok(false) => {
-                    problems.push(format!(
-                        "{lock_key} kept changing; the next contender prunes us"
-                    ));
-                    break;
-                }
-                Err(error) => {
-                    if worth_telling(&error) {
-                        problems.push(format!("updating {lock_key}: {error}"));
-                    }
-                    break;
-                }
-            }
+        if handed_to.is_none() {
+            self.leave_lock(&mut leaving);
         }
 
         report::event(
             "released",
-            &[("prefix", &self.settings.prefix), ("session", &session)],
+            &[
+                ("prefix", &self.settings.prefix),
+                ("session", &leaving.session),
+            ],
         );
-        if problems.is_empty() {
-            Ok(Released::Left)
-        } else {
-            Err(problems.join("; "))
-        }
+        ReleaseError::or_left(leaving.unfinished)
     }
 
     fn frees_slot_at_death(&self) -> bool {

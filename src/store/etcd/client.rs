@@ -67,6 +67,8 @@ impl std::fmt::Display for EtcdError {
     }
 }
 
+impl std::error::Error for EtcdError {}
+
 /// etcd's 64-bit numbers come as JSON strings, and zero values not at all.
 fn int64<'de, D: Deserializer<'de>>(deserializer: D) -> Result<i64, D::Error> {
     match Value::deserialize(deserializer)? {

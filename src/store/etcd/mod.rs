@@ -26,7 +26,8 @@ use super::kind::{Lease, Store, StoreSettings};
 use super::lease;
 use super::outage::{Outage, FIRST_BACKOFF};
 use super::{
-    Admin, Contend, ContenderInfo, Notify, Progress, Released, SlotBackend, SlotEvent, StoreError,
+    Admin, Contend, ContenderInfo, Notify, Progress, ReleaseError, Released, SlotBackend,
+    SlotEvent, StoreError, Unfinished,
 };
 use crate::report;
 
@@ -923,7 +924,7 @@ impl SlotBackend for EtcdSemaphore {
         driver::contend(self, mode, notify);
     }
 
-    fn release(&self, budget: Duration) -> Result<Released, String> {
+    fn release(&self, budget: Duration) -> Result<Released, ReleaseError> {
         let deadline = Instant::now() + budget;
         let (lease, renewed) = {
             let (shared, _) = self.gate.stop(budget / 2);
@@ -952,11 +953,15 @@ impl SlotBackend for EtcdSemaphore {
                 "our lease {lease:x} was gone before we left: revoked (consem release, etcdctl lease revoke) or expired"
             )),
             Err(error) => {
-                return Err(format!(
-                    "leaving {}: {error}; etcd drops our lease {lease:x} by itself within --ttl {} of its last renewal (or of etcd's restart)",
-                    self.prefix,
+                return Err(ReleaseError(vec![Unfinished::step(format!(
+                    "leaving {}",
+                    self.prefix
+                ))
+                .because(error)
+                .cleanup(format!(
+                    "etcd drops our lease {lease:x} by itself within --ttl {} of its last renewal (or of etcd's restart)",
                     crate::duration::human(self.settings.ttl)
-                ));
+                ))]));
             }
         };
         self.drop_limit_record_if_last(

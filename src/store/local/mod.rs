@@ -30,8 +30,8 @@ use files::{PrefixDir, StaleFile, WakeFifo, Waker};
 use super::driver::{self, Gate, Grant, Recipe, Stop};
 use super::kind::{Store, StoreSettings};
 use super::{
-    Admin, Contend, ContenderInfo, ContenderStatus, Holder, Notify, Progress, Released,
-    ResetOutcome, SlotBackend, Status, StoreError,
+    Admin, Contend, ContenderInfo, ContenderStatus, Holder, Notify, Progress, ReleaseError,
+    Released, ResetOutcome, SlotBackend, Status, StoreError, Unfinished,
 };
 use crate::report;
 
@@ -325,7 +325,7 @@ impl SlotBackend for LocalSemaphore {
         driver::contend(self, mode, notify);
     }
 
-    fn release(&self, budget: Duration) -> Result<Released, String> {
+    fn release(&self, budget: Duration) -> Result<Released, ReleaseError> {
         // From here on the contender thread neither joins nor takes a slot: it
         // looks under the directory's lock, which release then takes, so a
         // join or a take under way is finished (and undone here) first.
@@ -344,16 +344,16 @@ impl SlotBackend for LocalSemaphore {
             return Ok(Released::Left);
         };
         let outcome = match meta {
-            Ok(_meta) => self.place.leave(ticket).map_err(|e| e.to_string()),
-            Err(error) => Err(format!(
-                "{error}; the kernel frees our slot as consem exits, and the next contender prunes us"
+            Ok(_meta) => self.place.leave(ticket).map_err(Unfinished::failed),
+            Err(error) => Err(Unfinished::failed(error).cleanup(
+                "the kernel frees our slot as consem exits, and the next contender prunes us",
             )),
         };
         // Closing the files gives up their locks: from here on others see
         // us gone even where `leave` could not tidy up.
         drop(files);
         report::event("released", &[("prefix", &self.prefix), ("ticket", &ticket)]);
-        outcome.map(|()| Released::Left)
+        ReleaseError::or_left(outcome.err().into_iter().collect())
     }
 
     fn frees_slot_at_death(&self) -> bool {

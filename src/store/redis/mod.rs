@@ -21,8 +21,8 @@ use super::kind::{Lease, Store, StoreSettings};
 use super::lease;
 use super::outage::Outage;
 use super::{
-    Admin, Contend, ContenderInfo, ContenderStatus, Holder, Notify, Progress, Released,
-    ResetOutcome, SlotBackend, SlotEvent, Status, StoreError,
+    Admin, Contend, ContenderInfo, ContenderStatus, Holder, Notify, Progress, ReleaseError,
+    Released, ResetOutcome, SlotBackend, SlotEvent, Status, StoreError, Unfinished,
 };
 use crate::report;
 
@@ -714,7 +714,7 @@ impl SlotBackend for RedisSemaphore {
         driver::contend(self, mode, notify);
     }
 
-    fn release(&self, budget: Duration) -> Result<Released, String> {
+    fn release(&self, budget: Duration) -> Result<Released, ReleaseError> {
         let deadline = Instant::now() + budget;
         // A holder pausing between retries stops at once.
         if !self.gate.stop(budget / 2).0.written {
@@ -735,12 +735,15 @@ impl SlotBackend for RedisSemaphore {
         });
         report::event("released", &[("prefix", &self.prefix)]);
         released.map(|_| Released::Left).map_err(|error| {
-            format!(
-                "leaving {}: {}; our permit expires by itself within {}",
-                self.keys.holders,
-                crate::store::network_cause(&error.to_string()),
+            ReleaseError(vec![Unfinished::step(format!(
+                "leaving {}",
+                self.keys.holders
+            ))
+            .because(crate::store::network_cause(&error.to_string()))
+            .cleanup(format!(
+                "our permit expires by itself within {}",
                 crate::duration::human(self.settings.ttl)
-            )
+            ))])
         })
     }
 
