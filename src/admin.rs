@@ -83,7 +83,7 @@ pub fn status(args: StatusArgs, given: &GivenOptions, env: impl Fn(&str) -> Opti
             print!("{}", render(&status));
         }
         if let Some(conflict) = status.conflict {
-            return Err(StoreError::Conflict(conflict).into());
+            return Err(StoreError::conflict(conflict).into());
         }
         Ok(if status.limit.is_none() && status.waiters.is_empty() {
             Done::Quiet

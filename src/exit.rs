@@ -5,7 +5,7 @@
 use std::io;
 use std::os::unix::process::ExitStatusExt as _;
 
-use crate::store::StoreError;
+use crate::store::{ErrorKind, StoreError};
 use crate::supervise::{Ended, Outcome, SuperviseError};
 
 /// `status`, `release`, `reset`: nothing there, or nothing to do.
@@ -41,12 +41,12 @@ impl Exit {
 
 /// The exit code of a store's failure.
 pub fn exit_code_of(error: &StoreError) -> i32 {
-    match error {
-        StoreError::Usage(_) => USAGE,
-        StoreError::Conflict(_) => CONFLICT,
-        StoreError::Unavailable(_) => UNAVAILABLE,
-        StoreError::Denied(_) => DENIED,
-        StoreError::Config(_) => CONFIG,
+    match error.kind {
+        ErrorKind::Usage => USAGE,
+        ErrorKind::Conflict => CONFLICT,
+        ErrorKind::Unavailable => UNAVAILABLE,
+        ErrorKind::Denied => DENIED,
+        ErrorKind::Config => CONFIG,
     }
 }
 
@@ -101,14 +101,14 @@ mod tests {
     #[test]
     fn each_error_has_its_code() {
         let store = |error| of_run(&Err(SuperviseError::Store(error)), 75);
-        assert_eq!(store(StoreError::Usage(String::new())), Exit::Code(2));
-        assert_eq!(store(StoreError::Conflict(String::new())), Exit::Code(65));
+        assert_eq!(store(StoreError::usage(String::new())), Exit::Code(2));
+        assert_eq!(store(StoreError::conflict(String::new())), Exit::Code(65));
         assert_eq!(
-            store(StoreError::Unavailable(String::new())),
+            store(StoreError::unavailable(String::new())),
             Exit::Code(69)
         );
-        assert_eq!(store(StoreError::Denied(String::new())), Exit::Code(77));
-        assert_eq!(store(StoreError::Config(String::new())), Exit::Code(78));
+        assert_eq!(store(StoreError::denied(String::new())), Exit::Code(77));
+        assert_eq!(store(StoreError::config(String::new())), Exit::Code(78));
         let spawn = |kind| {
             let error = io::Error::from(kind);
             let program = "x".to_string();

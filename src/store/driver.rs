@@ -101,8 +101,8 @@ struct PanicReport(Notify);
 impl Drop for PanicReport {
     fn drop(&mut self) {
         if thread::panicking() {
-            (self.0)(SlotEvent::Failed(StoreError::Unavailable(
-                "internal error: the semaphore thread failed".into(),
+            (self.0)(SlotEvent::Failed(StoreError::unavailable(
+                "internal error: the semaphore thread failed",
             )));
         }
     }

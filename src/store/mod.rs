@@ -141,37 +141,96 @@ impl ContenderInfo {
     }
 }
 
-/// Failures that end a run or an operator's command, each with its own exit
-/// code (see `crate::exit_code`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StoreError {
+/// What kind of failure ends a run or an operator's command: each kind
+/// has its own exit code (see `crate::exit_code_of`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
     /// The store's settings cannot be used (a bad address, a file that
     /// cannot be read, an option the store does not take).
-    Usage(String),
+    Usage,
     /// The semaphore's record disagrees with us or is not a semaphore.
-    Conflict(String),
+    Conflict,
     /// The store cannot be reached or keeps failing.
-    Unavailable(String),
+    Unavailable,
     /// The store refused us for lack of permission.
-    Denied(String),
+    Denied,
     /// The store is set up in a way that breaks the semaphore's promise
     /// (a Redis that may evict its keys); its operator can change that.
-    Config(String),
+    Config,
 }
 
-impl std::fmt::Display for StoreError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            StoreError::Usage(m)
-            | StoreError::Conflict(m)
-            | StoreError::Unavailable(m)
-            | StoreError::Denied(m)
-            | StoreError::Config(m) => f.write_str(m),
+/// A failure of a store: its kind, which the caller decides on, what to
+/// tell the user (each store words it, saying what to do), and the
+/// client's error that caused it, where there is one.
+#[derive(Debug, Clone)]
+pub struct StoreError {
+    pub kind: ErrorKind,
+    message: String,
+    source: Option<Arc<dyn std::error::Error + Send + Sync>>,
+}
+
+impl StoreError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> StoreError {
+        StoreError {
+            kind,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    pub fn usage(message: impl Into<String>) -> StoreError {
+        StoreError::new(ErrorKind::Usage, message)
+    }
+
+    pub fn conflict(message: impl Into<String>) -> StoreError {
+        StoreError::new(ErrorKind::Conflict, message)
+    }
+
+    pub fn unavailable(message: impl Into<String>) -> StoreError {
+        StoreError::new(ErrorKind::Unavailable, message)
+    }
+
+    pub fn denied(message: impl Into<String>) -> StoreError {
+        StoreError::new(ErrorKind::Denied, message)
+    }
+
+    pub fn config(message: impl Into<String>) -> StoreError {
+        StoreError::new(ErrorKind::Config, message)
+    }
+
+    /// The same failure, caused by the client's `error` (its message
+    /// already says what `error` does).
+    pub fn caused_by(self, error: impl std::error::Error + Send + Sync + 'static) -> StoreError {
+        StoreError {
+            source: Some(Arc::new(error)),
+            ..self
         }
     }
 }
 
-impl std::error::Error for StoreError {}
+/// Two failures are the same when they say the same: the cause is in the
+/// message.
+impl PartialEq for StoreError {
+    fn eq(&self, other: &StoreError) -> bool {
+        self.kind == other.kind && self.message == other.message
+    }
+}
+
+impl Eq for StoreError {}
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for StoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|error| error as &(dyn std::error::Error + 'static))
+    }
+}
 
 /// The cause of a network failure as a user reads it: the layers' prefixes
 /// (`io: `) and the errno (` (os error 111)`) carry nothing a user can act
@@ -501,6 +560,39 @@ mod tests {
             "redis://host:1/0?password=…&db=1"
         );
         assert_eq!(shown("consul"), "consul");
+    }
+
+    #[test]
+    fn a_release_error_says_each_step_its_cause_and_what_cleans_up() {
+        use super::{ReleaseError, Released, StoreError, Unfinished};
+        assert_eq!(ReleaseError::or_left(Vec::new()).ok(), Some(Released::Left));
+        let error = ReleaseError::or_left(vec![
+            Unfinished::step("destroying session s")
+                .because(StoreError::unavailable("no answer"))
+                .cleanup("Consul drops it within 30s"),
+            Unfinished::step(".lock kept changing").cleanup("the next contender prunes us"),
+            Unfinished::failed(StoreError::usage("cannot lock")),
+        ])
+        .unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "destroying session s: no answer; Consul drops it within 30s; .lock kept changing; the next contender prunes us; cannot lock"
+        );
+    }
+
+    #[test]
+    fn a_store_error_keeps_its_kind_and_cause_and_says_its_message() {
+        use super::{ErrorKind, StoreError};
+        use std::error::Error as _;
+        let cause = StoreError::unavailable("connection refused");
+        let error = StoreError::denied("permission denied: no").caused_by(cause.clone());
+        assert_eq!(error.kind, ErrorKind::Denied);
+        assert_eq!(error.to_string(), "permission denied: no");
+        assert_eq!(
+            error.source().map(ToString::to_string),
+            Some(cause.to_string())
+        );
+        assert_eq!(error, StoreError::denied("permission denied: no"));
     }
 
     #[test]

@@ -48,7 +48,7 @@ pub(super) fn waiting(event: Event) -> Waiting {
         Event::Slot(SlotEvent::Failed(error)) => Waiting::Ended(Err(SuperviseError::Store(error))),
         // No slot was held: the store lost the place in its queue.
         Event::Slot(SlotEvent::Lost(reason)) => {
-            Waiting::Ended(Err(SuperviseError::Store(StoreError::Unavailable(reason))))
+            Waiting::Ended(Err(SuperviseError::Store(StoreError::unavailable(reason))))
         }
         Event::Slot(SlotEvent::Leased { .. }) => Waiting::Nothing,
         Event::Signal(signal) if SHUTDOWN_SIGNALS.contains(&signal) => Waiting::Interrupted(signal),
@@ -240,6 +240,8 @@ impl Lease {
 mod tests {
     use std::os::unix::process::ExitStatusExt as _;
 
+    use crate::store::ErrorKind;
+
     use signal_hook::consts::signal::{SIGINT, SIGSTOP, SIGTERM, SIGUSR1};
 
     use super::*;
@@ -285,16 +287,16 @@ mod tests {
             waiting(Event::Slot(SlotEvent::NoSlot)),
             Waiting::Ended(Ok(Outcome::NoSlot))
         ));
-        let denied = StoreError::Denied("no".into());
+        let denied = StoreError::denied("no");
         assert!(matches!(
             waiting(Event::Slot(SlotEvent::Failed(denied))),
-            Waiting::Ended(Err(SuperviseError::Store(StoreError::Denied(_))))
+            Waiting::Ended(Err(SuperviseError::Store(e))) if e.kind == ErrorKind::Denied
         ));
         // A place in the queue that is gone is the store failing, not a
         // lost slot: no slot was held.
         assert!(matches!(
             waiting(Event::Slot(SlotEvent::Lost("gone".into()))),
-            Waiting::Ended(Err(SuperviseError::Store(StoreError::Unavailable(_))))
+            Waiting::Ended(Err(SuperviseError::Store(e))) if e.kind == ErrorKind::Unavailable
         ));
     }
 
@@ -360,7 +362,7 @@ mod tests {
 
     #[test]
     fn a_store_failure_while_the_command_runs_is_a_lost_slot() {
-        let failed = SlotEvent::Failed(StoreError::Unavailable("down".into()));
+        let failed = SlotEvent::Failed(StoreError::unavailable("down"));
         assert!(matches!(
             running(Event::Slot(failed), false),
             Running::Lost(reason) if reason == "down"

@@ -16,7 +16,7 @@ use signal_hook::consts::signal::{SIGINT, SIGTERM, SIGUSR1, SIGWINCH};
 
 use super::*;
 use crate::exit::{self, Exit};
-use crate::store::{Progress, StoreError};
+use crate::store::{ErrorKind, Progress, ReleaseError, StoreError};
 
 /// How long the test waits for what it expects before it fails.
 const DEADLINE: Duration = Duration::from_secs(20);
@@ -42,7 +42,7 @@ impl SlotBackend for FakeStore {
         *self.notify.lock().unwrap() = Some(notify);
     }
 
-    fn release(&self, budget: Duration) -> Result<Released, String> {
+    fn release(&self, budget: Duration) -> Result<Released, ReleaseError> {
         self.call(Call::Release(budget));
         Ok(self.released.clone())
     }
@@ -221,11 +221,11 @@ fn other_signals_do_not_end_the_wait() {
 #[test]
 fn a_store_that_fails_while_consem_waits_ends_the_run_with_its_error() {
     let ended = supervise_with(&plan("exit 0"), store(), |store| {
-        store.fail(StoreError::Denied("no key:write".into()));
+        store.fail(StoreError::denied("no key:write"));
         store.expect(Call::Release(RELEASE_BUDGET_WAITING));
     });
     assert!(
-        matches!(&ended, Err(SuperviseError::Store(StoreError::Denied(_)))),
+        matches!(&ended, Err(SuperviseError::Store(e)) if e.kind == ErrorKind::Denied),
         "{ended:?}"
     );
     assert_eq!(exit::of_run(&ended, 75), Exit::Code(exit::DENIED));
@@ -371,7 +371,7 @@ fn a_store_that_fails_while_the_command_runs_loses_the_slot() {
     let ended = supervise_with(&plan("exec sleep 30"), store(), |store| {
         store.grant(1, None);
         store.expect(Call::CommandStarted);
-        store.fail(StoreError::Unavailable("the store went away".into()));
+        store.fail(StoreError::unavailable("the store went away"));
         store.expect(Call::Release(RELEASE_BUDGET_DONE));
     });
     assert!(matches!(ended, Ok(Outcome::SlotLost)), "{ended:?}");

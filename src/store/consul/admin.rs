@@ -21,8 +21,8 @@ pub struct ConsulAdmin {
 
 fn failure(error: ConsulError) -> StoreError {
     match error {
-        ConsulError::Denied(why) => StoreError::Denied(format!("permission denied: {why}")),
-        other => StoreError::Unavailable(other.to_string()),
+        ConsulError::Denied(why) => StoreError::denied(format!("permission denied: {why}")),
+        other => StoreError::unavailable(other.to_string()),
     }
 }
 
@@ -54,7 +54,7 @@ impl ConsulAdmin {
                     self.client
                         .get(&self.prefix, LOCK_KEY_NAME, Consistency::Consistent, None)
                 {
-                    return Err(StoreError::Denied(format!("permission denied: {why}")));
+                    return Err(StoreError::denied(format!("permission denied: {why}")));
                 }
                 return Ok(snapshot);
             };
@@ -63,7 +63,7 @@ impl ConsulAdmin {
                 .reveal_hidden(&self.prefix, &record, &mut snapshot)
                 .map_err(failure)?;
             if let Some(session) = revealed.hidden.first() {
-                return Err(StoreError::Denied(format!(
+                return Err(StoreError::denied(format!(
                     "permission denied: {}",
                     hidden_holder(&self.prefix, session)
                 )));
@@ -72,7 +72,7 @@ impl ConsulAdmin {
                 return Ok(snapshot);
             }
         }
-        Err(StoreError::Unavailable(format!(
+        Err(StoreError::unavailable(format!(
             "the holders at {} kept changing while consem read them; try again",
             self.prefix
         )))
@@ -83,7 +83,7 @@ impl ConsulAdmin {
         let Some(lock) = &snapshot.lock else {
             return Ok(None);
         };
-        let conflict = |why: String| StoreError::Conflict(format!("{}/.lock {why}", self.prefix));
+        let conflict = |why: String| StoreError::conflict(format!("{}/.lock {why}", self.prefix));
         if lock.flags != SEMAPHORE_FLAGS {
             return Err(conflict(Conflict::ForeignFlags(lock.flags).to_string()));
         }
@@ -116,7 +116,7 @@ impl ConsulAdmin {
                 return Ok(());
             }
         }
-        Err(StoreError::Unavailable(format!(
+        Err(StoreError::unavailable(format!(
             "{key} kept changing while consem tried to update it; try again"
         )))
     }
@@ -236,7 +236,7 @@ impl Admin for ConsulAdmin {
                 });
             }
         }
-        Err(StoreError::Unavailable(format!(
+        Err(StoreError::unavailable(format!(
             "{key} kept changing while consem tried to delete it; try again"
         )))
     }

@@ -560,25 +560,7 @@ impl Client {
         timeout: Duration,
         permission: &str,
     ) -> Result<Reply, ConsulError> {
-        let mut url = format!("{}{}", self.base_url, path);
-        let mut separator = '?';
-        let scope = [
-            ("dc", &self.config.datacenter),
-            ("ns", &self.config.namespace),
-            ("partition", &self.config.partition),
-        ];
-        let scope = scope
-            .iter()
-            .filter_map(|(name, value)| value.as_ref().map(|v| (*name, v)));
-        for (name, value) in query.iter().map(|(n, v)| (*n, v)).chain(scope) {
-            url.push(separator);
-            url.push_str(name);
-            if !value.is_empty() {
-                url.push('=');
-                url.push_str(&encode_query_value(value));
-            }
-            separator = '&';
-        }
+        let url = self.url(path, query);
         let mut request = http::Request::builder().method(method).uri(&url);
         for (name, value) in &self.headers {
             request = request.header(*name, value);
@@ -602,31 +584,7 @@ impl Client {
                 .run(),
         };
         let address = &self.config.address;
-        let no_client_cert = address.https && self.config.tls.client_cert.is_none();
-        // The name the certificate is checked against.
-        let checked = self
-            .config
-            .tls
-            .server_name
-            .as_deref()
-            .unwrap_or(address.host());
-        let mut response = result.map_err(|e| match tls::explain(&e, checked, no_client_cert, &TLS_NAMES) {
-            Some(why) => ConsulError::Transient(format!("cannot talk to Consul at {address}: {why}")),
-            None => {
-                let why = format!(
-                    "cannot reach Consul at {address}: {} (is the agent running? check --http-addr or CONSUL_HTTP_ADDR; for slots on this host alone, with no server, use --store local)",
-                    crate::store::network_cause(&e.to_string())
-                );
-                // Connected and sent, then no answer: Consul may have acted.
-                match e {
-                    ureq::Error::Timeout(ureq::Timeout::Resolve | ureq::Timeout::Connect) => {
-                        ConsulError::Transient(why)
-                    }
-                    ureq::Error::Timeout(_) => ConsulError::Unanswered(why),
-                    _ => ConsulError::Transient(why),
-                }
-            }
-        })?;
+        let mut response = result.map_err(|e| self.unreachable(e))?;
         let status = response.status().as_u16();
         if status == 403 {
             let body = response.body_mut().read_to_string().unwrap_or_default();
@@ -673,6 +631,61 @@ impl Client {
             index,
             body,
         })
+    }
+}
+
+impl Client {
+    /// The URL of a request: `path`, `query` and the scope (datacenter,
+    /// namespace, partition) the settings give.
+    fn url(&self, path: &str, query: &[(&str, String)]) -> String {
+        let mut url = format!("{}{}", self.base_url, path);
+        let mut separator = '?';
+        let scope = [
+            ("dc", &self.config.datacenter),
+            ("ns", &self.config.namespace),
+            ("partition", &self.config.partition),
+        ];
+        let scope = scope
+            .iter()
+            .filter_map(|(name, value)| value.as_ref().map(|v| (*name, v)));
+        for (name, value) in query.iter().map(|(n, v)| (*n, v)).chain(scope) {
+            url.push(separator);
+            url.push_str(name);
+            if !value.is_empty() {
+                url.push('=');
+                url.push_str(&encode_query_value(value));
+            }
+            separator = '&';
+        }
+        url
+    }
+
+    /// A request that got no answer: why, as a user can act on it.
+    fn unreachable(&self, error: ureq::Error) -> ConsulError {
+        let address = &self.config.address;
+        let no_client_cert = address.https && self.config.tls.client_cert.is_none();
+        // The name the certificate is checked against.
+        let checked = self
+            .config
+            .tls
+            .server_name
+            .as_deref()
+            .unwrap_or(address.host());
+        if let Some(why) = tls::explain(&error, checked, no_client_cert, &TLS_NAMES) {
+            return ConsulError::Transient(format!("cannot talk to Consul at {address}: {why}"));
+        }
+        let why = format!(
+            "cannot reach Consul at {address}: {} (is the agent running? check --http-addr or CONSUL_HTTP_ADDR; for slots on this host alone, with no server, use --store local)",
+            crate::store::network_cause(&error.to_string())
+        );
+        // Connected and sent, then no answer: Consul may have acted.
+        match error {
+            ureq::Error::Timeout(ureq::Timeout::Resolve | ureq::Timeout::Connect) => {
+                ConsulError::Transient(why)
+            }
+            ureq::Error::Timeout(_) => ConsulError::Unanswered(why),
+            _ => ConsulError::Transient(why),
+        }
     }
 }
 

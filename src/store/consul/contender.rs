@@ -404,52 +404,7 @@ impl Contender {
                 Step::Call(Call::AcquireKey { session })
             }
             Decision::Full { holders, wait_on } => {
-                self.confirm = false;
-                if self.mode == Contend::Try {
-                    return Step::NoSlot;
-                }
-                let overtaken: Vec<String> =
-                    semaphore::relaying_holders_behind(&snapshot, &holders, &session)
-                        .filter(|h| !self.woken_for.contains(h))
-                        .collect();
-                if let (false, Some(key)) =
-                    (overtaken.is_empty(), snapshot.contenders.get(&session))
-                {
-                    self.waking = overtaken;
-                    return Step::Call(Call::Wake {
-                        session,
-                        mark: self.index,
-                        cas: key.modify_index,
-                    });
-                }
-                let picture = wait_picture(&snapshot, &holders, &session);
-                if self.last_picture.as_ref() != Some(&picture) {
-                    self.last_picture = Some(picture.clone());
-                    self.notes.push(Note::Waiting(picture));
-                }
-                let wait = match wait_on {
-                    WaitOn::Prefix => self.read(),
-                    WaitOn::Key(name) => Call::Get {
-                        name,
-                        consistency: Consistency::Default,
-                        block_on: self.index,
-                    },
-                };
-                if self.lock_probed {
-                    return Step::Call(wait);
-                }
-                // A waiter's first write of `.lock` may come only when the
-                // slot is free, or never: a holder may hand it the slot by
-                // naming it there. A token that may not write `.lock` (nor
-                // read it: agents leave it out of the listing) would learn
-                // it only at its turn, at `--timeout` (75), or at release,
-                // leaving itself in `.lock`. Asked now, the agent says 403
-                // at once; then we wait as decided.
-                self.lock_probed = true;
-                self.after_probe = Some(wait);
-                Step::Call(Call::ProbeLock {
-                    value: semaphore::encode_lock(&semaphore::LockRecord::new(self.limit)),
-                })
+                self.on_full(&snapshot, &holders, wait_on, session)
             }
             Decision::Take { value, cas } => {
                 // Taking the slot writes `.lock` without the holders that
@@ -474,6 +429,62 @@ impl Contender {
                 }
             }
         }
+    }
+
+    /// Every slot is taken: wake the holders that overtook us (they owe
+    /// the waiters behind them a relay), tell who holds, then wait on what
+    /// [`semaphore::decide`] said, once `.lock` has been probed.
+    fn on_full(
+        &mut self,
+        snapshot: &Snapshot,
+        holders: &[String],
+        wait_on: WaitOn,
+        session: String,
+    ) -> Step {
+        self.confirm = false;
+        if self.mode == Contend::Try {
+            return Step::NoSlot;
+        }
+        let overtaken: Vec<String> =
+            semaphore::relaying_holders_behind(snapshot, holders, &session)
+                .filter(|h| !self.woken_for.contains(h))
+                .collect();
+        if let (false, Some(key)) = (overtaken.is_empty(), snapshot.contenders.get(&session)) {
+            self.waking = overtaken;
+            return Step::Call(Call::Wake {
+                session,
+                mark: self.index,
+                cas: key.modify_index,
+            });
+        }
+        let picture = wait_picture(snapshot, holders, &session);
+        if self.last_picture.as_ref() != Some(&picture) {
+            self.last_picture = Some(picture.clone());
+            self.notes.push(Note::Waiting(picture));
+        }
+        let wait = match wait_on {
+            WaitOn::Prefix => self.read(),
+            WaitOn::Key(name) => Call::Get {
+                name,
+                consistency: Consistency::Default,
+                block_on: self.index,
+            },
+        };
+        if self.lock_probed {
+            return Step::Call(wait);
+        }
+        // A waiter's first write of `.lock` may come only when the
+        // slot is free, or never: a holder may hand it the slot by
+        // naming it there. A token that may not write `.lock` (nor
+        // read it: agents leave it out of the listing) would learn
+        // it only at its turn, at `--timeout` (75), or at release,
+        // leaving itself in `.lock`. Asked now, the agent says 403
+        // at once; then we wait as decided.
+        self.lock_probed = true;
+        self.after_probe = Some(wait);
+        Step::Call(Call::ProbeLock {
+            value: semaphore::encode_lock(&semaphore::LockRecord::new(self.limit)),
+        })
     }
 
     /// The next listing: consistent to confirm a slot, and when it blocks

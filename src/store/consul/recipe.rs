@@ -337,7 +337,7 @@ impl ConsulSemaphore {
                 } => return Ok((fence, key_index, relay)),
                 Step::NoSlot => return Err(Stop::NoSlot),
                 Step::Conflict(conflict) => {
-                    return Err(Stop::Failed(StoreError::Conflict(format!(
+                    return Err(Stop::Failed(StoreError::conflict(format!(
                         "{}/.lock {conflict}; {}",
                         self.settings.prefix,
                         conflict.remedy()
@@ -345,7 +345,7 @@ impl ConsulSemaphore {
                 }
                 Step::Hidden { session } => {
                     self.shared().denied = true;
-                    return Err(Stop::Failed(StoreError::Denied(format!(
+                    return Err(Stop::Failed(StoreError::denied(format!(
                         "permission denied: {}",
                         crate::store::consul::client::hidden_holder(
                             &self.settings.prefix,
@@ -354,7 +354,7 @@ impl ConsulSemaphore {
                     ))));
                 }
                 Step::KeyTaken { session } => {
-                    return Err(Stop::Failed(StoreError::Conflict(format!(
+                    return Err(Stop::Failed(StoreError::conflict(format!(
                         "the contender key {} is held by another session; use another --prefix",
                         self.key(&session)
                     ))))
@@ -779,10 +779,10 @@ fn on_failure(
 ) -> Result<(), Stop> {
     let give_up = |e: ConsulError| {
         match e {
-            ConsulError::Denied(why) => Stop::Failed(StoreError::Denied(format!(
+            ConsulError::Denied(ref why) => Stop::Failed(StoreError::denied(format!(
                 "permission denied: {why}; see README, \"Production clusters\", for the policy consem needs"
-            ))),
-            other => Stop::Failed(StoreError::Unavailable(other.to_string())),
+            )).caused_by(e)),
+            other => Stop::Failed(StoreError::unavailable(other.to_string()).caused_by(other)),
         }
     };
     if let ConsulError::Denied(_) = error {

@@ -16,8 +16,8 @@ pub struct EtcdAdmin {
 
 fn failure(error: EtcdError) -> StoreError {
     match error {
-        EtcdError::Denied(why) => StoreError::Denied(why),
-        other => StoreError::Unavailable(other.to_string()),
+        EtcdError::Denied(why) => StoreError::denied(why),
+        other => StoreError::unavailable(other.to_string()),
     }
 }
 
@@ -30,7 +30,7 @@ impl EtcdAdmin {
     pub fn new(settings: Settings, prefix: &str) -> Result<EtcdAdmin, StoreError> {
         let base = format!("{prefix}/").into_bytes();
         Ok(EtcdAdmin {
-            client: Client::new(settings.connection).map_err(StoreError::Usage)?,
+            client: Client::new(settings.connection).map_err(StoreError::usage)?,
             prefix: prefix.to_string(),
             range: (base.clone(), client::prefix_end(&base)),
             limit_key: format!("{prefix}/{}", queue::LIMIT_KEY_NAME).into_bytes(),
@@ -48,7 +48,7 @@ impl EtcdAdmin {
             Some(record) => match queue::read_limit(&record.value) {
                 queue::Recorded::Limit(limit) => Some(limit),
                 queue::Recorded::Unreadable(what) => {
-                    return Err(StoreError::Conflict(format!(
+                    return Err(StoreError::conflict(format!(
                         "{} holds '{what}', not a limit consem can read; consem leaves it untouched: delete the key if it is stale",
                         String::from_utf8_lossy(&self.limit_key)
                     )))

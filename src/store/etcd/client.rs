@@ -495,13 +495,7 @@ impl Client {
                 return Ok(response);
             }
             let status = response.status();
-            let text = response
-                .body_mut()
-                .with_config()
-                .limit(64 * 1024)
-                .read_to_string()
-                .unwrap_or_default();
-            let error = classify(status, &text, endpoint);
+            let error = classify(status, &error_text(&mut response), endpoint);
             if error == Failure::TokenExpired && !signed_in_again && self.connection.user.is_some()
             {
                 signed_in_again = true;
@@ -549,12 +543,7 @@ impl Client {
                 ))
             })?;
         let status = response.status();
-        let text = response
-            .body_mut()
-            .with_config()
-            .limit(64 * 1024)
-            .read_to_string()
-            .unwrap_or_default();
+        let text = error_text(&mut response);
         if status != http::StatusCode::OK {
             return Err(match classify(status, &text, endpoint) {
                 Failure::Error(EtcdError::Failed(why)) if why.contains("authentication failed") => {
@@ -891,6 +880,17 @@ enum Failure {
 
 /// An error answer of the gateway: `{"error", "code", "message"}` with a
 /// gRPC status code.
+/// The body of an answer that may be an error, as text: 64 KiB at most,
+/// empty if it cannot be read.
+fn error_text(response: &mut http::Response<ureq::Body>) -> String {
+    response
+        .body_mut()
+        .with_config()
+        .limit(64 * 1024)
+        .read_to_string()
+        .unwrap_or_default()
+}
+
 fn classify(status: http::StatusCode, body: &str, endpoint: &str) -> Failure {
     let reply: Value = serde_json::from_str(body).unwrap_or_default();
     let code = reply.get("code").and_then(Value::as_i64).unwrap_or(-1);

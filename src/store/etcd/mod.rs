@@ -26,8 +26,8 @@ use super::kind::{Lease, Store, StoreSettings};
 use super::lease;
 use super::outage::{Outage, FIRST_BACKOFF};
 use super::{
-    Admin, Contend, ContenderInfo, Notify, Progress, ReleaseError, Released, SlotBackend,
-    SlotEvent, StoreError, Unfinished,
+    Admin, Contend, ContenderInfo, ErrorKind, Notify, Progress, ReleaseError, Released,
+    SlotBackend, SlotEvent, StoreError, Unfinished,
 };
 use crate::report;
 
@@ -101,17 +101,19 @@ pub struct Shared {
 /// What ends the run on a failure while contending, or how long to pause
 /// before trying again.
 fn on_failure(outage: &mut Outage, error: EtcdError) -> Result<Duration, StoreError> {
-    match error {
-        EtcdError::Denied(why) => Err(StoreError::Denied(why)),
-        EtcdError::Failed(why) => Err(StoreError::Unavailable(why)),
-        EtcdError::LeaseGone => Err(StoreError::Unavailable(
+    let fail = |kind, message: String| Err(StoreError::new(kind, message).caused_by(error.clone()));
+    match &error {
+        EtcdError::Denied(why) => fail(ErrorKind::Denied, why.clone()),
+        EtcdError::Failed(why) => fail(ErrorKind::Unavailable, why.clone()),
+        EtcdError::LeaseGone => fail(
+            ErrorKind::Unavailable,
             "etcd dropped our lease while we joined".into(),
-        )),
+        ),
         EtcdError::Transient(why) | EtcdError::NotReady(why) => {
-            let pause = outage
-                .retry_after()
-                .ok_or(StoreError::Unavailable(why.clone()))?;
-            report::event("retry", &[("error", &why)]);
+            let Some(pause) = outage.retry_after() else {
+                return fail(ErrorKind::Unavailable, why.clone());
+            };
+            report::event("retry", &[("error", why)]);
             Ok(pause)
         }
     }
@@ -146,7 +148,7 @@ impl EtcdSemaphore {
         limit: u32,
         info: &ContenderInfo,
     ) -> Result<EtcdSemaphore, StoreError> {
-        let client = Client::new(settings.connection.clone()).map_err(StoreError::Usage)?;
+        let client = Client::new(settings.connection.clone()).map_err(StoreError::usage)?;
         let base = format!("{prefix}/").into_bytes();
         Ok(EtcdSemaphore {
             client,
@@ -329,7 +331,7 @@ impl EtcdSemaphore {
                     Some(record) => return Err(Stop::Failed(self.limit_conflict(&record.value))),
                     None if record.is_some() => continue,
                     None => {
-                        return Err(Stop::Failed(StoreError::Conflict(format!(
+                        return Err(Stop::Failed(StoreError::conflict(format!(
                             "{} has {} contender(s) but no limit record {} (deleted by hand?): consem cannot tell their limit; restore it (etcdctl put {} N), or wait until they leave",
                             self.prefix,
                             contenders.len(),
@@ -364,7 +366,7 @@ impl EtcdSemaphore {
 
     fn limit_conflict(&self, value: &[u8]) -> StoreError {
         let key = String::from_utf8_lossy(&self.limit_key);
-        StoreError::Conflict(match queue::read_limit(value) {
+        StoreError::conflict(match queue::read_limit(value) {
             queue::Recorded::Limit(recorded) => format!(
                 "{key} records a limit of {recorded} but --limit is {}: every contender on a prefix must use the same limit (consem reset --store etcd://… --prefix {} once it is idle)",
                 self.limit, self.prefix
@@ -575,7 +577,7 @@ impl EtcdSemaphore {
     }
 
     fn foreign(&self, foreign: &client::KeyValue) -> StoreError {
-        StoreError::Conflict(format!(
+        StoreError::conflict(format!(
             "{} is a key on a lease with no consem description: etcdctl lock, or another client of etcd's concurrency.Mutex, uses {}/ too; consem leaves it untouched. The two cannot share a name (etcdctl lock waits for every older key, {} included): use another --prefix",
             String::from_utf8_lossy(&foreign.key),
             self.prefix,

@@ -78,10 +78,10 @@ struct JoinedWith {
 fn io_error(what: &str, path: &Path, error: io::Error) -> StoreError {
     let message = format!("{what} {}: {error}", path.display());
     match error.kind() {
-        io::ErrorKind::PermissionDenied => StoreError::Denied(format!(
+        io::ErrorKind::PermissionDenied => StoreError::denied(format!(
             "{message}; use a directory this user can write: --store local:DIR"
         )),
-        _ => StoreError::Unavailable(message),
+        _ => StoreError::unavailable(message),
     }
 }
 
@@ -136,7 +136,7 @@ pub fn dir_name(prefix: &str) -> Result<String, StoreError> {
         }
     }
     if name.len() > MAX_NAME {
-        return Err(StoreError::Usage(format!(
+        return Err(StoreError::usage(format!(
             "--prefix is too long for the local store ({} bytes once encoded as a file name, at most {MAX_NAME}): use a shorter one",
             name.len()
         )));
@@ -170,7 +170,7 @@ fn refuse_network_filesystem(path: &Path) -> Result<(), StoreError> {
     #[allow(clippy::unnecessary_cast)]
     let kind = info.f_type as i64;
     match NETWORK.iter().find(|(magic, _)| *magic == kind) {
-        Some((_, name)) => Err(StoreError::Usage(format!(
+        Some((_, name)) => Err(StoreError::usage(format!(
             "{} is on {name}, a network filesystem, where file locks do not hold slots reliably: use a local directory (--store local:DIR), or the Consul store for slots across hosts",
             path.display()
         ))),
@@ -208,7 +208,7 @@ impl PrefixDir {
         let metadata = fs::metadata(base)
             .map_err(|e| io_error("cannot use the local store's directory", base, e))?;
         if !metadata.is_dir() {
-            return Err(StoreError::Usage(format!(
+            return Err(StoreError::usage(format!(
                 "{} is not a directory: give --store local:DIR a directory",
                 base.display()
             )));
@@ -235,13 +235,13 @@ impl PrefixDir {
         if let Ok(metadata) = fs::symlink_metadata(&path) {
             let mode = metadata.permissions().mode();
             if metadata.file_type().is_symlink() || !metadata.is_dir() {
-                return Err(StoreError::Denied(format!(
+                return Err(StoreError::denied(format!(
                     "{} is not a directory (a link, or a file): consem will not follow it; remove it",
                     path.display()
                 )));
             }
             if mode & 0o002 != 0 && mode & 0o1000 == 0 {
-                return Err(StoreError::Denied(format!(
+                return Err(StoreError::denied(format!(
                     "{} is writable by every user without the sticky bit, so anyone could replace the semaphore's files: chmod +t it, or remove it",
                     path.display()
                 )));
@@ -328,7 +328,7 @@ impl PrefixDir {
                     && metadata.uid() != effective_uid() =>
             {
                 let owner = user_name(metadata.uid());
-                StoreError::Denied(format!(
+                StoreError::denied(format!(
                     "{what} {}: {error}; it belongs to {owner} with mode {:o}, which other users cannot use (an older consem made it so, or a hand edit): the next consem that {owner} runs on this prefix fixes its mode, or root can remove it (consem makes it again)",
                     path.display(),
                     metadata.mode() & 0o7777
@@ -376,7 +376,7 @@ impl PrefixDir {
                     std::thread::sleep(LOCK_RETRY)
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    return Err(StoreError::Unavailable(format!(
+                    return Err(StoreError::unavailable(format!(
                         "another process kept {} locked",
                         self.path.join("meta").display()
                     )))
@@ -425,7 +425,7 @@ impl PrefixDir {
         match record::decode(&bytes) {
             Read::Whole(state) => Ok(state),
             Read::CutShort => self.rebuild_state(),
-            Read::Foreign(error) => Err(StoreError::Conflict(format!(
+            Read::Foreign(error) => Err(StoreError::conflict(format!(
                 "{} is not a consem local semaphore record ({error}); consem leaves it untouched (delete it if it is stale)",
                 path.display()
             ))),
@@ -864,7 +864,7 @@ impl Waker {
         // SAFETY: fd is a fresh descriptor that nothing else owns.
         let inotify = unsafe { File::from_raw_fd(fd) };
         let c_path = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
-            .map_err(|_| StoreError::Usage(format!("{} has a NUL byte", dir.display())))?;
+            .map_err(|_| StoreError::usage(format!("{} has a NUL byte", dir.display())))?;
         let mask = libc::IN_DELETE | libc::IN_CLOSE_WRITE;
         // SAFETY: reads the NUL-terminated path; fd is ours.
         let watch = unsafe { libc::inotify_add_watch(fd, c_path.as_ptr(), mask) };

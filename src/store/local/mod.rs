@@ -133,7 +133,7 @@ impl LocalSemaphore {
     }
 
     fn conflict(&self, found: u32) -> StoreError {
-        StoreError::Conflict(format!(
+        StoreError::conflict(format!(
             "the local semaphore {} has Limit {found} but --limit is {}: every contender on a prefix must use the same limit (consem reset --store local --prefix {} once it is idle)",
             self.prefix, self.limit, self.prefix
         ))
@@ -424,7 +424,7 @@ impl Admin for LocalAdmin {
         let place = self.place.as_ref().ok_or_else(|| self.nothing())?;
         let ticket: u64 = session
             .parse()
-            .map_err(|_| StoreError::Usage(format!("'{session}' is not a ticket of the local store: see consem status --store local --prefix {}", self.prefix)))?;
+            .map_err(|_| StoreError::usage(format!("'{session}' is not a ticket of the local store: see consem status --store local --prefix {}", self.prefix)))?;
         let _meta = place.lock()?;
         let mut state = place.read_state()?;
         state.holders.retain(|&t| t != ticket);
@@ -482,7 +482,7 @@ impl Admin for LocalAdmin {
 
 impl LocalAdmin {
     fn nothing(&self) -> StoreError {
-        StoreError::Usage(format!(
+        StoreError::usage(format!(
             "no local semaphore at {}: nothing to release",
             self.prefix
         ))

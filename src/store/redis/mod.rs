@@ -21,8 +21,8 @@ use super::kind::{Lease, Store, StoreSettings};
 use super::lease;
 use super::outage::Outage;
 use super::{
-    Admin, Contend, ContenderInfo, ContenderStatus, Holder, Notify, Progress, ReleaseError,
-    Released, ResetOutcome, SlotBackend, SlotEvent, Status, StoreError, Unfinished,
+    Admin, Contend, ContenderInfo, ContenderStatus, ErrorKind, Holder, Notify, Progress,
+    ReleaseError, Released, ResetOutcome, SlotBackend, SlotEvent, Status, StoreError, Unfinished,
 };
 use crate::report;
 
@@ -176,18 +176,29 @@ enum Failure {
     Final(StoreError),
 }
 
+impl Failure {
+    /// The failure as it ends a run: one worth retrying, once retrying
+    /// is over, as the store being unavailable.
+    fn into_error(self) -> StoreError {
+        match self {
+            Failure::Transient(why) => StoreError::unavailable(why),
+            Failure::Final(error) => error,
+        }
+    }
+}
+
 fn classify(error: RedisError, settings: &Settings) -> Failure {
     let shown = &settings.shown;
     let code = error.code().map(str::to_string);
     let detail = error.detail().unwrap_or_default().to_string();
     match code.as_deref() {
-        Some("NOAUTH") | Some("WRONGPASS") => Failure::Final(StoreError::Denied(format!(
+        Some("NOAUTH") | Some("WRONGPASS") => Failure::Final(StoreError::denied(format!(
             "permission denied: Redis at {shown} refused the credentials ({detail}): give the password in the URL or in REDISCLI_AUTH"
         ))),
-        Some("NOPERM") => Failure::Final(StoreError::Denied(format!(
+        Some("NOPERM") => Failure::Final(StoreError::denied(format!(
             "permission denied: the Redis user may not do what consem needs ({detail}); it needs INFO, EVAL, EVALSHA, SCRIPT, BLPOP, GET, ZRANGE on the keys semaphore:<prefix>*"
         ))),
-        Some("READONLY") => Failure::Final(StoreError::Unavailable(format!(
+        Some("READONLY") => Failure::Final(StoreError::unavailable(format!(
             "Redis at {shown} is a read-only replica: point --store at the primary"
         ))),
         Some("LOADING") | Some("BUSY") | Some("TRYAGAIN") | Some("MASTERDOWN") => {
@@ -198,12 +209,12 @@ fn classify(error: RedisError, settings: &Settings) -> Failure {
             "Redis at {shown} is out of memory and refuses writes (used memory over maxmemory, with noeviction): free memory or raise maxmemory"
         )),
         _ if error.kind() == redis::ErrorKind::AuthenticationFailed => {
-            Failure::Final(StoreError::Denied(format!(
+            Failure::Final(StoreError::denied(format!(
                 "permission denied: Redis at {shown} refused the credentials: give the password in the URL or in REDISCLI_AUTH"
             )))
         }
         _ if error.to_string().contains("certificate") => {
-            Failure::Final(StoreError::Unavailable(format!(
+            Failure::Final(StoreError::unavailable(format!(
                 "cannot talk to Redis at {shown} over TLS: {error} (point SSL_CERT_FILE at the CA that signs the server's certificate)"
             )))
         }
@@ -218,7 +229,7 @@ fn classify(error: RedisError, settings: &Settings) -> Failure {
                 crate::store::network_cause(&error.to_string())
             ))
         }
-        _ => Failure::Final(StoreError::Unavailable(format!(
+        _ => Failure::Final(StoreError::unavailable(format!(
             "Redis at {shown} answered an error: {error}"
         ))),
     }
@@ -432,14 +443,8 @@ impl RedisSemaphore {
         let ttl = self.settings.ttl;
         let period = lease::renew_period(ttl);
         // The list we are woken through; a BLPOP waits at most a period.
-        let mut connection = connect(&self.settings, period + CALL_TIMEOUT).map_err(|e| {
-            match classify(e, &self.settings) {
-                Failure::Transient(why) | Failure::Final(StoreError::Unavailable(why)) => {
-                    StoreError::Unavailable(why)
-                }
-                Failure::Final(other) => other,
-            }
-        })?;
+        let mut connection = connect(&self.settings, period + CALL_TIMEOUT)
+            .map_err(|e| classify(e, &self.settings).into_error())?;
         self.refuse_eviction(&mut connection)?;
         let mut outage = Outage::new(ttl);
         let mut last_picture: Option<Progress> = None;
@@ -452,21 +457,21 @@ impl RedisSemaphore {
                 Ok(value) => {
                     outage.recovered();
                     read_answer(value).map_err(|why| {
-                        StoreError::Unavailable(format!("Redis at {shown} gave {why}"))
+                        StoreError::unavailable(format!("Redis at {shown} gave {why}"))
                     })?
                 }
                 Err(error) => match classify(error, &self.settings) {
                     Failure::Final(error) => {
                         // A script refused for want of permission never
                         // ran: release has nothing to undo.
-                        if matches!(error, StoreError::Denied(_)) {
+                        if error.kind == ErrorKind::Denied {
                             self.gate.lock().written = false;
                         }
                         return Err(error.into());
                     }
                     Failure::Transient(why) => {
                         let Some(pause) = outage.retry_after() else {
-                            return Err(StoreError::Unavailable(why).into());
+                            return Err(StoreError::unavailable(why).into());
                         };
                         report::event("retry", &[("error", &why)]);
                         thread::sleep(pause);
@@ -486,12 +491,12 @@ impl RedisSemaphore {
                 Answer::Foreign(key, what) => {
                     // Refused before anything was written.
                     self.gate.lock().written = false;
-                    return Err(StoreError::Conflict(format!(
+                    return Err(StoreError::conflict(format!(
                         "{key} {what}: it is not consem's, and consem leaves it untouched; use another --prefix, or delete the key if it is stale"
                     )).into());
                 }
                 Answer::Conflict(why) => {
-                    return Err(StoreError::Conflict(format!(
+                    return Err(StoreError::conflict(format!(
                         "{} {why} but --limit is {}: every contender on a prefix must use the same limit (consem reset --store redis://… --prefix {} once it is idle); a key that is not consem's is left untouched",
                         self.keys.holders, self.limit, self.prefix
                     )).into())
@@ -568,17 +573,15 @@ impl RedisSemaphore {
         let info: String = redis::cmd("INFO")
             .arg("memory")
             .query(connection)
-            .map_err(|error| match classify(error, &self.settings) {
-                Failure::Final(StoreError::Denied(_)) => StoreError::Denied(
-                    "permission denied: the Redis user may not do what consem needs (INFO, which tells whether Redis may evict the semaphore's keys): allow it +info, or pass --redis-allow-eviction if this server never evicts"
-                        .to_string(),
+            .map_err(|error| match classify(error, &self.settings).into_error() {
+                denied if denied.kind == ErrorKind::Denied => StoreError::denied(
+                    "permission denied: the Redis user may not do what consem needs (INFO, which tells whether Redis may evict the semaphore's keys): allow it +info, or pass --redis-allow-eviction if this server never evicts",
                 ),
-                Failure::Transient(why) => StoreError::Unavailable(why),
-                Failure::Final(other) => other,
+                other => other,
             })?;
         match evicting_policy(&info) {
             None => Ok(()),
-            Some(policy) => Err(StoreError::Config(format!(
+            Some(policy) => Err(StoreError::config(format!(
                 "Redis at {} evicts any key when its memory is full (maxmemory-policy {policy}), the semaphore's permits too, which would let more than --limit run: set maxmemory-policy noeviction (or a volatile-* policy), or pass --redis-allow-eviction to accept the risk",
                 self.settings.shown
             ))),
@@ -800,10 +803,7 @@ impl RedisAdmin {
     }
 
     fn failure(&self, error: RedisError) -> StoreError {
-        match classify(error, &self.settings) {
-            Failure::Transient(why) => StoreError::Unavailable(why),
-            Failure::Final(error) => error,
-        }
+        classify(error, &self.settings).into_error()
     }
 
     fn now(&self, connection: &mut Connection) -> Result<f64, StoreError> {
@@ -832,7 +832,7 @@ impl RedisAdmin {
         };
         match recorded.as_deref().map(str::parse::<u32>) {
             Some(Ok(limit)) => Ok(Some(limit)),
-            _ => Err(StoreError::Conflict(format!(
+            _ => Err(StoreError::conflict(format!(
                 "{} is not a limit record consem can read (a {kind}{}); consem leaves it untouched: delete it if it is stale",
                 self.keys.limit,
                 recorded.map(|r| format!(" holding '{}'", report::abbreviated(&r))).unwrap_or_default()
@@ -850,7 +850,7 @@ impl RedisAdmin {
             .query(connection)
             .map_err(|e| self.failure(e))?;
         if kind != "zset" && kind != "none" {
-            return Err(StoreError::Conflict(format!(
+            return Err(StoreError::conflict(format!(
                 "{} is a {kind}, not a sorted set of permits; consem leaves it untouched",
                 self.keys.holders
             )));
