@@ -38,10 +38,73 @@ pub struct TlsSettings {
     pub verify: bool,
 }
 
+/// A TLS setting that cannot be used; the message names the file and the
+/// setting that gave it.
+#[derive(Debug)]
+pub enum TlsError {
+    /// A file or directory that cannot be read.
+    Unreadable {
+        path: PathBuf,
+        setting: &'static str,
+        error: std::io::Error,
+    },
+    /// A file, or every file of a directory, without a certificate.
+    NoCertificate {
+        path: PathBuf,
+        setting: &'static str,
+        directory: bool,
+    },
+    NoPrivateKey {
+        path: PathBuf,
+        setting: &'static str,
+    },
+    /// A client certificate without its key, or a key without its
+    /// certificate.
+    HalfAClientCertificate {
+        cert: &'static str,
+        key: &'static str,
+    },
+}
+
+impl std::fmt::Display for TlsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TlsError::Unreadable {
+                path,
+                setting,
+                error,
+            } => write!(f, "cannot read {} ({setting}): {error}", path.display()),
+            TlsError::NoCertificate {
+                path,
+                setting,
+                directory: false,
+            } => write!(
+                f,
+                "{} ({setting}) holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
+                path.display()
+            ),
+            TlsError::NoCertificate { path, setting, .. } => {
+                write!(f, "{} ({setting}) holds no PEM certificate", path.display())
+            }
+            TlsError::NoPrivateKey { path, setting } => write!(
+                f,
+                "{} ({setting}) holds no PEM private key (-----BEGIN ... PRIVATE KEY-----)",
+                path.display()
+            ),
+            TlsError::HalfAClientCertificate { cert, key } => write!(
+                f,
+                "a client certificate needs its key and the other way round: set both {cert} and {key}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for TlsError {}
+
 impl TlsSettings {
     /// Builds ureq's TLS configuration, reading every file now so that a bad
     /// one is reported at start, by name.
-    pub fn load(&self, names: &Names) -> Result<TlsConfig, String> {
+    pub fn load(&self, names: &Names) -> Result<TlsConfig, TlsError> {
         let mut builder = TlsConfig::builder().provider(TlsProvider::Rustls);
         let mut roots = Vec::new();
         if let Some(file) = &self.ca_file {
@@ -92,22 +155,29 @@ impl TlsSettings {
             }
             (None, None) => {}
             _ => {
-                return Err(format!(
-                "a client certificate needs its key and the other way round: set both {} and {}",
-                names.client_cert, names.client_key
-            ))
+                return Err(TlsError::HalfAClientCertificate {
+                    cert: names.client_cert,
+                    key: names.client_key,
+                })
             }
         }
         Ok(builder.disable_verification(!self.verify).build())
     }
 }
 
-fn read(path: &Path, what: &str) -> Result<Vec<u8>, String> {
-    std::fs::read(path).map_err(|e| format!("cannot read {} ({what}): {e}", path.display()))
+fn read(path: &Path, setting: &'static str) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|error| TlsError::Unreadable {
+        path: path.to_path_buf(),
+        setting,
+        error,
+    })
 }
 
-fn read_certificates(path: &Path, what: &str) -> Result<Vec<Certificate<'static>>, String> {
-    let pem = read(path, what)?;
+fn read_certificates(
+    path: &Path,
+    setting: &'static str,
+) -> Result<Vec<Certificate<'static>>, TlsError> {
+    let pem = read(path, setting)?;
     let certificates: Vec<Certificate<'static>> = ureq::tls::parse_pem(&pem)
         .filter_map(|item| match item {
             Ok(PemItem::Certificate(certificate)) => Some(certificate),
@@ -115,43 +185,49 @@ fn read_certificates(path: &Path, what: &str) -> Result<Vec<Certificate<'static>
         })
         .collect();
     if certificates.is_empty() {
-        return Err(format!(
-            "{} ({what}) holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
-            path.display()
-        ));
+        return Err(TlsError::NoCertificate {
+            path: path.to_path_buf(),
+            setting,
+            directory: false,
+        });
     }
     Ok(certificates)
 }
 
-fn read_certificate_dir(dir: &Path, what: &str) -> Result<Vec<Certificate<'static>>, String> {
-    let entries = std::fs::read_dir(dir)
-        .map_err(|e| format!("cannot read {} ({what}): {e}", dir.display()))?;
+fn read_certificate_dir(
+    dir: &Path,
+    setting: &'static str,
+) -> Result<Vec<Certificate<'static>>, TlsError> {
+    let entries = std::fs::read_dir(dir).map_err(|error| TlsError::Unreadable {
+        path: dir.to_path_buf(),
+        setting,
+        error,
+    })?;
     let mut certificates = Vec::new();
     for entry in entries.flatten() {
         let path = entry.path();
         // Like Go's rootcerts: every file in the directory that parses.
         if path.is_file() {
-            if let Ok(found) = read_certificates(&path, what) {
+            if let Ok(found) = read_certificates(&path, setting) {
                 certificates.extend(found);
             }
         }
     }
     if certificates.is_empty() {
-        return Err(format!(
-            "{} ({what}) holds no PEM certificate",
-            dir.display()
-        ));
+        return Err(TlsError::NoCertificate {
+            path: dir.to_path_buf(),
+            setting,
+            directory: true,
+        });
     }
     Ok(certificates)
 }
 
-fn read_private_key(path: &Path, what: &str) -> Result<PrivateKey<'static>, String> {
-    let pem = read(path, what)?;
-    PrivateKey::from_pem(&pem).map_err(|_| {
-        format!(
-            "{} ({what}) holds no PEM private key (-----BEGIN ... PRIVATE KEY-----)",
-            path.display()
-        )
+fn read_private_key(path: &Path, setting: &'static str) -> Result<PrivateKey<'static>, TlsError> {
+    let pem = read(path, setting)?;
+    PrivateKey::from_pem(&pem).map_err(|_| TlsError::NoPrivateKey {
+        path: path.to_path_buf(),
+        setting,
     })
 }
 

@@ -237,7 +237,7 @@ impl Client {
             .output_buffer_size(IO_BUFFER)
             .user_agent(concat!("consem/", env!("CARGO_PKG_VERSION")));
         if address.https {
-            builder = builder.tls_config(config.tls.load(&TLS_NAMES)?);
+            builder = builder.tls_config(config.tls.load(&TLS_NAMES).map_err(|e| e.to_string())?);
         }
         let server_name = config.tls.server_name.as_deref().filter(|_| address.https);
         let (pinned, base_url) = match server_name {

@@ -358,7 +358,8 @@ impl Client {
             .timeout_connect(Some(CONNECT_TIMEOUT))
             .user_agent(concat!("consem/", env!("CARGO_PKG_VERSION")));
         if connection.endpoints.iter().any(|e| e.starts_with("https:")) {
-            builder = builder.tls_config(connection.tls.load(&TLS_NAMES)?);
+            builder =
+                builder.tls_config(connection.tls.load(&TLS_NAMES).map_err(|e| e.to_string())?);
         }
         let config = builder.build();
         let agent = |config| {

@@ -283,16 +283,29 @@ fn text(value: &Value) -> String {
     }
 }
 
-fn number(value: Option<&Value>) -> Result<i64, String> {
-    match value {
-        Some(Value::Int(n)) => Ok(*n),
-        other => Err(format!("an unexpected answer: {other:?}")),
+/// An answer the scripts never give (another program's script under the
+/// same SHA, a proxy in between), as Redis sent it.
+#[derive(Debug, PartialEq, Eq)]
+struct Unexpected(String);
+
+impl std::fmt::Display for Unexpected {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "an unexpected answer: {}", self.0)
     }
 }
 
-fn read_answer(value: Value) -> Result<Answer, String> {
+impl std::error::Error for Unexpected {}
+
+fn number(value: Option<&Value>) -> Result<i64, Unexpected> {
+    match value {
+        Some(Value::Int(n)) => Ok(*n),
+        other => Err(Unexpected(format!("{other:?}"))),
+    }
+}
+
+fn read_answer(value: Value) -> Result<Answer, Unexpected> {
     let Value::Array(items) = value else {
-        return Err(format!("an unexpected answer: {value:?}"));
+        return Err(Unexpected(format!("{value:?}")));
     };
     let count = |v: Option<&Value>| number(v).map(|n| n.max(0) as usize);
     match items.first().map(text).as_deref() {
@@ -312,13 +325,13 @@ fn read_answer(value: Value) -> Result<Answer, String> {
             items.get(1).map(text).unwrap_or_default(),
             items.get(2).map(text).unwrap_or_default(),
         )),
-        other => Err(format!("an unexpected answer: {other:?}")),
+        other => Err(Unexpected(format!("{other:?}"))),
     }
 }
 
 /// The epoch in a script's answer: its id at `at`, the longest TTL in
 /// use (ms) after it.
-fn read_epoch(items: &[Value], at: usize) -> Result<Epoch, String> {
+fn read_epoch(items: &[Value], at: usize) -> Result<Epoch, Unexpected> {
     Ok(Epoch {
         id: items.get(at).map(text).unwrap_or_default(),
         longest_ttl: Duration::from_millis(number(items.get(at + 1))?.max(0) as u64),
@@ -335,9 +348,9 @@ enum Renewal {
     Lost,
 }
 
-fn read_renewal(value: Value) -> Result<(Renewal, Epoch), String> {
+fn read_renewal(value: Value) -> Result<(Renewal, Epoch), Unexpected> {
     let Value::Array(items) = value else {
-        return Err(format!("an unexpected answer: {value:?}"));
+        return Err(Unexpected(format!("{value:?}")));
     };
     let renewal = match number(items.first())? {
         1 => Renewal::Held,
@@ -458,6 +471,7 @@ impl RedisSemaphore {
                     outage.recovered();
                     read_answer(value).map_err(|why| {
                         StoreError::unavailable(format!("Redis at {shown} gave {why}"))
+                            .caused_by(why)
                     })?
                 }
                 Err(error) => match classify(error, &self.settings) {
