@@ -14,6 +14,7 @@ use crate::duration;
 use crate::store::consul::semaphore::{self, Entry, LockRecord, Snapshot};
 use crate::store::resolver::DirectResolver;
 use crate::store::tls::{self, TlsSettings};
+use crate::store::StoreError;
 
 /// Connect timeout: Consul agents run next to their clients, so a connection
 /// that takes longer than this is not coming.
@@ -220,7 +221,7 @@ pub struct Client {
 impl Client {
     /// Builds the client; TLS files are read now, so a bad one is reported
     /// at start.
-    pub fn new(config: ConsulConfig) -> Result<Client, String> {
+    pub fn new(config: ConsulConfig) -> Result<Client, StoreError> {
         let address = &config.address;
         let mut builder = ureq::Agent::config_builder()
             .http_status_as_error(false)
@@ -237,7 +238,9 @@ impl Client {
             .output_buffer_size(IO_BUFFER)
             .user_agent(concat!("consem/", env!("CARGO_PKG_VERSION")));
         if address.https {
-            builder = builder.tls_config(config.tls.load(&TLS_NAMES).map_err(|e| e.to_string())?);
+            let tls = config.tls.load(&TLS_NAMES);
+            builder =
+                builder.tls_config(tls.map_err(|e| StoreError::usage(e.to_string()).caused_by(e))?);
         }
         let server_name = config.tls.server_name.as_deref().filter(|_| address.https);
         let (pinned, base_url) = match server_name {
@@ -247,7 +250,7 @@ impl Client {
                 let target = format!("https://{}/", address.host_port);
                 let target: http::Uri = target
                     .parse()
-                    .map_err(|_| format!("cannot use {target} as an address"))?;
+                    .map_err(|_| StoreError::usage(format!("cannot use {target} as an address")))?;
                 (
                     Some(target),
                     format!("https://{name}:{}{}", address.port(), address.path_prefix),

@@ -50,7 +50,7 @@ impl StoreSettings for Settings {
         limit: u32,
         info: ContenderInfo,
     ) -> Result<Arc<dyn SlotBackend>, StoreError> {
-        let client = Client::new(self.connection.clone()).map_err(StoreError::usage)?;
+        let client = Client::new(self.connection.clone())?;
         if !self.connection.tls.verify && self.connection.address.https {
             crate::report::warning(
                 "CONSUL_HTTP_SSL_VERIFY=false: the agent's certificate is not checked, so anyone on the path can pose as Consul",
@@ -70,7 +70,7 @@ impl StoreSettings for Settings {
     }
 
     fn open_admin(&self, prefix: &str) -> Result<Box<dyn Admin>, StoreError> {
-        let client = Client::new(self.connection.clone()).map_err(StoreError::usage)?;
+        let client = Client::new(self.connection.clone())?;
         Ok(Box::new(admin::ConsulAdmin::new(
             client,
             prefix.to_string(),

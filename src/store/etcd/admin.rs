@@ -30,7 +30,7 @@ impl EtcdAdmin {
     pub fn new(settings: Settings, prefix: &str) -> Result<EtcdAdmin, StoreError> {
         let base = format!("{prefix}/").into_bytes();
         Ok(EtcdAdmin {
-            client: Client::new(settings.connection).map_err(StoreError::usage)?,
+            client: Client::new(settings.connection)?,
             prefix: prefix.to_string(),
             range: (base.clone(), client::prefix_end(&base)),
             limit_key: format!("{prefix}/{}", queue::LIMIT_KEY_NAME).into_bytes(),

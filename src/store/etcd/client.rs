@@ -15,6 +15,7 @@ use ureq::http;
 use ureq::RequestExt as _;
 
 use crate::store::tls::{self, TlsSettings};
+use crate::store::StoreError;
 
 /// A member of the cluster runs next to its clients or near them.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -349,7 +350,7 @@ pub struct Client {
 impl Client {
     /// Builds the client; TLS files are read now, so a bad one is reported
     /// at start.
-    pub fn new(connection: Connection) -> Result<Client, String> {
+    pub fn new(connection: Connection) -> Result<Client, StoreError> {
         let mut builder = ureq::Agent::config_builder()
             .http_status_as_error(false)
             // The cluster is addressed directly, as etcdctl does.
@@ -358,8 +359,9 @@ impl Client {
             .timeout_connect(Some(CONNECT_TIMEOUT))
             .user_agent(concat!("consem/", env!("CARGO_PKG_VERSION")));
         if connection.endpoints.iter().any(|e| e.starts_with("https:")) {
+            let tls = connection.tls.load(&TLS_NAMES);
             builder =
-                builder.tls_config(connection.tls.load(&TLS_NAMES).map_err(|e| e.to_string())?);
+                builder.tls_config(tls.map_err(|e| StoreError::usage(e.to_string()).caused_by(e))?);
         }
         let config = builder.build();
         let agent = |config| {

@@ -148,7 +148,7 @@ impl EtcdSemaphore {
         limit: u32,
         info: &ContenderInfo,
     ) -> Result<EtcdSemaphore, StoreError> {
-        let client = Client::new(settings.connection.clone()).map_err(StoreError::usage)?;
+        let client = Client::new(settings.connection.clone())?;
         let base = format!("{prefix}/").into_bytes();
         Ok(EtcdSemaphore {
             client,
