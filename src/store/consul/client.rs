@@ -317,17 +317,21 @@ impl Client {
         Ok(created.id)
     }
 
+    /// `<method> /v1/session/<op>/<id>`: reading needs `session:read`,
+    /// the rest `session:write`.
+    fn session_call(&self, method: http::Method, op: &str, id: &str) -> Result<Reply, ConsulError> {
+        let permission = if method == http::Method::GET {
+            "session:read"
+        } else {
+            "session:write"
+        };
+        let path = format!("/v1/session/{op}/{}", encode_path(id));
+        self.call(method, &path, &[], None, self.call_timeout, permission)
+    }
+
     /// `PUT /v1/session/renew/<id>`.
     pub fn renew_session(&self, id: &str) -> Result<Renewal, ConsulError> {
-        let path = format!("/v1/session/renew/{}", encode_path(id));
-        let reply = self.call(
-            http::Method::PUT,
-            &path,
-            &[],
-            None,
-            self.call_timeout,
-            "session:write",
-        )?;
+        let reply = self.session_call(http::Method::PUT, "renew", id)?;
         if reply.status == 404 {
             return Ok(Renewal::Gone);
         }
@@ -336,15 +340,7 @@ impl Client {
 
     /// `GET /v1/session/info/<id>`: `None` when Consul does not know it.
     pub fn session_info(&self, id: &str) -> Result<Option<SessionInfo>, ConsulError> {
-        let path = format!("/v1/session/info/{}", encode_path(id));
-        let reply = self.call(
-            http::Method::GET,
-            &path,
-            &[],
-            None,
-            self.call_timeout,
-            "session:read",
-        )?;
+        let reply = self.session_call(http::Method::GET, "info", id)?;
         let reply = expect_ok(reply)?;
         let found: Option<Vec<SessionInfo>> = decode_json(&reply.body, "session info")?;
         Ok(found.and_then(|list| list.into_iter().next()))
@@ -353,15 +349,7 @@ impl Client {
     /// `PUT /v1/session/destroy/<id>`; Consul answers `true` even for an
     /// unknown session.
     pub fn destroy_session(&self, id: &str) -> Result<(), ConsulError> {
-        let path = format!("/v1/session/destroy/{}", encode_path(id));
-        let reply = self.call(
-            http::Method::PUT,
-            &path,
-            &[],
-            None,
-            self.call_timeout,
-            "session:write",
-        )?;
+        let reply = self.session_call(http::Method::PUT, "destroy", id)?;
         // With ACLs on, agents answer 500 "Unknown session" for a session
         // that is already gone, where they answer 200 without: gone is done.
         if reply.status == 500 && one_line(&reply.body).contains("Unknown session") {

@@ -20,7 +20,7 @@ use crate::store::consul::contender::{
     Answer, Call, Contender, Note, Step, WaitPicture, Watched, Watcher, UNMATCHED_CAS,
 };
 use crate::store::consul::semaphore::{self, Loss, ReleaseStep, Snapshot, SEMAPHORE_FLAGS};
-use crate::store::driver::{self, Gate, Grant, Guarded, Recipe, Stop};
+use crate::store::driver::{self, Failures, Gate, Grant, Guarded, Recipe, Stop};
 use crate::store::lease::{self, lease_end};
 use crate::store::outage::{Backoff, Outage};
 use crate::store::{
@@ -590,14 +590,14 @@ impl ConsulSemaphore {
         let ttl = self.settings.ttl;
         let period = lease::renew_period(ttl);
         let mut next_pause = period;
-        let mut failures = 0;
+        let mut failures = Failures::new(self.settings.monitor_retry);
         while !self.gate.pause(next_pause) {
             let Some(session) = self.shared().session.clone() else {
                 continue;
             };
             match self.renew(&session) {
                 Ok(Some(sent)) => {
-                    failures = 0;
+                    failures.reset();
                     next_pause = period;
                     if self.holding() {
                         self.gate.notify(SlotEvent::Leased {
@@ -612,18 +612,12 @@ impl ConsulSemaphore {
                     next_pause = period;
                 }
                 Err(error) => {
-                    failures += 1;
                     let until = self
                         .shared()
                         .lease_from
                         .map_or_else(Instant::now, |sent| lease_end(sent, ttl));
                     report::event("renew-retry", &[("error", &error)]);
-                    next_pause = match lease::after_failure(
-                        failures,
-                        self.settings.monitor_retry,
-                        until,
-                        Instant::now(),
-                    ) {
+                    next_pause = match failures.failed(until) {
                         lease::AfterFailure::RetryIn(pause) => pause,
                         // A holder's slot ends here; a waiter's session is
                         // looked after by its waiting (the outage rule).
