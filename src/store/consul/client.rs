@@ -494,7 +494,7 @@ impl Client {
             ("acquire", session.to_string()),
             ("flags", flags.to_string()),
         ];
-        match self.write_bool(http::Method::PUT, key, &query, Some(value)) {
+        match self.write_bool(key, &query, Some(value)) {
             Ok(true) => Ok(Acquire::Held),
             Ok(false) => Ok(Acquire::Refused),
             // Consul answers 500 `invalid session "<id>"` for a session it
@@ -517,26 +517,31 @@ impl Client {
         flags: u64,
     ) -> Result<bool, ConsulError> {
         let query = [("cas", cas.to_string()), ("flags", flags.to_string())];
-        self.write_bool(http::Method::PUT, key, &query, Some(value))
+        self.write_bool(key, &query, Some(value))
     }
 
     /// `DELETE /v1/kv/<key>`, with `?cas=<index>` when given.
     pub fn delete(&self, key: &str, cas: Option<u64>) -> Result<bool, ConsulError> {
         let query: Vec<(&str, String)> = cas.map(|c| ("cas", c.to_string())).into_iter().collect();
-        self.write_bool(http::Method::DELETE, key, &query, None)
+        self.write_bool(key, &query, None)
     }
 
+    /// A KV write Consul answers `true` or `false` to: a PUT of `value`,
+    /// or a DELETE without one.
     fn write_bool(
         &self,
-        method: http::Method,
         key: &str,
         query: &[(&str, String)],
-        body: Option<Vec<u8>>,
+        value: Option<Vec<u8>>,
     ) -> Result<bool, ConsulError> {
+        let method = match value {
+            Some(_) => http::Method::PUT,
+            None => http::Method::DELETE,
+        };
         let path = format!("/v1/kv/{}", encode_path(key));
         let permission = format!("key:write on {key}");
         let reply =
-            expect_ok(self.call(method, &path, query, body, self.call_timeout, &permission)?)?;
+            expect_ok(self.call(method, &path, query, value, self.call_timeout, &permission)?)?;
         decode_json(&reply.body, "KV write")
     }
 
@@ -556,23 +561,10 @@ impl Client {
         for (name, value) in &self.headers {
             request = request.header(*name, value);
         }
+        let unbuilt = |e| ConsulError::Transient(format!("cannot build request to {url}: {e}"));
         let result = match body {
-            Some(body) => request
-                .body(body)
-                .map_err(|e| ConsulError::Transient(format!("cannot build request to {url}: {e}")))?
-                .with_agent(&self.agent)
-                .configure()
-                .timeout_global(Some(timeout))
-                .build()
-                .run(),
-            None => request
-                .body(())
-                .map_err(|e| ConsulError::Transient(format!("cannot build request to {url}: {e}")))?
-                .with_agent(&self.agent)
-                .configure()
-                .timeout_global(Some(timeout))
-                .build()
-                .run(),
+            Some(body) => self.send(request.body(body).map_err(unbuilt)?, timeout),
+            None => self.send(request.body(()).map_err(unbuilt)?, timeout),
         };
         let address = &self.config.address;
         let mut response = result.map_err(|e| self.unreachable(e))?;
@@ -649,6 +641,21 @@ impl Client {
             separator = '&';
         }
         url
+    }
+
+    /// Sends `request` through the agent, with its answer due within
+    /// `timeout`.
+    fn send<B: ureq::AsSendBody>(
+        &self,
+        request: http::Request<B>,
+        timeout: Duration,
+    ) -> Result<http::Response<ureq::Body>, ureq::Error> {
+        request
+            .with_agent(&self.agent)
+            .configure()
+            .timeout_global(Some(timeout))
+            .build()
+            .run()
     }
 
     /// A request that got no answer: why, as a user can act on it.
