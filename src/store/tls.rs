@@ -184,14 +184,7 @@ fn read_certificates(
             _ => None,
         })
         .collect();
-    if certificates.is_empty() {
-        return Err(TlsError::NoCertificate {
-            path: path.to_path_buf(),
-            setting,
-            directory: false,
-        });
-    }
-    Ok(certificates)
+    found(certificates, path, setting, false)
 }
 
 fn read_certificate_dir(
@@ -213,11 +206,21 @@ fn read_certificate_dir(
             }
         }
     }
+    found(certificates, dir, setting, true)
+}
+
+/// The certificates read from `path`, unless it held none.
+fn found(
+    certificates: Vec<Certificate<'static>>,
+    path: &Path,
+    setting: &'static str,
+    directory: bool,
+) -> Result<Vec<Certificate<'static>>, TlsError> {
     if certificates.is_empty() {
         return Err(TlsError::NoCertificate {
-            path: dir.to_path_buf(),
+            path: path.to_path_buf(),
             setting,
-            directory: true,
+            directory,
         });
     }
     Ok(certificates)
