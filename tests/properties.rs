@@ -23,10 +23,17 @@ fn record() -> impl Strategy<Value = LockRecord> {
     (
         1u32..=8,
         prop::collection::btree_set(session(), 0..10),
+        prop::collection::btree_set(session(), 0..3),
         prop::bool::ANY,
     )
-        .prop_map(|(limit, holders, list)| LockRecord {
+        .prop_map(|(limit, holders, leaving, list)| LockRecord {
             limit,
+            // Holders on their way out, named `false`: the list form
+            // cannot say so.
+            leaving: leaving
+                .into_iter()
+                .filter(|h| !list && !holders.contains(h))
+                .collect(),
             // Go writes map keys sorted; a BTreeSet gives that order.
             holders: holders.into_iter().collect(),
             form: if list {
@@ -138,7 +145,13 @@ proptest! {
             }
             Ok(Decision::Full { holders, wait_on }) => {
                 // Full, or full once the waiters that arrived first are in.
-                let record = LockRecord { holders: holders.clone(), ..LockRecord::new(limit) };
+                let leaving = snap
+                    .lock_record(limit)
+                    .ok()
+                    .flatten()
+                    .map(|r| semaphore::prune(&r, &snap).leaving)
+                    .unwrap_or_default();
+                let record = LockRecord { holders: holders.clone(), leaving, ..LockRecord::new(limit) };
                 let queued = holders.len() + semaphore::waiters_ahead(&snap, &record, &me);
                 prop_assert!(queued >= limit as usize);
                 prop_assert!(holders.iter().all(|h| snap.is_live(h)));
@@ -153,7 +166,7 @@ proptest! {
                     let skipped = snap.contenders.values().any(|e| {
                         snap.is_live(&e.name)
                             && semaphore::relays(e)
-                            && !record.holds(&e.name)
+                            && !record.names(&e.name)
                             && e.create_index > entry.create_index
                             && e.create_index < mine
                     });
@@ -194,6 +207,11 @@ proptest! {
             ReleaseStep::Rewrite { value, cas, heir } => {
                 let after = decode_lock(&value).unwrap();
                 prop_assert!(!after.holds(&me));
+                // Out of `.lock` while our key lives, we are named as one
+                // on its way out, whom nobody hands a slot to.
+                if snap.is_live(&me) && after.form == HoldersForm::Map {
+                    prop_assert!(after.leaving.contains(&me));
+                }
                 let handed = usize::from(heir.is_some());
                 prop_assert_eq!(live_holders(&after, &snap), live_holders(&before, &snap) - usize::from(snap.is_live(&me) && before.holds(&me)) + handed);
                 prop_assert_eq!(cas, snap.lock.as_ref().unwrap().modify_index);
@@ -204,11 +222,12 @@ proptest! {
                     prop_assert!(after.holds(&heir) && !before.holds(&heir));
                     let entry = &snap.contenders[&heir];
                     prop_assert!(semaphore::relays(entry) && snap.is_live(&heir));
+                    prop_assert!(!before.leaving.contains(&heir));
                     let overtaken = snap.contenders.values().any(|e| {
                         e.name != me
                             && semaphore::relays(e)
                             && snap.is_live(&e.name)
-                            && !before.holds(&e.name)
+                            && !before.names(&e.name)
                             && e.create_index < entry.create_index
                     });
                     prop_assert!(!overtaken);
@@ -216,8 +235,12 @@ proptest! {
             }
             ReleaseStep::Delete { .. } => {
                 // Only when no other live contender is left on the prefix
-                // (a key that no session holds waits for nothing).
-                prop_assert!(snap.contenders.keys().all(|k| k == &me || !snap.is_live(k)));
+                // (a key that no session holds waits for nothing, nor does
+                // a holder on its way out).
+                prop_assert!(snap
+                    .contenders
+                    .keys()
+                    .all(|k| k == &me || !snap.is_live(k) || before.leaving.contains(k)));
                 prop_assert!(before.holders.iter().all(|h| h == &me || !snap.is_live(h)));
             }
             ReleaseStep::Nothing => prop_assert!(!before.holds(&me)),

@@ -841,10 +841,17 @@ fn a_leaving_holder_hands_its_slot_to_the_consem_waiter_beside_consul_lock() {
         racers.iter().all(|r| r.runs() == 0) && racing.iter().all(|f| !f.load(Ordering::SeqCst)),
         "a consul lock loop took the slot the leaving consem handed on"
     );
+    // The peer and the heir hold; the holder that left is named `false`
+    // until the next write of `.lock` finds its key gone.
     let lock = world.lock_value().expect(".lock");
+    let holding = |held: bool| {
+        lock["Holders"]
+            .as_object()
+            .map(|h| h.values().filter(|v| **v == held).count())
+    };
     assert_eq!(
-        lock["Holders"].as_object().map(|h| h.len()),
-        Some(2),
+        (holding(true), holding(false)),
+        (Some(2), Some(1)),
         "{lock}"
     );
     world.touch("done");
@@ -878,5 +885,44 @@ fn holders_that_cannot_have_a_contender_key_are_pruned() {
     let output = world.consem(1, &[], &["printf", "ran"]).output().unwrap();
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     assert_eq!(output.stdout, b"ran");
+    world.assert_clean();
+}
+
+/// A holder that hands its slot on is out of `.lock` a moment before its
+/// session ends and takes its contender key with it. An heir whose command
+/// ends within that moment must not hand the slot back to it: the session
+/// then ends, and `.lock` would go on naming a dead holder on an idle
+/// prefix (and hold up a waiter behind until someone pruned it). The
+/// double holds the leaving holder's session destroy back, so that the
+/// heir leaves inside that moment every time.
+#[test]
+fn an_heir_that_leaves_at_once_does_not_hand_the_slot_back() {
+    let world = World::on_the_double("hand-back");
+    let double = world.the_double();
+    let first = hold_slot(&world, 1, "ready", "go");
+    let first_session = world
+        .entries()
+        .iter()
+        .map(|e| e.key.rsplit('/').next().unwrap().to_string())
+        .find(|name| name != ".lock")
+        .unwrap();
+    let heir = world.spawn(1, &[], &["true"]);
+    wait_until(PROMPT, "the heir to wait", || world.contender_keys() == 2);
+    let destroy = format!("/v1/session/destroy/{first_session}");
+    double.inject(Fault::delay(Duration::from_secs(5), 1).on(Match::method_path("PUT", &destroy)));
+    world.touch("go");
+    let output = finish(heir);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let first_key = world.key(&first_session);
+    assert!(
+        world.entries().iter().any(|e| e.key == first_key),
+        "the first holder's session ended before its heir left: the test proves nothing"
+    );
+    assert_eq!(
+        world.lock_value(),
+        None,
+        "the heir, last out but for a holder that is leaving, deletes .lock"
+    );
+    assert_eq!(finish(first).status.code(), Some(0));
     world.assert_clean();
 }

@@ -910,7 +910,7 @@ impl Sim {
         let ahead: Vec<&String> = snapshot
             .contenders
             .values()
-            .filter(|e| e.create_index < mine && !record.holds(&e.name))
+            .filter(|e| e.create_index < mine && !record.names(&e.name))
             .filter(|e| Some(e.name.as_str()) != leaving)
             .filter(|e| semaphore::relays(e) && self.held_by_own_session(&e.name))
             .map(|e| &e.name)
@@ -1249,6 +1249,27 @@ impl Sim {
         self.handed.insert(heir.to_string());
         self.log(|| format!("client {i}: hands its slot to {heir}"));
         if let Err(violation) = self.check_fifo(i, heir, Some(leaving)) {
+            self.fifo_violation.get_or_insert(violation);
+        }
+        // A holder that handed its slot on and whose session is about to
+        // end is no heir: `.lock` would name a dead holder.
+        let on_its_way_out = self.clients.iter().position(|c| {
+            c.session() == Some(heir)
+                && matches!(
+                    c.phase,
+                    Phase::Release {
+                        stage: ReleaseStage::WakeHeir {
+                            session_left: true,
+                            ..
+                        } | ReleaseStage::Session { handed_off: true },
+                        ..
+                    }
+                )
+        });
+        if let Some(j) = on_its_way_out {
+            let violation = self.describe(&format!(
+                "client {i} handed its slot to client {j}, which handed its own on and is ending its session"
+            ));
             self.fifo_violation.get_or_insert(violation);
         }
         for client in &mut self.clients {

@@ -864,7 +864,10 @@ impl SlotBackend for ConsulSemaphore {
         // hand-off, and the heir's key that wakes the waiter behind it, are
         // written before the session goes; a rewrite without an heir waits
         // for step 3, so that of several holders leaving at once the last
-        // deletes `.lock`.
+        // deletes `.lock`. The CAS names us `false` in `.lock`
+        // (`semaphore::plan_release`), so that a holder leaving before step
+        // 2 does not take our live key for a waiter's and hand the slot
+        // back to a session about to end.
         let handed_to = if held { self.hand_off(&leaving) } else { None };
 
         // 2. Destroy the session: its `delete` behaviour removes our
@@ -884,8 +887,7 @@ impl SlotBackend for ConsulSemaphore {
             );
             leaving.failed(step, error);
         }
-        // Told only now: until the session is gone, our key looks like the
-        // first waiter's to whoever leaves next.
+        // Told once the session is gone, with the rest of the release.
         if let Some(heir) = &handed_to {
             report::event(
                 "handed-over",

@@ -6,7 +6,9 @@
 //! - `<prefix>/<session>`: a contender key, held by its session;
 //! - `<prefix>/.lock`: `{"Limit":N,"Holders":{"<session>":true,...}}`, no session.
 //!
-//! Both carry [`SEMAPHORE_FLAGS`].
+//! Both carry [`SEMAPHORE_FLAGS`]. A consem holder that takes itself out of
+//! `.lock` while its contender key lives writes itself there as `false`
+//! ([`LockRecord::leaving`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -60,6 +62,14 @@ pub struct LockRecord {
     pub limit: u32,
     /// Holder sessions, without duplicates, in the order found.
     pub holders: Vec<String>,
+    /// Sessions named `false` in the map form: consem holders that left
+    /// `.lock` while their contender key still lived (a holder that hands
+    /// its slot on, until its session ends). Neither holders nor waiters:
+    /// they must not be handed a slot, since their session is about to end.
+    /// `consul lock` counts them as holders until their keys go (it counts
+    /// every name in the map, and prunes those whose session holds no key),
+    /// and writes them back as it found them.
+    pub leaving: Vec<String>,
     pub form: HoldersForm,
 }
 
@@ -119,6 +129,7 @@ impl LockRecord {
         LockRecord {
             limit,
             holders: Vec::new(),
+            leaving: Vec::new(),
             form: HoldersForm::Map,
         }
     }
@@ -126,10 +137,17 @@ impl LockRecord {
     pub fn holds(&self, session: &str) -> bool {
         self.holders.iter().any(|h| h == session)
     }
+
+    /// Whether `session` is a holder or one that left `.lock` while its key
+    /// lives ([`LockRecord::leaving`]): either way, no waiter.
+    pub fn names(&self, session: &str) -> bool {
+        self.holds(session) || self.leaving.iter().any(|h| h == session)
+    }
 }
 
 /// Decodes a `.lock` value. Holders may be a map of booleans (entries set to
-/// `false` are not holders), a list of strings, null, or missing.
+/// `false` are not holders but [`LockRecord::leaving`]), a list of strings,
+/// null, or missing.
 ///
 /// ```
 /// use consem::store::consul::semaphore::{decode_lock, HoldersForm};
@@ -154,6 +172,7 @@ pub fn decode_lock(value: &[u8]) -> Result<LockRecord, Conflict> {
         _ => return Err(undecodable("no numeric Limit")),
     };
     let mut holders: Vec<String> = Vec::new();
+    let mut leaving: Vec<String> = Vec::new();
     let mut add = |id: &str| {
         if !holders.iter().any(|h| h == id) {
             holders.push(id.to_string());
@@ -165,7 +184,7 @@ pub fn decode_lock(value: &[u8]) -> Result<LockRecord, Conflict> {
             for (id, held) in map {
                 match held {
                     Value::Bool(true) => add(id),
-                    Value::Bool(false) => {}
+                    Value::Bool(false) => leaving.push(id.clone()),
                     _ => return Err(undecodable("a Holders entry is not true or false")),
                 }
             }
@@ -184,6 +203,7 @@ pub fn decode_lock(value: &[u8]) -> Result<LockRecord, Conflict> {
     Ok(LockRecord {
         limit,
         holders,
+        leaving,
         form,
     })
 }
@@ -197,14 +217,22 @@ struct EncodedLock {
 }
 
 /// Encodes a `.lock` value in the record's form (map keys sorted, as Go's
-/// encoder writes them).
+/// encoder writes them). The list form has no way to say
+/// [`LockRecord::leaving`]: those are left out of it.
 pub fn encode_lock(record: &LockRecord) -> Vec<u8> {
     let holders = match record.form {
         HoldersForm::Map => Value::Object(
             record
-                .holders
+                .leaving
                 .iter()
-                .map(|h| (h.clone(), Value::Bool(true)))
+                .filter(|h| !record.holds(h))
+                .map(|h| (h.clone(), Value::Bool(false)))
+                .chain(
+                    record
+                        .holders
+                        .iter()
+                        .map(|h| (h.clone(), Value::Bool(true))),
+                )
                 .collect::<Map<String, Value>>(),
         ),
         HoldersForm::List => Value::Array(
@@ -405,15 +433,19 @@ pub fn can_be_a_contender_key(name: &str) -> bool {
     !name.is_empty() && name != "." && name != ".." && !name.contains('/')
 }
 
-/// Drops holders whose contender key is gone or no longer held by them.
+/// Drops holders, and leaving ones, whose contender key is gone or no
+/// longer held by them.
 pub fn prune(record: &LockRecord, snapshot: &Snapshot) -> LockRecord {
-    LockRecord {
-        holders: record
-            .holders
+    let live = |names: &[String]| {
+        names
             .iter()
             .filter(|h| snapshot.is_live(h))
             .cloned()
-            .collect(),
+            .collect()
+    };
+    LockRecord {
+        holders: live(&record.holders),
+        leaving: live(&record.leaving),
         ..record.clone()
     }
 }
@@ -533,6 +565,8 @@ fn waiters_before<'a>(
     waiters(snapshot, holders).filter(move |e| e.name != me && e.create_index < mine && relays(e))
 }
 
+/// Live contenders that `.lock` does not name: neither holders nor holders
+/// on their way out.
 fn waiters<'a>(
     snapshot: &'a Snapshot,
     holders: &'a LockRecord,
@@ -540,7 +574,7 @@ fn waiters<'a>(
     snapshot
         .contenders
         .values()
-        .filter(|e| snapshot.is_live(&e.name) && !holders.holds(&e.name))
+        .filter(|e| snapshot.is_live(&e.name) && !holders.names(&e.name))
 }
 
 fn create_index_of(snapshot: &Snapshot, session: &str) -> u64 {
@@ -660,12 +694,20 @@ pub fn plan_release(snapshot: &Snapshot, me: &str, limit: u32) -> ReleaseStep {
     };
     let mut remaining = prune(&record, snapshot);
     remaining.holders.retain(|h| h != me);
+    // Out of `.lock` while our key lives (a hand-off is written before our
+    // session ends), we would look like the first waiter to a holder that
+    // leaves in that moment, and be handed a slot that the end of our
+    // session then leaves to a dead holder. Named `false`, we are neither.
+    if snapshot.is_live(me) && !remaining.leaving.iter().any(|h| h == me) {
+        remaining.leaving.push(me.to_string());
+    }
     // Live contenders only: a key nobody holds (a value an operator put
-    // under the prefix) waits for no slot, and must not keep `.lock`.
+    // under the prefix) waits for no slot, and must not keep `.lock`; nor
+    // does a holder on its way out.
     let others_contend = snapshot
         .contenders
         .keys()
-        .any(|name| name != me && snapshot.is_live(name));
+        .any(|name| name != me && snapshot.is_live(name) && !remaining.leaving.contains(name));
     let cas = snapshot.lock_cas();
     if remaining.holders.is_empty() && !others_contend {
         ReleaseStep::Delete { cas }
@@ -766,6 +808,7 @@ mod tests {
     fn decodes_map_list_null_and_missing_holders() {
         let map = decode_lock(br#"{"Limit":2,"Holders":{"a":true,"b":false}}"#).unwrap();
         assert_eq!(map.holders, vec!["a"]);
+        assert_eq!(map.leaving, vec!["b"]);
         assert_eq!(map.form, HoldersForm::Map);
         let list = decode_lock(br#"{"Limit":3,"Holders":["a","b","a"]}"#).unwrap();
         assert_eq!(list.holders, vec!["a", "b"]);
@@ -807,10 +850,20 @@ mod tests {
         let record = LockRecord {
             limit: 2,
             holders: vec!["x".into()],
+            leaving: vec!["w".into()],
             form: HoldersForm::Map,
         };
-        assert_eq!(encode_lock(&record), br#"{"Limit":2,"Holders":{"x":true}}"#);
+        assert_eq!(
+            encode_lock(&record),
+            br#"{"Limit":2,"Holders":{"w":false,"x":true}}"#
+        );
         assert_eq!(decode_lock(&encode_lock(&record)).unwrap(), record);
+        // The list form cannot say that a holder is leaving.
+        let list = LockRecord {
+            form: HoldersForm::List,
+            ..record
+        };
+        assert_eq!(encode_lock(&list), br#"{"Limit":2,"Holders":["x"]}"#);
     }
 
     #[test]
@@ -1050,8 +1103,20 @@ mod tests {
     fn release_rewrites_while_others_remain_and_deletes_when_last() {
         let value = format!(r#"{{"Limit":2,"Holders":{{"{A}":true,"{B}":true}}}}"#);
         let both = snapshot(vec![lock(&value, 9), contender(A, 5), contender(B, 6)]);
+        // Our key still lives: we leave `.lock` as one on its way out.
         assert_eq!(
             plan_release(&both, A, 2),
+            ReleaseStep::Rewrite {
+                value: format!(r#"{{"Limit":2,"Holders":{{"{A}":false,"{B}":true}}}}"#)
+                    .into_bytes(),
+                cas: 9,
+                heir: None,
+            }
+        );
+        // Our session (and key) already gone: simply out.
+        let gone = snapshot(vec![lock(&value, 9), contender(B, 6)]);
+        assert_eq!(
+            plan_release(&gone, A, 2),
             ReleaseStep::Rewrite {
                 value: format!(r#"{{"Limit":2,"Holders":{{"{B}":true}}}}"#).into_bytes(),
                 cas: 9,
@@ -1182,6 +1247,74 @@ mod tests {
         let b_only = format!(r#"{{"Limit":2,"Holders":{{"{B}":true}}}}"#);
         let snap = snapshot(vec![lock(&b_only, 9), relaying(B, 6), relaying(C, 7)]);
         assert_eq!(plan_release(&snap, A, 2), ReleaseStep::Nothing);
+    }
+
+    /// A holder hands its slot on before its session ends (and its key with
+    /// it). An heir that leaves in that moment must not take the leaving
+    /// holder for the first waiter and hand the slot back: the session
+    /// would end, and `.lock` name a dead holder.
+    #[test]
+    fn a_holder_on_its_way_out_is_no_waiter() {
+        const D: &str = "dddddddd-0000-0000-0000-000000000004";
+        // A handed its slot to B, its key still live.
+        let value = format!(r#"{{"Limit":1,"Holders":{{"{A}":true}}}}"#);
+        let handing = snapshot(vec![lock(&value, 9), relaying(A, 5), relaying(B, 6)]);
+        let ReleaseStep::Rewrite { value, heir, .. } = plan_release(&handing, A, 1) else {
+            panic!("a hand-off");
+        };
+        assert_eq!(heir.as_deref(), Some(B));
+        let handed = String::from_utf8(value).unwrap();
+        assert_eq!(
+            handed,
+            format!(r#"{{"Limit":1,"Holders":{{"{A}":false,"{B}":true}}}}"#)
+        );
+        // B leaves at once: with C waiting, C is its heir, and A stays
+        // marked while its key lives.
+        let window = |extra: Vec<Entry>| {
+            let mut entries = vec![lock(&handed, 10), relaying(A, 5), relaying(B, 6)];
+            entries.extend(extra);
+            snapshot(entries)
+        };
+        assert_eq!(
+            plan_release(&window(vec![relaying(C, 7)]), B, 1),
+            ReleaseStep::Rewrite {
+                value: format!(r#"{{"Limit":1,"Holders":{{"{A}":false,"{B}":false,"{C}":true}}}}"#)
+                    .into_bytes(),
+                cas: 10,
+                heir: Some(C.to_string()),
+            }
+        );
+        // Without C, B is the last one out: it deletes `.lock`.
+        assert_eq!(
+            plan_release(&window(vec![]), B, 1),
+            ReleaseStep::Delete { cas: 10 }
+        );
+        // A waiter does not count A ahead of it, nor block on its key.
+        let snap = window(vec![relaying(C, 7), relaying(D, 8)]);
+        assert_eq!(
+            waiters_ahead(
+                &snap,
+                &prune(&snap.lock_record(1).unwrap().unwrap(), &snap),
+                C
+            ),
+            0
+        );
+        assert_eq!(
+            decide(&snap, D, 1).unwrap(),
+            Decision::Full {
+                holders: vec![B.to_string()],
+                wait_on: WaitOn::Key(C.to_string()),
+            }
+        );
+        // Once A's key is gone, the next write drops its name.
+        let after = snapshot(vec![lock(&handed, 10), relaying(B, 6), relaying(C, 7)]);
+        let ReleaseStep::Rewrite { value, .. } = plan_release(&after, B, 1) else {
+            panic!("a hand-off");
+        };
+        assert_eq!(
+            value,
+            format!(r#"{{"Limit":1,"Holders":{{"{B}":false,"{C}":true}}}}"#).into_bytes()
+        );
     }
 
     #[test]
