@@ -166,13 +166,18 @@ fn children_of(parent: i32) -> Vec<i32> {
         .collect()
 }
 
-/// The session IDs a `.lock` value names, in either Holders form.
+/// The session IDs a `.lock` value names as holders, in either Holders
+/// form (a name set to `false` is a holder on its way out, no holder).
 fn lock_holders(value: &[u8]) -> Vec<String> {
     let Ok(lock) = serde_json::from_slice::<serde_json::Value>(value) else {
         return Vec::new();
     };
     match &lock["Holders"] {
-        serde_json::Value::Object(map) => map.keys().cloned().collect(),
+        serde_json::Value::Object(map) => map
+            .iter()
+            .filter(|(_, held)| **held == serde_json::Value::Bool(true))
+            .map(|(name, _)| name.clone())
+            .collect(),
         serde_json::Value::Array(list) => list
             .iter()
             .filter_map(|v| v.as_str().map(str::to_string))
@@ -1418,7 +1423,7 @@ fn the_checks_count_and_parse_right() {
     assert_eq!(seen.end[&3].nanos, 200, "the first end counts");
     assert!(seen.running(3).is_none());
     assert_eq!(
-        lock_holders(br#"{"Limit":3,"Holders":{"a":true,"b":true}}"#),
+        lock_holders(br#"{"Limit":3,"Holders":{"a":true,"b":true,"c":false}}"#),
         ["a", "b"]
     );
     assert_eq!(lock_holders(br#"{"Limit":3,"Holders":["a"]}"#), ["a"]);

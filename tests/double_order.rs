@@ -90,7 +90,7 @@ fn blocked_on(world: &World<TestConsul>, actor: &Actor) {
 fn lock_names(world: &World<TestConsul>, actor: &Actor) -> bool {
     world
         .lock_value()
-        .is_some_and(|lock| lock["Holders"].get(&actor.session).is_some())
+        .is_some_and(|lock| lock["Holders"][&actor.session] == true)
 }
 
 /// Lets `actor`'s command end and waits for consem to exit 0.

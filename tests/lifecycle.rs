@@ -24,10 +24,15 @@ fn pid_then_sleep(world: &World<TestConsul>, name: &str) -> Vec<String> {
     vec!["sh".into(), "-c".into(), script]
 }
 
-/// The session IDs a `.lock` value names, in either Holders form.
+/// The session IDs a `.lock` value names as holders, in either Holders
+/// form (a name set to `false` is one on its way out).
 fn lock_holders(lock: &serde_json::Value) -> Vec<String> {
     match &lock["Holders"] {
-        serde_json::Value::Object(map) => map.keys().cloned().collect(),
+        serde_json::Value::Object(map) => map
+            .iter()
+            .filter(|(_, held)| **held == true)
+            .map(|(name, _)| name.clone())
+            .collect(),
         serde_json::Value::Array(list) => list
             .iter()
             .map(|v| v.as_str().unwrap().to_string())
