@@ -1162,8 +1162,11 @@ fn answers_that_come_late_shorten_the_lease_to_nothing() {
     assert!(log.contains(" started "), "the command started: {log}");
     let pid = read_pid(&world, "pid");
     assert_eq!(status.code(), Some(76), "{log}");
+    // Consem's own stop point, or its watchdog's on a loaded machine (the
+    // command then ends before consem looks: "slot lost while the command
+    // ran"); either way for want of a renewal confirmed in time.
     assert!(
-        log.contains("slot lost: ") && log.contains(" was confirmed"),
+        log.contains("slot lost") && log.contains(" was confirmed"),
         "{log}"
     );
     assert!(!log.contains("watch-retry"), "no call failed: {log}");
