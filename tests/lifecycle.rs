@@ -259,6 +259,17 @@ fn agent_restart_while_holding_stops_the_child_with_76() {
         &strs(&pid_then_sleep(&world, "pid")),
     );
     let pid = read_pid(&world, "pid");
+    // The watch starts once the command has: a restart before its first
+    // query would leave that query blocking on an index the agent no longer
+    // reaches (until the wait ends, a minute on), which is not what this
+    // tests.
+    let lock_key = format!("/v1/kv/{}", world.key(".lock"));
+    wait_until(PROMPT, "the holder's watch of .lock", || {
+        double
+            .requests()
+            .iter()
+            .any(|r| r.method == "GET" && r.path == lock_key && r.query_value("index").is_some())
+    });
     let started = Instant::now();
     double.restart();
     let output = finish(holder);
