@@ -703,16 +703,37 @@ fn a_stop_past_the_lease_is_never_resumed_into_a_lost_slot() {
     let spawned = epoch_ns();
     let holder = world.spawn(
         1,
-        &["--ttl", "10s", "--kill-grace", "1s"],
+        &["-v", "--ttl", "10s", "--kill-grace", "1s"],
         &strs(&heartbeat(&world, "beat", "pid")),
     );
     let pid = read_pid(&world, "pid");
+    // consem itself must refuse to continue the command: its watchdog,
+    // which would end the command at the lease's stop point, is frozen
+    // until the command is gone.
+    let watchdog = children_besides(&holder, pid);
+    assert_eq!(watchdog.len(), 1, "one watchdog: {watchdog:?}");
+    // SAFETY: kill(2) on this test's consem's watchdog.
+    unsafe { libc::kill(watchdog[0], libc::SIGSTOP) };
     signal(&holder, libc::SIGTSTP);
     wait_until(PROMPT, "the command to be stopped", || is_stopped(pid));
     std::thread::sleep(Duration::from_secs(10));
     signal(&holder, libc::SIGCONT);
+    let deadline = Instant::now() + PROMPT;
+    while !process_gone(pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let gone = process_gone(pid);
+    // SAFETY: as above.
+    unsafe { libc::kill(watchdog[0], libc::SIGCONT) };
+    assert!(gone, "consem continued its command into a lost slot");
     let output = finish(holder);
     assert_eq!(output.status.code(), Some(76), "{}", stderr(&output));
+    // Not even for a moment: consem continued nothing.
+    assert!(
+        !stderr(&output).contains(" continued "),
+        "{}",
+        stderr(&output)
+    );
     assert!(process_gone(pid));
     let last = last_beat(&world, "beat");
     assert!(
