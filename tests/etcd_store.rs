@@ -1034,6 +1034,41 @@ fn a_limit_record_left_by_an_outage_is_stale_and_replaced() {
     world.assert_clean();
 }
 
+/// A limit record that holds no limit is reported by every command, and
+/// neither overwritten nor deleted by `run` (whose lease goes with it) or
+/// `reset`.
+#[test]
+fn a_limit_record_that_is_not_a_limit_is_a_conflict_and_stays_untouched() {
+    let world = World::etcd("foreign-limit");
+    let etcd = &world.store;
+    let key = format!("{}/.limit", world.prefix);
+    etcd.put(&key, "xyz");
+    let ran = output(&world, 1, &[], &["touch", &world.path("ran")]);
+    assert_eq!(ran.status.code(), Some(65), "{}", stderr(&ran));
+    assert!(stderr(&ran).contains("untouched"), "{}", stderr(&ran));
+    assert!(!world.exists("ran"));
+    for (command, extra) in [("status", &[][..]), ("reset", &["--force"][..])] {
+        let answer = world.admin(command, extra).output().unwrap();
+        assert_eq!(
+            answer.status.code(),
+            Some(65),
+            "{command}: {}",
+            stderr(&answer)
+        );
+    }
+    let left: Vec<(String, String)> = etcd
+        .entries(&world.prefix)
+        .into_iter()
+        .map(|e| (e.key, e.value))
+        .collect();
+    assert_eq!(
+        left,
+        [(key, "xyz".to_string())],
+        "only the record, as it was"
+    );
+    assert!(etcd.leases().is_empty(), "no lease left");
+}
+
 /// etcd down for longer than three failures in a row, then back with its
 /// data: holders with the default settings retry while their lease lasts
 /// and go on (exit 0), as on Redis.

@@ -797,7 +797,9 @@ impl EtcdSemaphore {
     }
 
     /// The last one out drops the limit record, unless a contender
-    /// arrived since the listing.
+    /// arrived since the listing. Only a record of our own limit: one that
+    /// is not consem's, or holds another limit, is reported by `join` and
+    /// left as it is.
     fn drop_limit_record_if_last(&self, within: Duration) {
         let Ok(listing) = self
             .client
@@ -808,9 +810,11 @@ impl EtcdSemaphore {
         // Keys of etcdctl lock count for nothing: they wait for the record
         // to go.
         let contenders = queue::contenders(&listing.kvs, &self.limit_key);
-        if contenders.iter().all(|kv| !queue::is_consem(kv))
-            && listing.kvs.iter().any(|kv| kv.key == self.limit_key)
-        {
+        let ours = listing.kvs.iter().any(|kv| {
+            kv.key == self.limit_key
+                && queue::read_limit(&kv.value) == queue::Recorded::Limit(self.limit)
+        });
+        if ours && contenders.iter().all(|kv| !queue::is_consem(kv)) {
             let _ = self.client.txn_within(
                 &[Compare::UnchangedSince(
                     &self.range.0,
