@@ -225,7 +225,9 @@ impl std::fmt::Display for OptionsError {
                 human(*grace),
                 human(*ttl),
                 store.store.title,
-                human(*most)
+                // Whole milliseconds, rounded down: a grace one can type
+                // that still fits.
+                human(Duration::from_millis(most.as_millis() as u64))
             ),
             OptionsError::StoreFlags(error) => error.fmt(f),
         }
@@ -657,6 +659,9 @@ mod tests {
             kill_grace(&["--ttl", "12s", "--kill-grace", "6s"]).unwrap_err(),
             "--kill-grace 6s does not fit in the lease of --ttl 12s: consem must have stopped the command before Consul may free the slot; use at most 5s, or a longer --ttl"
         );
+        assert!(kill_grace(&["--ttl", "10s", "--kill-grace", "5s"])
+            .unwrap_err()
+            .contains("use at most 4s, or"));
         assert_eq!(
             kill_grace(&["--ttl", "10s", "--kill-grace", "4s"]),
             Ok(Duration::from_secs(4))
