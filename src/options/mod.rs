@@ -519,6 +519,21 @@ mod tests {
     }
 
     #[test]
+    fn a_store_s_url_is_refused_in_the_name_of_where_it_came_from() {
+        let error = |extra: &[&str], env: &[(&str, &str)]| {
+            let mut args = vec!["--prefix", "p"];
+            args.extend_from_slice(extra);
+            parse(&args, env).unwrap_err()
+        };
+        assert!(error(&[], &[("CONSEM_STORE", "redis://")])
+            .starts_with("CONSEM_STORE: redis:// is not a Redis URL"),);
+        assert!(
+            error(&["--store", "redis://"], &[("CONSEM_STORE", "local")])
+                .starts_with("--store: redis:// is not a Redis URL")
+        );
+    }
+
+    #[test]
     fn chooses_the_store_from_the_flag_then_the_environment() {
         let choice = |flag: Option<&str>, env: Option<&str>| {
             choose_store(flag, |name| {

@@ -7,15 +7,23 @@ use crate::store::{redis, without_credentials};
 
 #[derive(Debug)]
 enum RedisFlagsError {
-    NotAUrl { shown: String, detail: String },
+    NotAUrl {
+        source: &'static str,
+        shown: String,
+        detail: String,
+    },
 }
 
 impl std::fmt::Display for RedisFlagsError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            RedisFlagsError::NotAUrl { shown, detail } => write!(
+            RedisFlagsError::NotAUrl {
+                source,
+                shown,
+                detail,
+            } => write!(
                 f,
-                "--store: {shown} is not a Redis URL ({detail}); write redis://[user[:password]@]host[:port][/db]"
+                "{source}: {shown} is not a Redis URL ({detail}); write redis://[user[:password]@]host[:port][/db]"
             ),
         }
     }
@@ -36,6 +44,7 @@ pub fn configure(flags: &StoreFlags<'_>) -> Result<Box<dyn StoreSettings>, Optio
     let url = flags.text;
     let mut connection = ::redis::IntoConnectionInfo::into_connection_info(url).map_err(|e| {
         RedisFlagsError::NotAUrl {
+            source: flags.source,
             shown: without_credentials(url),
             detail: e.detail().unwrap_or("unreadable").to_string(),
         }
