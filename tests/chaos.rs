@@ -1,4 +1,4 @@
-//! Chaos at the level of processes (issue 3, parts 2 and 5): the real
+//! Chaos at the level of processes, and leaks over many runs: the real
 //! `consem` binary, forty at once, against the Consul double, while the test
 //! SIGKILLs some of them, destroys holders' sessions as an operator would and
 //! makes Consul fail within and beyond `--monitor-retry`. The children log
@@ -1161,8 +1161,8 @@ fn most_at_once(intervals: &[(i128, i128, usize)]) -> (i32, i128) {
     (most, at)
 }
 
-/// Issue 3, part 2. See the module comment; the figures it prints go into
-/// docs/reliability.md.
+/// Chaos among forty contenders; see the module comment. The figures it
+/// prints go into docs/reliability.md.
 #[cfg(target_os = "linux")]
 #[test]
 fn chaos_among_forty_contenders_keeps_the_limit_and_leaves_nothing_behind() {
@@ -1284,7 +1284,7 @@ fn chaos_among_forty_contenders_keeps_the_limit_and_leaves_nothing_behind() {
 
 // ---- leaks --------------------------------------------------------------------
 
-/// Issue 3, part 5: consecutive runs of every kind — the child succeeds,
+/// Leaks: consecutive runs of every kind — the child succeeds,
 /// fails, dies of a signal; no slot with `--try`, `--timeout` or
 /// `--timeout 0 -E`; a waiting consem stopped by a signal — with a
 /// background holder for the kinds that need a busy slot. After every round
