@@ -34,11 +34,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{ms, yes, CHILD_LOG_ENV, CHILD_SLEEP_ENV};
+use common::{consem_bin, ms, yes, CHILD_LOG_ENV, CHILD_SLEEP_ENV};
 use double::ConsulDouble;
 
-const CONSEM: &str = env!("CARGO_BIN_EXE_consem");
-const CONSEM_BIN_ENV: &str = "CONSEM_BENCH_BIN";
 const QUICK_ENV: &str = "CONSEM_BENCH_QUICK";
 /// One store only: redis, local, etcd or consul.
 const ONLY_ENV: &str = "CONSEM_BENCH_ONLY";
@@ -47,10 +45,6 @@ const REAL_CONSUL_ENV: &str = "CONSEM_BENCH_CONSUL_ADDR";
 
 const LIMIT: usize = 10;
 const SLEEP: Duration = Duration::from_millis(50);
-
-fn consem_bin() -> String {
-    std::env::var(CONSEM_BIN_ENV).unwrap_or_else(|_| CONSEM.to_string())
-}
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Store {

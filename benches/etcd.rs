@@ -43,21 +43,12 @@ use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 
-use common::{ms, percentile, yes};
+use common::{consem_bin, ms, percentile, yes};
 
-/// The consem binary cargo built for this target (with this target's profile).
-const CONSEM: &str = env!("CARGO_BIN_EXE_consem");
-/// Set to another consem binary to measure it instead (an older version).
-const CONSEM_BIN_ENV: &str = "CONSEM_BENCH_BIN";
 /// Set to 1 for tiny sizes (CI).
 const QUICK_ENV: &str = "CONSEM_BENCH_QUICK";
 /// Set to `handoff` to measure the handoff gap alone.
 const ONLY_ENV: &str = "CONSEM_BENCH_ONLY";
-
-/// The consem binary measured.
-fn consem_bin() -> String {
-    std::env::var(CONSEM_BIN_ENV).unwrap_or_else(|_| CONSEM.to_string())
-}
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Tool {

@@ -54,18 +54,8 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::ms;
+use common::{consem_bin, ms};
 use double::ConsulDouble;
-
-/// The consem binary cargo built for this target (with this target's profile).
-const CONSEM: &str = env!("CARGO_BIN_EXE_consem");
-/// Set to another consem binary to measure it instead (an older version).
-const CONSEM_BIN_ENV: &str = "CONSEM_BENCH_BIN";
-
-/// The consem binary measured.
-fn consem_bin() -> String {
-    std::env::var(CONSEM_BIN_ENV).unwrap_or_else(|_| CONSEM.to_string())
-}
 
 /// Set to `host:port` of a real Consul agent to measure against it.
 const REAL_CONSUL_ENV: &str = "CONSEM_BENCH_CONSUL_ADDR";

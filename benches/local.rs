@@ -25,9 +25,8 @@ use std::time::Duration;
 #[allow(dead_code)] // each harness uses a part of it
 mod common;
 
-use common::{ms, percentile, yes};
+use common::{consem_bin, ms, percentile, yes};
 
-const CONSEM: &str = env!("CARGO_BIN_EXE_consem");
 const QUICK_ENV: &str = "CONSEM_BENCH_QUICK";
 struct Sizes {
     uncontended_runs: usize,
@@ -65,7 +64,7 @@ impl Bench {
     fn command(&self, tool: Tool, name: &str, limit: usize, command: &[String]) -> Command {
         match tool {
             Tool::Consem => {
-                let mut cmd = Command::new(CONSEM);
+                let mut cmd = Command::new(consem_bin());
                 cmd.args(["run", "--store"])
                     .arg(format!("local:{}", self.dir.join("consem").display()))
                     .args(["--prefix", name, "--limit", &limit.to_string(), "--"])

@@ -22,9 +22,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{ms, percentile, yes};
+use common::{consem_bin, ms, percentile, yes};
 
-const CONSEM: &str = env!("CARGO_BIN_EXE_consem");
 const QUICK_ENV: &str = "CONSEM_BENCH_QUICK";
 const CLIENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/redis_semaphore.py");
 
@@ -123,7 +122,7 @@ impl Drop for Server {
 fn command(server: &Server, tool: Tool, name: &str, limit: usize, run: &[String]) -> Command {
     match tool {
         Tool::Consem => {
-            let mut cmd = Command::new(CONSEM);
+            let mut cmd = Command::new(consem_bin());
             cmd.args([
                 "run",
                 "--store",

@@ -6,6 +6,12 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+/// The consem binary measured: this build's, or another (an older
+/// release, to compare) named by `CONSEM_BENCH_BIN`.
+pub fn consem_bin() -> String {
+    std::env::var("CONSEM_BENCH_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_consem").to_string())
+}
+
 /// Set in the child mode: the harness's binary is also the command it runs.
 pub const CHILD_LOG_ENV: &str = "CONSEM_BENCH_CHILD_LOG";
 pub const CHILD_SLEEP_ENV: &str = "CONSEM_BENCH_CHILD_SLEEP_MS";
