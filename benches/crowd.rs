@@ -28,13 +28,13 @@ mod double;
 #[allow(dead_code)] // each harness uses a part of it
 mod common;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{consem_bin, ms, yes, CHILD_LOG_ENV, CHILD_SLEEP_ENV};
+use common::{consem_bin, ms, tree_cpu, yes, CHILD_GO_ENV, CHILD_LOG_ENV, CHILD_SLEEP_ENV};
 use double::ConsulDouble;
 
 const QUICK_ENV: &str = "CONSEM_BENCH_QUICK";
@@ -154,9 +154,14 @@ enum Target {
 }
 
 impl Target {
-    fn command(&self, prefix: &str) -> Command {
+    /// A contender's command line; `verbose` adds `-v` (its events on
+    /// stderr).
+    fn command(&self, prefix: &str, verbose: bool) -> Command {
         let mut cmd = Command::new(consem_bin());
         cmd.arg("run");
+        if verbose {
+            cmd.arg("-v");
+        }
         match self {
             Target::Url(url) => {
                 cmd.args(["--store", url]);
@@ -184,17 +189,43 @@ struct Crowd {
     out_of_order: usize,
     wall: Duration,
     cpu: Duration,
+    /// What the server spent, where the harness can tell.
+    server_cpu: Option<Duration>,
+}
+
+/// One queue's figures: `n` waiters that joined one at a time behind
+/// `LIMIT` holders.
+struct Queue {
+    n: usize,
+    finished: usize,
+    /// Exit codes other than 0, holders' included, with counts.
+    others: BTreeMap<i32, usize>,
+    out_of_order: usize,
+    /// From the holders' letting go to the last waiter's exit.
+    wall: Duration,
+    /// The CPU of every contender's whole run, holders' included.
+    cpu: Duration,
+}
+
+impl Queue {
+    fn overhead_ms(&self) -> f64 {
+        overhead_ms(self.wall, self.n)
+    }
+}
+
+/// (wall − rounds × SLEEP) / rounds, rounds = n / LIMIT.
+fn overhead_ms(wall: Duration, n: usize) -> f64 {
+    let rounds = n.div_ceil(LIMIT) as u32;
+    (wall.as_secs_f64() - SLEEP.as_secs_f64() * f64::from(rounds)) * 1000.0 / f64::from(rounds)
 }
 
 impl Crowd {
-    fn rounds(&self) -> u32 {
-        self.n.div_ceil(LIMIT) as u32
+    fn overhead_ms(&self) -> f64 {
+        overhead_ms(self.wall, self.n)
     }
 
-    fn overhead_ms(&self) -> f64 {
-        let rounds = self.rounds();
-        (self.wall.as_secs_f64() - SLEEP.as_secs_f64() * f64::from(rounds)) * 1000.0
-            / f64::from(rounds)
+    fn server_cpu_per_run_ms(&self) -> Option<f64> {
+        self.server_cpu.map(|cpu| ms(cpu) / self.n as f64)
     }
 
     fn cpu_per_run_ms(&self) -> f64 {
@@ -203,70 +234,144 @@ impl Crowd {
 }
 
 fn children_cpu() -> Duration {
+    rusage_cpu(libc::RUSAGE_CHILDREN)
+}
+
+/// This process's own CPU: the harness, and the Consul double when it is
+/// the double that answers.
+fn own_cpu() -> Duration {
+    rusage_cpu(libc::RUSAGE_SELF)
+}
+
+fn rusage_cpu(who: libc::c_int) -> Duration {
     // SAFETY: an all-zero rusage is valid; getrusage fills it.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: RUSAGE_CHILDREN with a valid pointer.
-    let rc = unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) };
+    // SAFETY: a valid `who` with a valid pointer.
+    let rc = unsafe { libc::getrusage(who, &mut usage) };
     assert_eq!(rc, 0);
     let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
     tv(usage.ru_utime) + tv(usage.ru_stime)
 }
 
-/// Spawns `n` contenders one after the other as fast as they start, then
-/// waits for them all (killing by pid those still running at `deadline`).
-fn crowd(target: &Target, dir: &Path, prefix: &str, n: usize, deadline: Duration) -> Crowd {
-    let logs = dir.join(prefix.replace('/', "-"));
-    std::fs::create_dir_all(&logs).unwrap();
-    let cpu_before = children_cpu();
-    let started = Instant::now();
-    let mut running: Vec<(usize, Child)> = (0..n)
-        .map(|i| {
-            let mut cmd = target.command(prefix);
-            cmd.env(CHILD_LOG_ENV, logs.join(i.to_string()))
-                .env(CHILD_SLEEP_ENV, SLEEP.as_millis().to_string())
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null());
-            (i, cmd.spawn().expect("spawn a contender"))
-        })
-        .collect();
-    let mut codes = Vec::with_capacity(n);
-    let mut killed = false;
-    let mut wall = Duration::ZERO;
-    while !running.is_empty() {
-        running.retain_mut(|(_, child)| match child.try_wait().unwrap() {
-            Some(status) => {
-                use std::os::unix::process::ExitStatusExt as _;
-                codes.push(
-                    status
-                        .code()
-                        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)),
-                );
-                false
-            }
-            None => true,
-        });
-        wall = started.elapsed();
-        if !killed && wall > deadline {
-            eprintln!(
-                "{prefix}: {} contenders still running after {:.0} s: killed",
-                running.len(),
-                deadline.as_secs_f64()
-            );
-            for (_, child) in &mut running {
-                let _ = child.kill();
-            }
-            killed = true;
+/// What answers the crowd, for its CPU.
+enum Server {
+    /// A server process the harness started (its pid).
+    Process(u32),
+    /// The in-process double: the harness's own CPU, polling included.
+    InProcess,
+    /// Nothing (the local store), or an agent the harness did not start.
+    Unmeasured,
+}
+
+impl Server {
+    fn cpu(&self) -> Option<Duration> {
+        match self {
+            Server::Process(pid) => Some(tree_cpu(*pid)),
+            Server::InProcess => Some(own_cpu()),
+            Server::Unmeasured => None,
         }
-        std::thread::sleep(Duration::from_millis(2));
     }
-    let cpu = children_cpu().saturating_sub(cpu_before);
-    let mut others = BTreeMap::new();
-    for &code in codes.iter().filter(|&&c| c != 0) {
-        *others.entry(code).or_insert(0) += 1;
+}
+
+/// Contenders spawned by the harness, by pid, with their place in arrival
+/// (spawn) order.
+struct Contenders {
+    pids: HashMap<u32, usize>,
+    codes: Vec<Option<i32>>,
+}
+
+impl Contenders {
+    fn new(n: usize) -> Contenders {
+        Contenders {
+            pids: HashMap::with_capacity(n),
+            codes: vec![None; n],
+        }
     }
-    // Each contender's command: (start, end, place in spawn order).
-    let mut runs: Vec<(u128, u128, usize)> = (0..n)
+
+    fn spawned(&mut self, place: usize, child: Child) {
+        // Reaped with waitpid below; a Child dropped unwaited is left alone.
+        self.pids.insert(child.id(), place);
+    }
+
+    fn running(&self) -> usize {
+        self.codes.iter().filter(|c| c.is_none()).count()
+    }
+
+    /// Reaps every contender that has exited, without blocking: one
+    /// waitpid per exit, not one per contender per look, which at a
+    /// thousand contenders would take a core from the crowd.
+    fn reap(&mut self) {
+        loop {
+            let mut status = 0;
+            // SAFETY: waitpid with a valid pointer; -1 is any child.
+            let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+            if pid <= 0 {
+                return;
+            }
+            if let Some(&place) = self.pids.get(&(pid as u32)) {
+                let code = if libc::WIFEXITED(status) {
+                    libc::WEXITSTATUS(status)
+                } else {
+                    128 + libc::WTERMSIG(status)
+                };
+                self.codes[place] = Some(code);
+            }
+        }
+    }
+
+    /// Whether contender `place` has exited.
+    fn exited(&mut self, place: usize) -> bool {
+        self.reap();
+        self.codes[place].is_some()
+    }
+
+    /// Waits for every contender, killing those still running `deadline`
+    /// after `started`; returns the wall time since `started`.
+    fn wait_all(&mut self, started: Instant, deadline: Duration, prefix: &str) -> Duration {
+        let mut killed = false;
+        loop {
+            self.reap();
+            let wall = started.elapsed();
+            let running = self.running();
+            if running == 0 {
+                return wall;
+            }
+            if !killed && wall > deadline {
+                eprintln!(
+                    "{prefix}: {running} contenders still running after {:.0} s: killed",
+                    deadline.as_secs_f64()
+                );
+                for (&pid, &place) in &self.pids {
+                    if self.codes[place].is_none() {
+                        // SAFETY: a pid of ours, not yet reaped.
+                        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                    }
+                }
+                killed = true;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// How many of the contenders at `places` exited 0.
+    fn finished(&self, places: std::ops::Range<usize>) -> usize {
+        self.codes[places].iter().filter(|c| **c == Some(0)).count()
+    }
+
+    /// Exit codes other than 0 (128 + signal for a signal), with counts.
+    fn others(&self) -> BTreeMap<i32, usize> {
+        let mut others = BTreeMap::new();
+        for code in self.codes.iter().flatten().filter(|&&c| c != 0) {
+            *others.entry(*code).or_insert(0) += 1;
+        }
+        others
+    }
+}
+
+/// The commands' runs, from their logs: (start, end, place in arrival
+/// order), sorted by start.
+fn runs(logs: &Path, places: std::ops::Range<usize>) -> Vec<(u128, u128, usize)> {
+    let mut runs: Vec<(u128, u128, usize)> = places
         .filter_map(|i| {
             let text = std::fs::read_to_string(logs.join(i.to_string())).ok()?;
             let mut parts = text.split_whitespace().map(|p| p.parse::<u128>().ok());
@@ -274,11 +379,20 @@ fn crowd(target: &Target, dir: &Path, prefix: &str, n: usize, deadline: Duration
         })
         .collect();
     runs.sort();
-    let out_of_order = runs
-        .iter()
+    runs
+}
+
+/// Commands that started a round (`LIMIT` places) or more away from their
+/// place in arrival order, counted from `first` (the first place judged).
+fn out_of_order(runs: &[(u128, u128, usize)], first: usize) -> usize {
+    runs.iter()
         .enumerate()
-        .filter(|(rank, run)| rank.abs_diff(run.2) >= LIMIT)
-        .count();
+        .filter(|(rank, run)| (rank + first).abs_diff(run.2) >= LIMIT)
+        .count()
+}
+
+/// The most commands running at once.
+fn most_at_once(runs: &[(u128, u128, usize)]) -> usize {
     let mut events: Vec<(u128, i32)> = runs.iter().flat_map(|r| [(r.0, 1), (r.1, -1)]).collect();
     // An end sorts before a start at the same instant.
     events.sort();
@@ -287,12 +401,101 @@ fn crowd(target: &Target, dir: &Path, prefix: &str, n: usize, deadline: Duration
         now += step;
         most = most.max(now);
     }
+    most as usize
+}
+
+/// Spawns `n` contenders one after the other as fast as they start, then
+/// waits for them all (killing those still running at `deadline`).
+fn crowd(target: &Target, server: &Server, dir: &Path, prefix: &str, n: usize) -> Crowd {
+    let logs = dir.join(prefix.replace('/', "-"));
+    std::fs::create_dir_all(&logs).unwrap();
+    let cpu_before = children_cpu();
+    let server_before = server.cpu();
+    let started = Instant::now();
+    let mut contenders = Contenders::new(n);
+    for i in 0..n {
+        let mut cmd = target.command(prefix, false);
+        cmd.env(CHILD_LOG_ENV, logs.join(i.to_string()))
+            .env(CHILD_SLEEP_ENV, SLEEP.as_millis().to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        contenders.spawned(i, cmd.spawn().expect("spawn a contender"));
+        contenders.reap();
+    }
+    let wall = contenders.wait_all(started, deadline_for(n), prefix);
+    let cpu = children_cpu().saturating_sub(cpu_before);
+    let server_cpu = server
+        .cpu()
+        .zip(server_before)
+        .map(|(after, before)| after.saturating_sub(before));
+    let runs = runs(&logs, 0..n);
     Crowd {
         n,
-        finished: codes.iter().filter(|&&c| c == 0).count(),
-        others,
-        most_at_once: most as usize,
-        out_of_order,
+        finished: contenders.finished(0..n),
+        others: contenders.others(),
+        most_at_once: most_at_once(&runs),
+        out_of_order: out_of_order(&runs, 0),
+        wall,
+        cpu,
+        server_cpu,
+    }
+}
+
+/// Ten times the ideal, plus two minutes: a stuck crowd is reported
+/// (killed: 137), not waited for forever.
+fn deadline_for(n: usize) -> Duration {
+    SLEEP * n.div_ceil(LIMIT) as u32 * 10 + Duration::from_secs(120)
+}
+
+/// The order of arrival, judged where it is known: `LIMIT` holders take
+/// the slots and hold them, then `n` waiters join one at a time, each
+/// spawned once the one before has said (`-v`) that it waits, so that
+/// their order of arrival is their spawn order. Then the holders let go.
+fn queue(target: &Target, dir: &Path, prefix: &str, n: usize) -> Queue {
+    let logs = dir.join(prefix.replace('/', "-"));
+    std::fs::create_dir_all(&logs).unwrap();
+    let go = logs.join("go");
+    let total = LIMIT + n;
+    let mut contenders = Contenders::new(total);
+    let joined_by = Instant::now() + Duration::from_secs(60) + Duration::from_millis(60) * n as u32;
+    for i in 0..total {
+        let holder = i < LIMIT;
+        let stderr = logs.join(format!("{i}.err"));
+        let mut cmd = target.command(prefix, true);
+        cmd.env(CHILD_LOG_ENV, logs.join(i.to_string()))
+            .env(CHILD_SLEEP_ENV, SLEEP.as_millis().to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&stderr).unwrap());
+        if holder {
+            cmd.env(CHILD_GO_ENV, &go);
+        }
+        contenders.spawned(i, cmd.spawn().expect("spawn a contender"));
+        let said = if holder { " acquired " } else { " waiting " };
+        loop {
+            let text = std::fs::read_to_string(&stderr).unwrap_or_default();
+            if text.contains(said) {
+                break;
+            }
+            if contenders.exited(i) || Instant::now() > joined_by {
+                eprintln!("{prefix}: contender {i} never said{said}(its log: {text:?})");
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    let cpu_before = children_cpu();
+    let started = Instant::now();
+    std::fs::write(&go, "").unwrap();
+    let wall = contenders.wait_all(started, deadline_for(n), prefix);
+    let cpu = children_cpu().saturating_sub(cpu_before);
+    let runs = runs(&logs, LIMIT..total);
+    Queue {
+        n,
+        finished: contenders.finished(LIMIT..total),
+        others: contenders.others(),
+        out_of_order: out_of_order(&runs, LIMIT),
         wall,
         cpu,
     }
@@ -324,25 +527,44 @@ fn raise_open_files(n: usize) -> String {
     }
 }
 
+fn exits(others: &BTreeMap<i32, usize>) -> String {
+    if others.is_empty() {
+        return "none".to_string();
+    }
+    others
+        .iter()
+        .map(|(code, count)| format!("{code}: {count}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn row(store: &str, c: &Crowd) -> String {
-    let others = if c.others.is_empty() {
-        "none".to_string()
-    } else {
-        c.others
-            .iter()
-            .map(|(code, count)| format!("{code}: {count}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
+    let server = c
+        .server_cpu_per_run_ms()
+        .map_or("not measured".to_string(), |cpu| format!("{cpu:.1}"));
     format!(
-        "| {store} | {} | {} / {} | {others} | {} | {} | {:.1} | {:.1} |",
+        "| {store} | {} | {} / {} | {} | {} | {} | {:.1} | {:.1} | {server} |",
         c.n,
         c.finished,
         c.n,
+        exits(&c.others),
         c.most_at_once,
         c.out_of_order,
         c.overhead_ms(),
         c.cpu_per_run_ms()
+    )
+}
+
+fn queue_row(store: &str, q: &Queue) -> String {
+    format!(
+        "| {store} | {} | {} / {} | {} | {} | {:.1} | {:.1} |",
+        q.n,
+        q.finished,
+        q.n,
+        exits(&q.others),
+        q.out_of_order,
+        q.overhead_ms(),
+        ms(q.cpu) / (q.n + LIMIT) as f64
     )
 }
 
@@ -376,15 +598,17 @@ fn main() {
         }
     );
     println!("({files}; consem: {})", consem_bin());
-    let mut results: Vec<(Store, Vec<Crowd>)> = Vec::new();
+    let mut results: Vec<(Store, Vec<Crowd>, Queue)> = Vec::new();
     let mut notes = Vec::new();
     for &store in &stores {
         // Servers and doubles live for this store's crowds only.
         let mut servers = Vec::new();
         let mut double = None;
+        let mut server = Server::Unmeasured;
         let target = match store {
             Store::Redis => {
                 let (process, url) = start_redis(&dir);
+                server = Server::Process(process.0.id());
                 servers.push(process);
                 notes.push(format!(
                     "redis: redis-server at {url}, started by the harness"
@@ -398,6 +622,7 @@ fn main() {
             }
             Store::Etcd => {
                 let (process, url) = start_etcd(&dir);
+                server = Server::Process(process.0.id());
                 servers.push(process);
                 notes.push(format!("etcd: one member at {url}, started by the harness"));
                 Target::Url(url)
@@ -413,6 +638,7 @@ fn main() {
                     let started = ConsulDouble::start();
                     let addr = started.addr();
                     double = Some(started);
+                    server = Server::InProcess;
                     notes.push(format!(
                         "consul: the in-process test double (tests/common/double.rs) at {addr}; \
                          set {REAL_CONSUL_ENV} for a real agent"
@@ -425,14 +651,15 @@ fn main() {
         for &n in &sizes {
             eprintln!("{}: N={n}...", store.name());
             let prefix = format!("consem-crowd/{}-{n}-{}", store.name(), std::process::id());
-            // Ten times the ideal, plus two minutes: a stuck crowd is
-            // reported (killed: 137), not waited for forever.
-            let deadline = SLEEP * n.div_ceil(LIMIT) as u32 * 10 + Duration::from_secs(120);
-            crowds.push(crowd(&target, &dir, &prefix, n, deadline));
+            crowds.push(crowd(&target, &server, &dir, &prefix, n));
         }
+        let n = sizes[1];
+        eprintln!("{}: {n} queued one by one...", store.name());
+        let prefix = format!("consem-queue/{}-{n}-{}", store.name(), std::process::id());
+        let queued = queue(&target, &dir, &prefix, n);
         drop(double);
         drop(servers);
-        results.push((store, crowds));
+        results.push((store, crowds, queued));
     }
 
     println!();
@@ -440,25 +667,36 @@ fn main() {
         println!("- {note}");
     }
     println!();
-    println!("| store | N | finished (exit 0) / N | other exits (code: count) | most at once | out of arrival order | overhead per round (ms) | CPU per run (ms) |");
-    println!("|---|---|---|---|---|---|---|---|");
-    for (store, crowds) in &results {
+    println!("| store | N | finished (exit 0) / N | other exits (code: count) | most at once | out of spawn order | overhead per round (ms) | CPU per run (ms) | server CPU per run (ms) |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for (store, crowds, _) in &results {
         for c in crowds {
             println!("{}", row(store.name(), c));
         }
     }
     println!(
         "\nrounds = N/{LIMIT}; overhead per round = (wall − rounds × {} ms) / rounds; CPU per run = \
-         the crowd's CPU (consem and its commands, getrusage(RUSAGE_CHILDREN)) / N; out of arrival \
+         the crowd's CPU (consem and its commands, getrusage(RUSAGE_CHILDREN)) / N; out of spawn \
          order = contenders whose command started at least {LIMIT} places (a round) away from their \
-         place in spawn order.",
+         place in spawn order (spawned at once, they reach the store in roughly that order); server \
+         CPU = the server process's (the Consul double's: the harness's own, its polling included) / N.",
         SLEEP.as_millis()
     );
+
+    println!(
+        "\n## In order of arrival: {LIMIT} holders, then N waiters joining one at a time (each once \
+         the one before says it waits)\n"
+    );
+    println!("| store | N waiting | finished (exit 0) / N | other exits (code: count) | out of arrival order | overhead per round after the holders let go (ms) | CPU per run (ms) |");
+    println!("|---|---|---|---|---|---|---|");
+    for (store, _, queued) in &results {
+        println!("{}", queue_row(store.name(), queued));
+    }
 
     println!("\n## goals");
     println!("| goal | figure | met |");
     println!("|---|---|---|");
-    for (store, crowds) in &results {
+    for (store, crowds, queued) in &results {
         let (small, large) = (&crowds[0], &crowds[1]);
         let name = store.name();
         let all = crowds.iter().all(|c| c.finished == c.n);
@@ -470,6 +708,12 @@ fn main() {
                 .collect::<Vec<_>>()
                 .join(", "),
             yes(all)
+        );
+        println!(
+            "| {name}: {} waiters take their slots in order of arrival | {} a round or more out of order | {} |",
+            queued.n,
+            queued.out_of_order,
+            yes(queued.finished == queued.n && queued.out_of_order == 0)
         );
         let most = crowds.iter().map(|c| c.most_at_once).max().unwrap_or(0);
         println!(
@@ -498,8 +742,8 @@ fn main() {
     let first = |store: Store| {
         results
             .iter()
-            .find(|(s, _)| *s == store)
-            .map(|(_, c)| c[0].overhead_ms())
+            .find(|(s, _, _)| *s == store)
+            .map(|(_, c, _)| c[0].overhead_ms())
     };
     if let (Some(etcd), Some(redis)) = (first(Store::Etcd), first(Store::Redis)) {
         println!(
