@@ -59,13 +59,22 @@ impl Outage {
     /// attempt, or `None` to give up (the store was never reached, or has
     /// been failing for longer than the TTL).
     pub fn retry_after(&mut self) -> Option<Duration> {
-        self.retry_at(Instant::now())
+        self.retry_at(Instant::now(), false)
     }
 
-    /// [`Outage::retry_after`], for a failure at `now`.
-    fn retry_at(&mut self, now: Instant) -> Option<Duration> {
+    /// [`Outage::retry_after`] for a call the store took but did not answer
+    /// in time: a store that is there but busy, so retried for up to a TTL
+    /// even before it ever answered (a frozen one, that never answers, ends
+    /// the run then).
+    pub fn retry_slow(&mut self) -> Option<Duration> {
+        self.retry_at(Instant::now(), true)
+    }
+
+    /// [`Outage::retry_after`], for a failure at `now`; `took`: the store
+    /// took the call.
+    fn retry_at(&mut self, now: Instant, took: bool) -> Option<Duration> {
         let since = *self.since.get_or_insert(now);
-        if !self.ever_reached || now.duration_since(since) > self.ttl {
+        if !(self.ever_reached || took) || now.duration_since(since) > self.ttl {
             return None;
         }
         Some(self.backoff.next_pause())
@@ -99,16 +108,23 @@ mod tests {
         let mut outage = Outage::new(ttl);
         outage.recovered();
         let first = Instant::now();
-        assert!(outage.retry_at(first).is_some());
-        assert!(outage.retry_at(first + Duration::from_secs(2)).is_some());
+        assert!(outage.retry_at(first, false).is_some());
+        assert!(outage
+            .retry_at(first + Duration::from_secs(2), false)
+            .is_some());
         outage.recovered();
         // A second outage, 20 s after the first began and 1 s long.
         let second = first + Duration::from_secs(20);
-        assert_eq!(outage.retry_at(second), Some(FIRST_BACKOFF));
-        assert!(outage.retry_at(second + Duration::from_secs(1)).is_some());
-        assert!(outage.retry_at(second + ttl).is_some(), "one TTL into it");
+        assert_eq!(outage.retry_at(second, false), Some(FIRST_BACKOFF));
+        assert!(outage
+            .retry_at(second + Duration::from_secs(1), false)
+            .is_some());
+        assert!(
+            outage.retry_at(second + ttl, false).is_some(),
+            "one TTL into it"
+        );
         assert_eq!(
-            outage.retry_at(second + ttl + Duration::from_millis(1)),
+            outage.retry_at(second + ttl + Duration::from_millis(1), false),
             None,
             "longer than the TTL"
         );
@@ -120,11 +136,30 @@ mod tests {
         let mut outage = Outage::new(ttl);
         outage.recovered();
         let began = Instant::now();
-        assert!(outage.retry_at(began).is_some());
-        assert!(outage.retry_at(began + ttl).is_some(), "one TTL in");
+        assert!(outage.retry_at(began, false).is_some());
+        assert!(outage.retry_at(began + ttl, false).is_some(), "one TTL in");
         assert_eq!(
-            outage.retry_at(began + ttl + Duration::from_millis(1)),
+            outage.retry_at(began + ttl + Duration::from_millis(1), false),
             None
         );
+    }
+
+    /// A store that took the first call and did not answer in time is
+    /// there, busy: retried for up to a TTL, not given up at once as one
+    /// that refuses or cannot be connected to.
+    #[test]
+    fn a_slow_first_contact_is_retried_for_a_ttl() {
+        let ttl = Duration::from_secs(15);
+        let mut outage = Outage::new(ttl);
+        let began = Instant::now();
+        assert_eq!(outage.retry_at(began, true), Some(FIRST_BACKOFF));
+        assert!(outage.retry_at(began + ttl, true).is_some(), "one TTL in");
+        assert_eq!(
+            outage.retry_at(began + ttl + Duration::from_millis(1), true),
+            None,
+            "never answered within a TTL"
+        );
+        let mut refused = Outage::new(ttl);
+        assert_eq!(refused.retry_at(began, false), None);
     }
 }

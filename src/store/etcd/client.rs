@@ -40,9 +40,12 @@ pub const TLS_NAMES: tls::Names = tls::Names {
 /// How a call failed, sorted by what can be done about it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EtcdError {
-    /// No answer, a lost connection: worth trying again, on the next
-    /// endpoint.
+    /// No connection (refused, no route, none within the connect timeout),
+    /// a lost connection: worth trying again, on the next endpoint.
     Transient(String),
+    /// etcd took the request but did not answer within the call's budget:
+    /// a busy server (or a frozen one), not one that cannot be reached.
+    Slow(String),
     /// An answer that etcd cannot serve now (no leader, a leader change, a
     /// member catching up): worth trying again shortly.
     NotReady(String),
@@ -58,6 +61,7 @@ impl std::fmt::Display for EtcdError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             EtcdError::Transient(m)
+            | EtcdError::Slow(m)
             | EtcdError::NotReady(m)
             | EtcdError::Denied(m)
             | EtcdError::Failed(m) => f.write_str(m),
@@ -133,6 +137,13 @@ pub struct RangeReply {
     pub header: Header,
     #[serde(default)]
     pub kvs: Vec<KeyValue>,
+    /// More keys matched than the read's limit let through.
+    #[serde(default)]
+    pub more: bool,
+    /// Every key in the range, whatever the read's limit and revision
+    /// filters (etcd counts before it filters).
+    #[serde(default, deserialize_with = "int64")]
+    pub count: i64,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -146,23 +157,22 @@ pub struct TxnReply {
 }
 
 impl TxnReply {
-    /// The listing the `i`th operation (a `List`) read, as of the
-    /// transaction's revision.
+    /// What the `i`th operation (a range) read, as of the transaction's
+    /// revision.
     pub fn listing(&self, i: usize) -> RangeReply {
-        RangeReply {
-            header: self.header.clone(),
-            kvs: self.range(i),
-        }
+        let mut reply: RangeReply = self
+            .responses
+            .get(i)
+            .and_then(|r| r.get("response_range"))
+            .and_then(|r| RangeReply::deserialize(r).ok())
+            .unwrap_or_default();
+        reply.header = self.header.clone();
+        reply
     }
 
     /// The keys the `i`th operation (a range) read.
     pub fn range(&self, i: usize) -> Vec<KeyValue> {
-        self.responses
-            .get(i)
-            .and_then(|r| r.get("response_range"))
-            .and_then(|r| r.get("kvs"))
-            .and_then(|kvs| serde_json::from_value(kvs.clone()).ok())
-            .unwrap_or_default()
+        self.listing(i).kvs
     }
 }
 
@@ -202,12 +212,19 @@ impl Compare<'_> {
 }
 
 /// An operation of a transaction.
+#[derive(Clone, Copy)]
 pub enum Op<'a> {
     /// Writes the key, attached to a lease (0: none).
     Put(&'a [u8], &'a [u8], i64),
     Get(&'a [u8]),
     /// Every key in `[from, to)`, oldest first.
     List(&'a [u8], &'a [u8]),
+    /// The oldest `n` keys in `[from, to)` (by create revision), oldest
+    /// first.
+    Oldest(&'a [u8], &'a [u8], i64),
+    /// The newest `n` keys in `[from, to)` created at this revision or
+    /// before (0: any), newest first.
+    NewestUpTo(&'a [u8], &'a [u8], i64, i64),
     Delete(&'a [u8]),
 }
 
@@ -226,6 +243,20 @@ impl Op<'_> {
                 "key": b64(from), "range_end": b64(to),
                 "sort_order": "ASCEND", "sort_target": "CREATE",
             }}),
+            Op::Oldest(from, to, n) => json!({"request_range": {
+                "key": b64(from), "range_end": b64(to),
+                "sort_order": "ASCEND", "sort_target": "CREATE", "limit": n.to_string(),
+            }}),
+            Op::NewestUpTo(from, to, revision, n) => {
+                let mut range = json!({
+                    "key": b64(from), "range_end": b64(to),
+                    "sort_order": "DESCEND", "sort_target": "CREATE", "limit": n.to_string(),
+                });
+                if *revision != 0 {
+                    range["max_create_revision"] = json!(revision.to_string());
+                }
+                json!({ "request_range": range })
+            }
             Op::Delete(key) => json!({"request_delete_range": {"key": b64(key)}}),
         }
     }
@@ -468,6 +499,13 @@ impl Client {
             let mut response = match result {
                 Ok(response) => response,
                 Err(ureq::Error::Timeout(_)) if watching => return Err(None),
+                Err(ureq::Error::Timeout(stage)) if took_the_request(stage) => {
+                    self.fail_over(index);
+                    return Err(Some(EtcdError::Slow(format!(
+                        "etcd at {endpoint} took {path} but did not answer within {}",
+                        crate::duration::human(timeout)
+                    ))));
+                }
                 Err(error) => {
                     self.fail_over(index);
                     if tries_left > 0 && !matches!(error, ureq::Error::Timeout(_)) {
@@ -595,11 +633,15 @@ impl Client {
             .with_config()
             .limit(MAX_BODY)
             .read_to_vec()
-            .map_err(|e| {
-                EtcdError::Transient(format!(
+            .map_err(|e| match e {
+                ureq::Error::Timeout(_) => EtcdError::Slow(format!(
+                    "etcd at {endpoint} did not finish its answer to {path} within {}",
+                    crate::duration::human(timeout)
+                )),
+                e => EtcdError::Transient(format!(
                     "lost etcd's answer from {endpoint}: {}",
                     crate::store::network_cause(&e.to_string())
-                ))
+                )),
             })?;
         serde_json::from_slice(&text).map_err(|e| {
             EtcdError::Failed(format!(
@@ -862,6 +904,14 @@ impl Client {
             }
         }
     }
+}
+
+/// Whether a call that timed out at `stage` had a connection, and so sent
+/// its request: then etcd is there and slow (busy, or frozen), not out of
+/// reach. A connection that is not made in time is `Connect`, whatever
+/// budget ran out (ureq's TCP connector says so).
+fn took_the_request(stage: ureq::Timeout) -> bool {
+    !matches!(stage, ureq::Timeout::Connect | ureq::Timeout::Resolve)
 }
 
 /// Whether a request that failed with `error` may still have reached etcd:

@@ -116,6 +116,18 @@ fn on_failure(outage: &mut Outage, error: EtcdError) -> Result<Duration, StoreEr
             report::event("retry", &[("error", why)]);
             Ok(pause)
         }
+        // etcd is there, busy: waited for as long as an outage may last,
+        // even before its first answer.
+        EtcdError::Slow(why) => {
+            let Some(pause) = outage.retry_slow() else {
+                return fail(
+                    ErrorKind::Unavailable,
+                    format!("{why}, and answered nothing within --ttl"),
+                );
+            };
+            report::event("retry", &[("error", why)]);
+            Ok(pause)
+        }
     }
 }
 
@@ -134,9 +146,10 @@ pub struct EtcdSemaphore {
 
 /// What joining found.
 enum Joined {
-    /// Our key, created at this revision, and the prefix as the join
-    /// transaction read it (none when an earlier attempt had gone through).
-    At(i64, Option<client::RangeReply>),
+    /// Our key, created at this revision, and a glimpse of the queue as
+    /// the join transaction read it (none when an earlier attempt had gone
+    /// through).
+    At(i64, Option<queue::Glimpse>),
     /// The lease is gone: grant another.
     LeaseGone,
 }
@@ -164,6 +177,57 @@ impl EtcdSemaphore {
 
     fn key(&self, lease: i64) -> Vec<u8> {
         queue::contender_key(&self.prefix, lease)
+    }
+
+    /// The reads of a glimpse of the queue: the head, and the keys created
+    /// at `fence` or before, newest first (0: the newest, for the join
+    /// transaction, which has just created ours).
+    fn glimpse_ops(&self, fence: i64) -> [Op<'_>; 2] {
+        let (from, to) = (&self.range.0[..], &self.range.1[..]);
+        [
+            Op::Oldest(from, to, i64::from(self.limit + queue::HEAD_SLACK)),
+            Op::NewestUpTo(from, to, fence, queue::NEAR),
+        ]
+    }
+
+    /// Where our key (created at `fence`) stands: a glimpse of the queue,
+    /// or the whole prefix when the glimpse cannot tell. Its revision, and
+    /// the number of keys in the prefix.
+    fn read_queue(
+        &self,
+        key: &[u8],
+        fence: i64,
+        glimpse: Option<queue::Glimpse>,
+        outage: &mut Outage,
+    ) -> Result<Result<(queue::Seen, i64, usize), EtcdError>, Stop> {
+        let glimpse = match glimpse {
+            Some(glimpse) => glimpse,
+            None => {
+                let ops = self.glimpse_ops(fence);
+                match self.retrying(outage, || self.client.txn(&[], &ops, &[]))? {
+                    Ok(reply) => queue::Glimpse {
+                        head: reply.listing(0),
+                        near: reply.listing(1),
+                    },
+                    Err(error) => return Ok(Err(error)),
+                }
+            }
+        };
+        let revision = glimpse.head.header.revision;
+        let total = usize::try_from(glimpse.head.count).unwrap_or(0);
+        if let Some(seen) = queue::glimpsed(glimpse, key, self.limit, &self.limit_key) {
+            return Ok(Ok((seen, revision, total)));
+        }
+        Ok(self
+            .retrying(outage, || self.client.range(&self.range.0, &self.range.1))?
+            .map(|listing| {
+                let total = listing.kvs.len();
+                (
+                    queue::Seen::whole(listing.kvs),
+                    listing.header.revision,
+                    total,
+                )
+            }))
     }
 
     /// Runs `call`, a write, unless release began; release waits for it
@@ -256,10 +320,12 @@ impl EtcdSemaphore {
         let key = self.key(lease);
         let limit = self.limit.to_string();
         // Writes the limit record and our key, and lists the prefix.
+        let [head, near] = self.glimpse_ops(0);
         let record_and_key = [
             Op::Put(&self.limit_key, limit.as_bytes(), 0),
             Op::Put(&key, &self.info, lease),
-            Op::List(&self.range.0, &self.range.1),
+            head,
+            near,
         ];
         loop {
             let tried = self.joining_txn(
@@ -268,10 +334,7 @@ impl EtcdSemaphore {
                     Compare::Created(&key, 0),
                     Compare::Value(&self.limit_key, limit.as_bytes()),
                 ],
-                &[
-                    Op::Put(&key, &self.info, lease),
-                    Op::List(&self.range.0, &self.range.1),
-                ],
+                &[Op::Put(&key, &self.info, lease), head, near],
                 &[Op::Get(&self.limit_key), Op::Get(&key)],
             )?;
             let reply = match tried {
@@ -279,7 +342,10 @@ impl EtcdSemaphore {
                 Err(_) => return Ok(Joined::LeaseGone),
             };
             if reply.succeeded {
-                return Ok(Joined::At(reply.header.revision, Some(reply.listing(1))));
+                return Ok(Joined::At(
+                    reply.header.revision,
+                    Some(glimpse_of(&reply, 1)),
+                ));
             }
             // An earlier attempt that went through without an answer.
             if let Some(ours) = reply.range(1).first() {
@@ -304,7 +370,10 @@ impl EtcdSemaphore {
                 )?;
                 match created {
                     Ok(reply) if reply.succeeded => {
-                        return Ok(Joined::At(reply.header.revision, Some(reply.listing(2))))
+                        return Ok(Joined::At(
+                            reply.header.revision,
+                            Some(glimpse_of(&reply, 2)),
+                        ))
                     }
                     Ok(_) => {}
                     Err(_) => return Ok(Joined::LeaseGone),
@@ -355,7 +424,10 @@ impl EtcdSemaphore {
                     if record.is_some() {
                         report::event("limit-replaced", &[("limit", &self.limit)]);
                     }
-                    return Ok(Joined::At(reply.header.revision, Some(reply.listing(2))));
+                    return Ok(Joined::At(
+                        reply.header.revision,
+                        Some(glimpse_of(&reply, 2)),
+                    ));
                 }
                 // Someone arrived meanwhile: look again.
                 Ok(_) => continue,
@@ -399,8 +471,10 @@ impl EtcdSemaphore {
             let mut contender = Contender {
                 lease: id,
                 key: self.key(id),
+                fence,
                 renewed,
                 joined,
+                ahead_at_most: usize::MAX,
                 wait: None,
             };
             let waited = self.wait_for_slot(&mut contender, mode, &mut outage, &mut told)?;
@@ -463,19 +537,14 @@ impl EtcdSemaphore {
                     Watching::Read => {}
                 }
             }
-            let listing = match contender.joined.take() {
-                Some(listing) => listing,
-                None => match self
-                    .retrying(outage, || self.client.range(&self.range.0, &self.range.1))?
-                {
-                    Ok(listing) => listing,
-                    Err(_) => continue,
-                },
+            let joined = contender.joined.take();
+            let read = self.read_queue(&contender.key, contender.fence, joined, outage)?;
+            let Ok((read, seen, total)) = read else {
+                continue;
             };
-            let seen = listing.header.revision;
             let range = (self.range.0.as_slice(), self.range.1.as_slice());
             match queue::after_read(
-                &listing.kvs,
+                &read.kvs,
                 seen,
                 &contender.key,
                 self.limit,
@@ -484,16 +553,30 @@ impl EtcdSemaphore {
             ) {
                 AfterRead::Foreign(foreign) => return Err(self.foreign(foreign).into()),
                 // A linearizable read showed our key among the first
-                // `limit`: the slot is ours.
+                // `limit`: the slot is ours. A waiter may watch our key
+                // unless the read saw every key, none behind ours.
                 AfterRead::Holding { relay_owed } => {
-                    return Ok(Waited::Holding { seen, relay_owed })
+                    return Ok(Waited::Holding {
+                        seen,
+                        relay_owed: relay_owed || !read.complete,
+                    })
                 }
                 AfterRead::Gone => {
                     report::event("rejoin", &[("why", &"our key was deleted")]);
                     return Ok(Waited::KeyGone);
                 }
                 AfterRead::Wait(..) if mode == Contend::Try => return Err(Stop::NoSlot),
-                AfterRead::Wait(waiting, picture) => {
+                AfterRead::Wait(waiting, mut picture) => {
+                    if !read.up_to_us {
+                        let others = read
+                            .kvs
+                            .iter()
+                            .filter(|kv| !queue::is_contender(kv, &self.limit_key))
+                            .count();
+                        let at_most = total.saturating_sub(1 + others + self.limit as usize);
+                        picture.ahead = contender.ahead_at_most.min(at_most);
+                    }
+                    contender.ahead_at_most = picture.ahead;
                     // A watch of the same keys, made before this read, goes
                     // on from it.
                     let watch = contender
@@ -778,7 +861,9 @@ impl EtcdSemaphore {
                 .client
                 .revoke(lease, left(Duration::from_millis(100)), &mut resent)
             {
-                Err(EtcdError::NotReady(why)) if left(Duration::ZERO) > 2 * FIRST_BACKOFF => {
+                Err(EtcdError::NotReady(why) | EtcdError::Slow(why))
+                    if left(Duration::ZERO) > 2 * FIRST_BACKOFF =>
+                {
                     // etcd may have taken it all the same.
                     resent = true;
                     report::event("retry", &[("error", &why)]);
@@ -801,11 +886,30 @@ impl EtcdSemaphore {
     /// is not consem's, or holds another limit, is reported by `join` and
     /// left as it is.
     fn drop_limit_record_if_last(&self, within: Duration) {
-        let Ok(listing) = self
-            .client
-            .range_within(&self.range.0, &self.range.1, within)
-        else {
+        // The oldest few keys tell whether a contender is left, whatever
+        // the crowd: the whole prefix is read only when they do not (keys
+        // without a lease, or etcdctl's, ahead of any consem contender).
+        let (from, to) = (&self.range.0[..], &self.range.1[..]);
+        let oldest = [Op::Oldest(from, to, i64::from(1 + queue::HEAD_SLACK))];
+        let Ok(reply) = self.client.txn_within(&[], &oldest, &[], within) else {
             return;
+        };
+        let oldest = reply.listing(0);
+        let listing = if !oldest.more {
+            oldest
+        } else if queue::contenders(&oldest.kvs, &self.limit_key)
+            .iter()
+            .any(|kv| queue::is_consem(kv))
+        {
+            return;
+        } else {
+            let Ok(listing) = self
+                .client
+                .range_within(&self.range.0, &self.range.1, within)
+            else {
+                return;
+            };
+            listing
         };
         // Keys of etcdctl lock count for nothing: they wait for the record
         // to go.
@@ -829,6 +933,15 @@ impl EtcdSemaphore {
     }
 }
 
+/// The glimpse of the queue a join transaction read, its reads from the
+/// `first`th operation on.
+fn glimpse_of(reply: &TxnReply, first: usize) -> queue::Glimpse {
+    queue::Glimpse {
+        head: reply.listing(first),
+        near: reply.listing(first + 1),
+    }
+}
+
 /// Whether the next keep-alive is due: too little is left before it for
 /// a watch.
 fn renewal_due(renewed: Instant, period: Duration) -> bool {
@@ -844,8 +957,14 @@ struct Contender {
     key: Vec<u8>,
     /// When the last keep-alive etcd confirmed (or the grant) was sent.
     renewed: Instant,
-    /// The prefix as the join read it, used for the first decision.
-    joined: Option<client::RangeReply>,
+    /// Our key's create revision.
+    fence: i64,
+    /// The queue as the join read it, used for the first decision.
+    joined: Option<queue::Glimpse>,
+    /// Waiters ahead of us, at most: exact when a read saw every key up to
+    /// ours; otherwise what the last one that did, or the size of the
+    /// prefix, allows (keys ahead only ever leave).
+    ahead_at_most: usize,
     wait: Option<Wait>,
 }
 

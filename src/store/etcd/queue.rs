@@ -6,7 +6,7 @@
 //! stays there until it leaves: holding needs no write, and never more than
 //! `limit` hold at any revision.
 
-use super::client::{Changes, KeyValue};
+use super::client::{Changes, KeyValue, RangeReply};
 use crate::store::{ContenderInfo, Holder, Progress};
 
 /// The name of the limit record under the prefix.
@@ -38,10 +38,15 @@ pub enum Place {
 pub fn contenders<'a>(listing: &'a [KeyValue], limit_key: &[u8]) -> Vec<&'a KeyValue> {
     let mut contenders: Vec<&KeyValue> = listing
         .iter()
-        .filter(|kv| kv.lease != 0 && kv.key != limit_key)
+        .filter(|kv| is_contender(kv, limit_key))
         .collect();
     contenders.sort_by_key(|kv| kv.create_revision);
     contenders
+}
+
+/// True if `kv` is a contender's key: on a lease, and not the limit record.
+pub fn is_contender(kv: &KeyValue, limit_key: &[u8]) -> bool {
+    kv.lease != 0 && kv.key != limit_key
 }
 
 /// True if `contender` is consem's: it describes itself with a JSON
@@ -100,6 +105,97 @@ pub struct Waiting {
     /// Those of them, and others, seen deleted since: every one, for a
     /// watch of the whole prefix (`end`).
     pub deleted: Vec<Vec<u8>>,
+}
+
+/// How many keys past the first `limit` a glimpse of the head of the queue
+/// reads: the limit record, and a key without a lease.
+pub const HEAD_SLACK: u32 = 2;
+/// How many keys a glimpse of a contender's place reads, newest first from
+/// its own: its own, the one just ahead, and the limit record, which the
+/// first contender writes with its key, at the same revision.
+pub const NEAR: i64 = 3;
+
+/// A narrowed read of the prefix, whose size does not grow with the crowd:
+/// its oldest `limit + HEAD_SLACK` keys (`head`) and the `NEAR` newest
+/// created no later than our key (`near`), in one transaction. etcd still
+/// walks the whole prefix in memory to sort it, but answers (and the
+/// gateway turns into JSON) a dozen keys, not every contender's.
+#[derive(Debug, Clone, Default)]
+pub struct Glimpse {
+    pub head: RangeReply,
+    pub near: RangeReply,
+}
+
+/// The keys of a read that [`after_read`] decides on as it would on the
+/// whole prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    pub kvs: Vec<KeyValue>,
+    /// Every key of the prefix up to ours is among `kvs`: where we stand
+    /// counts them all.
+    pub up_to_us: bool,
+    /// Every key of the prefix is among `kvs`.
+    pub complete: bool,
+}
+
+impl Seen {
+    /// A read of the whole prefix.
+    pub fn whole(kvs: Vec<KeyValue>) -> Seen {
+        Seen {
+            kvs,
+            up_to_us: true,
+            complete: true,
+        }
+    }
+}
+
+/// What `glimpse` shows of the queue for the contender with key `me`:
+/// `None` if it cannot tell where `me` stands (keys without a lease crowd
+/// out the contenders it needs), and the whole prefix must be read.
+///
+/// The head is the start of the queue in order, so it tells the first
+/// `limit` contenders (who holds) once it holds `limit` of them, or the
+/// whole prefix. `near` is the stretch of the queue that ends with our key,
+/// so it tells the contender just ahead of ours, the one a waiter further
+/// back watches. Between the two, keys may be missing: then our place is
+/// known only as past the first `limit` and behind the key ahead, which is
+/// all a waiter further back needs; a first waiter, or a holder, is
+/// adjacent to the head or in it, and sees every key up to its own.
+pub fn glimpsed(glimpse: Glimpse, me: &[u8], limit: u32, limit_key: &[u8]) -> Option<Seen> {
+    let Glimpse { head, near } = glimpse;
+    let is_contender = |kv: &KeyValue| is_contender(kv, limit_key);
+    let in_head = |key: &[u8]| head.kvs.iter().any(|kv| kv.key == key);
+    let head_contenders: Vec<&KeyValue> = head.kvs.iter().filter(|kv| is_contender(kv)).collect();
+    let holding = head_contenders
+        .iter()
+        .take(limit as usize)
+        .any(|kv| kv.key == me);
+    if !(!head.more || holding || head_contenders.len() >= limit as usize) {
+        return None;
+    }
+    let ours = near.kvs.iter().position(|kv| kv.key == me);
+    if let Some(ours) = ours {
+        let ahead_known = near.kvs[ours + 1..].iter().any(|kv| is_contender(kv));
+        if !(ahead_known || !near.more || holding) {
+            return None;
+        }
+    }
+    let up_to_us = !head.more
+        || in_head(me)
+        || !near.more
+        || near.kvs.last().is_some_and(|oldest| in_head(&oldest.key));
+    let total = usize::try_from(head.count).unwrap_or(usize::MAX);
+    let mut kvs = head.kvs;
+    for kv in near.kvs {
+        if !kvs.iter().any(|seen| seen.key == kv.key) {
+            kvs.push(kv);
+        }
+    }
+    Some(Seen {
+        complete: kvs.len() >= total,
+        up_to_us,
+        kvs,
+    })
 }
 
 /// What a contender does once it has read the prefix.
