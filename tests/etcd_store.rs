@@ -303,6 +303,133 @@ fn the_first_waiter_takes_a_slot_only_when_a_holder_leaves() {
     world.assert_clean();
 }
 
+/// A waiter reads a glimpse of the queue, not the whole prefix: its head
+/// (who holds) and the few keys just ahead of its own (the one it
+/// watches). A handoff deep in a queue of long descriptions costs etcd
+/// less than one listing of the prefix, and a waiter whose key ahead leaves
+/// while it waits (a waiter that gave up) finds the next one ahead from the
+/// glimpse: the slots still go in order of arrival.
+#[test]
+fn a_waiter_reads_a_glimpse_of_the_queue_and_still_sees_the_key_ahead_leave() {
+    const WAITERS: usize = 24;
+    const LEAVER: usize = 12;
+    let world = World::etcd("glimpse");
+    // Each key describes its command: a long one makes a listing heavy.
+    let long = "x".repeat(400);
+    let held = |n: &str| {
+        let mut command = world.held_until(&format!("ready-{n}"), &format!("go-{n}"), 0);
+        command[2] = format!("{} # {long}", command[2]);
+        command
+    };
+    let holder = world.spawn(1, &[], &strs(&held("h")));
+    wait_until(PROMPT, "the holder to start", || world.exists("ready-h"));
+    let mut waiters = Vec::new();
+    for n in 0..WAITERS {
+        waiters.push(world.spawn(1, &[], &strs(&held(&n.to_string()))));
+        wait_until(PROMPT, "the waiter to queue", || {
+            world.contender_keys() == 2 + n
+        });
+    }
+    // Every waiter watches (and the holder its own key): all have read.
+    wait_until(PROMPT, "every waiter to watch", || {
+        world.store.metric("etcd_debugging_mvcc_watcher_total") >= (WAITERS + 1) as f64
+    });
+    let listing: usize = world
+        .store
+        .entries(&world.prefix)
+        .iter()
+        .map(|entry| entry.key.len() + entry.value.len())
+        .sum();
+    let leaver = waiters.remove(LEAVER);
+    signal(&leaver, libc::SIGTERM);
+    let output = finish_within(leaver, "the waiter that gives up to leave");
+    assert_eq!(
+        output.status.signal(),
+        Some(libc::SIGTERM),
+        "{}",
+        stderr(&output)
+    );
+    let order: Vec<String> = (0..WAITERS)
+        .filter(|&n| n != LEAVER)
+        .map(|n| n.to_string())
+        .collect();
+    let sent = || {
+        world
+            .store
+            .metric("etcd_network_client_grpc_sent_bytes_total")
+    };
+    let before = sent();
+    let mut leaving = "h".to_string();
+    for next in &order {
+        world.touch(&format!("go-{leaving}"));
+        wait_until(PROMPT, &format!("waiter {next} to start"), || {
+            world.exists(&format!("ready-{next}"))
+        });
+        let early: Vec<&String> = order
+            .iter()
+            .skip_while(|n| *n != next)
+            .skip(1)
+            .filter(|n| world.exists(&format!("ready-{n}")))
+            .collect();
+        assert!(early.is_empty(), "{early:?} started before {next}");
+        leaving = next.clone();
+    }
+    let per_handoff = (sent() - before) / order.len() as f64;
+    world.touch(&format!("go-{leaving}"));
+    for child in [holder].into_iter().chain(waiters) {
+        let output = finish_within(child, "a contender to finish");
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    }
+    assert!(!world.exists(&format!("ready-{LEAVER}")));
+    assert!(
+        per_handoff < listing as f64,
+        "etcd sent {per_handoff:.0} bytes a handoff, more than a listing of the prefix ({listing} bytes)"
+    );
+    world.assert_clean();
+}
+
+/// etcd that takes a request and answers late (a busy server) is not an
+/// etcd that cannot be reached: the first call, answered after its budget,
+/// is sent again, and the run goes on once etcd answers in time.
+#[test]
+fn a_first_call_answered_late_is_sent_again_not_unavailable() {
+    let world = World::etcd("answered-late");
+    let proxy = crate::common::proxy::DelayingProxy::start(&world.store.address());
+    proxy.delay_answers(Duration::from_secs(7));
+    let store = format!("etcd://{}", proxy.addr());
+    let run = spawn(run_on(
+        &world,
+        &store,
+        1,
+        &["--ttl", "20s"],
+        &["touch", &world.path("ran")],
+    ));
+    wait_until(PROMPT, "the lease grant to reach etcd", || {
+        !world.store.leases().is_empty()
+    });
+    proxy.delay_answers(Duration::ZERO);
+    let output = finish_within(run, "consem to run once etcd answers");
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(world.exists("ran"));
+}
+
+/// etcd frozen (SIGSTOP) before the first call: the connection is taken
+/// and nothing is ever answered. Once a TTL has passed without an answer,
+/// the store is unavailable (69), and says that etcd did not answer.
+#[test]
+fn an_etcd_that_never_answers_is_unavailable_69_after_a_ttl() {
+    let world = World::etcd("never-answers");
+    world.store.freeze();
+    let started = Instant::now();
+    let output = output(&world, 1, &["--ttl", "2s"], &["touch", &world.path("ran")]);
+    world.store.thaw();
+    let text = stderr(&output);
+    assert_eq!(output.status.code(), Some(69), "{text}");
+    assert!(text.contains("did not answer"), "{text}");
+    assert!(started.elapsed() >= Duration::from_secs(2), "{text}");
+    assert!(!world.exists("ran"));
+}
+
 /// etcd serves a watch that starts at a revision it has passed late (it
 /// catches such watches up every 100 ms, holding back every change
 /// meanwhile), and on a busy etcd every read is soon passed. So a watch

@@ -229,7 +229,7 @@ pub enum Op<'a> {
 }
 
 impl Op<'_> {
-    fn to_json(&self) -> Value {
+    fn as_json(&self) -> Value {
         match self {
             Op::Put(key, value, lease) => {
                 let mut put = json!({"key": b64(key), "value": b64(value)});
@@ -767,8 +767,8 @@ impl Client {
             "/v3/kv/txn",
             &json!({
                 "compare": compare.iter().map(Compare::to_json).collect::<Vec<_>>(),
-                "success": success.iter().map(Op::to_json).collect::<Vec<_>>(),
-                "failure": failure.iter().map(Op::to_json).collect::<Vec<_>>(),
+                "success": success.iter().map(Op::as_json).collect::<Vec<_>>(),
+                "failure": failure.iter().map(Op::as_json).collect::<Vec<_>>(),
             }),
             timeout,
         )

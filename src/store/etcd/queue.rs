@@ -175,7 +175,7 @@ pub fn glimpsed(glimpse: Glimpse, me: &[u8], limit: u32, limit_key: &[u8]) -> Op
     }
     let ours = near.kvs.iter().position(|kv| kv.key == me);
     if let Some(ours) = ours {
-        let ahead_known = near.kvs[ours + 1..].iter().any(|kv| is_contender(kv));
+        let ahead_known = near.kvs[ours + 1..].iter().any(is_contender);
         if !(ahead_known || !near.more || holding) {
             return None;
         }
@@ -505,6 +505,92 @@ mod tests {
             "our own key gone"
         );
         assert_eq!(behind.seen, 10, "our key's deletion is read, not counted");
+    }
+
+    /// A queue of `n` described contenders after the limit record, the
+    /// i-th created at revision 10 + i; a glimpse of it as etcd answers
+    /// one for the contender created at `fence`, with `head` keys of the
+    /// head and `near` keys up to ours.
+    fn glimpse_of(listing: &[KeyValue], fence: i64, head: usize, near: usize) -> Glimpse {
+        let mut oldest = listing.to_vec();
+        oldest.sort_by_key(|kv| kv.create_revision);
+        let mut newest: Vec<KeyValue> = oldest
+            .iter()
+            .filter(|kv| kv.create_revision <= fence)
+            .cloned()
+            .collect();
+        newest.reverse();
+        let reply = |kvs: Vec<KeyValue>, limit: usize| RangeReply {
+            more: kvs.len() > limit,
+            kvs: kvs.into_iter().take(limit).collect(),
+            count: listing.len() as i64,
+            ..RangeReply::default()
+        };
+        Glimpse {
+            head: reply(oldest, head),
+            near: reply(newest, near),
+        }
+    }
+
+    fn queue_of(n: i64) -> Vec<KeyValue> {
+        let mut listing = vec![kv(".limit", 10, 0)];
+        listing.extend((1..=n).map(|i| described(&format!("{i:x}"), 10 + i)));
+        listing
+    }
+
+    /// On a glimpse, a waiter decides as on the whole prefix: who holds,
+    /// whether it is first, and which key it watches further back, even
+    /// with keys between the head and its own that it did not read.
+    #[test]
+    fn a_glimpse_decides_as_the_whole_prefix_would() {
+        let listing = queue_of(30);
+        let limit = 3;
+        let range: (&[u8], &[u8]) = (b"p/", b"p0");
+        let head = (limit + HEAD_SLACK) as usize;
+        for i in 1..=30i64 {
+            let me = format!("p/{i:x}").into_bytes();
+            let glimpse = glimpse_of(&listing, 10 + i, head, NEAR as usize);
+            let seen = glimpsed(glimpse, &me, limit, b"p/.limit").expect("a glimpse tells");
+            let whole = after_read(&listing, 99, &me, limit, range, b"p/.limit");
+            let part = after_read(&seen.kvs, 99, &me, limit, range, b"p/.limit");
+            match (whole, part) {
+                (AfterRead::Holding { .. }, AfterRead::Holding { .. }) => {}
+                (AfterRead::Wait(whole, all), AfterRead::Wait(part, some)) => {
+                    assert_eq!((&whole.watched, &whole.end), (&part.watched, &part.end));
+                    assert_eq!(all.holders, some.holders);
+                    if whole.end.is_some() {
+                        assert_eq!(whole.ahead, part.ahead, "the first waiter counts them all");
+                    }
+                    if seen.up_to_us {
+                        assert_eq!(all.ahead, some.ahead, "contender {i}");
+                    }
+                }
+                (whole, part) => panic!("contender {i}: {whole:?} against {part:?}"),
+            }
+            assert!(!seen.complete || i == 30, "contender {i} saw them all");
+        }
+        let gone = glimpse_of(&listing, 10 + 31, head, NEAR as usize);
+        let seen = glimpsed(gone, b"p/ff", limit, b"p/.limit").unwrap();
+        assert_eq!(
+            after_read(&seen.kvs, 99, b"p/ff", limit, range, b"p/.limit"),
+            AfterRead::Gone
+        );
+    }
+
+    /// Keys without a lease among those a glimpse read can hide who holds,
+    /// or the key ahead: then the whole prefix is read.
+    #[test]
+    fn a_glimpse_crowded_by_keys_without_a_lease_asks_for_the_whole_prefix() {
+        let mut listing = queue_of(10);
+        listing.extend((0..4).map(|i| kv(&format!("stray{i}"), 5 + i, 0)));
+        let glimpse = glimpse_of(&listing, 20, 5, NEAR as usize);
+        assert_eq!(glimpsed(glimpse, b"p/a", 3, b"p/.limit"), None, "head");
+        let mut listing = queue_of(10);
+        listing.extend((0..4).map(|i| kv(&format!("stray{i}"), 30 + i, 0)));
+        let me = described("me", 40);
+        listing.push(me.clone());
+        let glimpse = glimpse_of(&listing, 40, 5, NEAR as usize);
+        assert_eq!(glimpsed(glimpse, &me.key, 3, b"p/.limit"), None, "near");
     }
 
     #[test]
