@@ -306,9 +306,13 @@ fn the_first_waiter_takes_a_slot_only_when_a_holder_leaves() {
 /// A waiter reads a glimpse of the queue, not the whole prefix: its head
 /// (who holds) and the few keys just ahead of its own (the one it
 /// watches). A handoff deep in a queue of long descriptions costs etcd
-/// less than one listing of the prefix, and a waiter whose key ahead leaves
-/// while it waits (a waiter that gave up) finds the next one ahead from the
-/// glimpse: the slots still go in order of arrival.
+/// less than one listing of the prefix, and three transactions: the read
+/// of the waiter that moves up to first in line (its watch for departures
+/// opened before it, so that no second read is needed), the relay write of
+/// the one that takes the slot, and the leaver's look for contenders
+/// left. A waiter whose key ahead leaves while it waits (a waiter that
+/// gave up) finds the next one ahead from a glimpse: the slots still go in
+/// order of arrival.
 #[test]
 fn a_waiter_reads_a_glimpse_of_the_queue_and_still_sees_the_key_ahead_leave() {
     const WAITERS: usize = 24;
@@ -358,7 +362,12 @@ fn a_waiter_reads_a_glimpse_of_the_queue_and_still_sees_the_key_ahead_leave() {
             .store
             .metric("etcd_network_client_grpc_sent_bytes_total")
     };
-    let before = sent();
+    let txns = || {
+        world.store.metric(
+            r#"grpc_server_msg_received_total{grpc_method="Txn",grpc_service="etcdserverpb.KV",grpc_type="unary"}"#,
+        )
+    };
+    let (before, txns_before) = (sent(), txns());
     let mut leaving = "h".to_string();
     for next in &order {
         world.touch(&format!("go-{leaving}"));
@@ -375,6 +384,7 @@ fn a_waiter_reads_a_glimpse_of_the_queue_and_still_sees_the_key_ahead_leave() {
         leaving = next.clone();
     }
     let per_handoff = (sent() - before) / order.len() as f64;
+    let txns_per_handoff = (txns() - txns_before) / order.len() as f64;
     world.touch(&format!("go-{leaving}"));
     for child in [holder].into_iter().chain(waiters) {
         let output = finish_within(child, "a contender to finish");
@@ -384,6 +394,11 @@ fn a_waiter_reads_a_glimpse_of_the_queue_and_still_sees_the_key_ahead_leave() {
     assert!(
         per_handoff < listing as f64,
         "etcd sent {per_handoff:.0} bytes a handoff, more than a listing of the prefix ({listing} bytes)"
+    );
+    // The waiter behind the one that gave up may read once more meanwhile.
+    assert!(
+        txns_per_handoff < 3.5,
+        "{txns_per_handoff:.2} transactions a handoff"
     );
     world.assert_clean();
 }
@@ -455,6 +470,7 @@ fn a_watch_starts_where_etcd_stands_and_is_served_live() {
         key,
         end: Some(end.as_bytes()),
         deletions_only: false,
+        after: None,
     };
     let wait = Duration::from_secs(5);
     let mut watch = client.watch(&request, wait).unwrap().expect("a watch");

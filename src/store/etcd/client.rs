@@ -225,6 +225,10 @@ pub enum Op<'a> {
     /// The newest `n` keys in `[from, to)` created at this revision or
     /// before (0: any), newest first.
     NewestUpTo(&'a [u8], &'a [u8], i64, i64),
+    /// The first `n` keys in `[from, to)` in key order: unsorted, etcd
+    /// reads no more than these, however many keys the range holds (a read
+    /// sorted, or filtered by revision, reads every key of the range).
+    FirstByKey(&'a [u8], &'a [u8], i64),
     Delete(&'a [u8]),
 }
 
@@ -246,6 +250,9 @@ impl Op<'_> {
             Op::Oldest(from, to, n) => json!({"request_range": {
                 "key": b64(from), "range_end": b64(to),
                 "sort_order": "ASCEND", "sort_target": "CREATE", "limit": n.to_string(),
+            }}),
+            Op::FirstByKey(from, to, n) => json!({"request_range": {
+                "key": b64(from), "range_end": b64(to), "limit": n.to_string(),
             }}),
             Op::NewestUpTo(from, to, revision, n) => {
                 let mut range = json!({
@@ -331,10 +338,15 @@ pub struct WatchRequest<'a> {
     pub end: Option<&'a [u8]>,
     /// Only deletions (a departure), not writes.
     pub deletions_only: bool,
+    /// `Some`: every change after this revision, though etcd has passed
+    /// it. etcd serves such a watch late, catching it up only every 100 ms
+    /// (see [`Watch`]): for a waiter far back in the queue, which spares a
+    /// read of what changed since. `None`: from where etcd stands.
+    pub after: Option<i64>,
 }
 
-/// A watch etcd has created. It starts where etcd stood then, so that etcd
-/// serves it live: a watch that starts at a revision etcd has passed is
+/// A watch etcd has created. Unless asked for an earlier start, it starts
+/// where etcd stood then, so that etcd serves it live: a watch that starts at a revision etcd has passed is
 /// caught up only by a loop that runs every 100 ms, with every change held
 /// back until then (`mvcc/watchable_store.go`), and on a busy etcd every
 /// read is soon passed. What changed between a read and `created_at` is
@@ -342,8 +354,8 @@ pub struct WatchRequest<'a> {
 pub struct Watch {
     lines: std::io::BufReader<ureq::BodyReader<'static>>,
     deadline: Instant,
-    /// etcd's revision when it created the watch: the watch tells every
-    /// change after it.
+    /// The watch tells every change after this revision: etcd's when it
+    /// created the watch, or the one asked for.
     pub created_at: i64,
 }
 
@@ -789,6 +801,9 @@ impl Client {
         if request.deletions_only {
             create["filters"] = json!(["NOPUT"]);
         }
+        if let Some(after) = request.after {
+            create["start_revision"] = json!((after + 1).to_string());
+        }
         if wait < SHORTEST_WATCH {
             return Ok(None);
         }
@@ -823,6 +838,10 @@ impl Client {
                 )));
             }
             if result.get("created").and_then(Value::as_bool) == Some(true) {
+                if let Some(after) = request.after {
+                    watch.created_at = after;
+                    return Ok(Some(watch));
+                }
                 watch.created_at = result
                     .pointer("/header/revision")
                     .and_then(Value::as_str)

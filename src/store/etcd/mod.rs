@@ -592,9 +592,30 @@ impl EtcdSemaphore {
         }
     }
 
+    /// Opens the watch `waiting` needs, for `left` at most; `None` if the
+    /// wait ended first.
+    fn open_watch(
+        &self,
+        waiting: &queue::Waiting,
+        left: Duration,
+        outage: &mut Outage,
+    ) -> Result<Option<client::Watch>, Stop> {
+        let request = WatchRequest {
+            key: &waiting.watched,
+            end: waiting.end.as_deref(),
+            deletions_only: waiting.end.is_some(),
+            after: waiting.may_watch_late().then_some(waiting.seen),
+        };
+        Ok(self
+            .retrying(outage, || self.client.watch(&request, left))?
+            .ok()
+            .flatten())
+    }
+
     /// Watches what a waiter waits on, for `left` at most (the next
-    /// keep-alive is due then). A watch tells what changed after etcd
-    /// created it; what changed between our read and then, we read.
+    /// keep-alive is due then). A watch from where etcd stands tells what
+    /// changed after etcd created it; what changed between our read and
+    /// then, we read. A waiter further back watches from what it saw.
     fn watch_queue(
         &self,
         wait: &mut Wait,
@@ -604,18 +625,11 @@ impl EtcdSemaphore {
     ) -> Result<Watching, Stop> {
         let watch = match &mut wait.watch {
             Some(watch) => watch,
-            None => {
-                let request = WatchRequest {
-                    key: &wait.waiting.watched,
-                    end: wait.waiting.end.as_deref(),
-                    deletions_only: wait.waiting.end.is_some(),
-                };
-                match self.retrying(outage, || self.client.watch(&request, left))? {
-                    Ok(Some(watch)) => wait.watch.insert(watch),
-                    // The wait ended first: renew.
-                    _ => return Ok(Watching::Again),
-                }
-            }
+            None => match self.open_watch(&wait.waiting, left, outage)? {
+                Some(watch) => wait.watch.insert(watch),
+                // The wait ended first: renew.
+                None => return Ok(Watching::Again),
+            },
         };
         if watch.created_at > wait.waiting.seen {
             return Ok(Watching::Read);
@@ -654,6 +668,14 @@ impl EtcdSemaphore {
             AfterChange::WatchOn => Ok(Watching::Again),
             AfterChange::Read => {
                 wait.watch = None;
+                Ok(Watching::Read)
+            }
+            // First in line, most likely: the watch for departures opens
+            // before the read, which then covers what the watch does not,
+            // and the watch goes on from it.
+            AfterChange::AheadWritten => {
+                wait.waiting.first_in_line((&self.range.0, &self.range.1));
+                wait.watch = self.open_watch(&wait.waiting, left, outage)?;
                 Ok(Watching::Read)
             }
         }
@@ -768,6 +790,7 @@ impl EtcdSemaphore {
             key: &slot.key,
             end: None,
             deletions_only: false,
+            after: None,
         };
         let mut watch = match self.client.watch(&request, left) {
             Ok(Some(watch)) => watch,
@@ -886,18 +909,19 @@ impl EtcdSemaphore {
     /// is not consem's, or holds another limit, is reported by `join` and
     /// left as it is.
     fn drop_limit_record_if_last(&self, within: Duration) {
-        // The oldest few keys tell whether a contender is left, whatever
-        // the crowd: the whole prefix is read only when they do not (keys
-        // without a lease, or etcdctl's, ahead of any consem contender).
+        // A few keys tell whether a contender is left, whatever the crowd
+        // (the limit record comes first in key order, then the others): the
+        // whole prefix is read only when they do not (keys without a
+        // lease, or etcdctl's, among them).
         let (from, to) = (&self.range.0[..], &self.range.1[..]);
-        let oldest = [Op::Oldest(from, to, i64::from(1 + queue::HEAD_SLACK))];
-        let Ok(reply) = self.client.txn_within(&[], &oldest, &[], within) else {
+        let few = [Op::FirstByKey(from, to, i64::from(1 + queue::HEAD_SLACK))];
+        let Ok(reply) = self.client.txn_within(&[], &few, &[], within) else {
             return;
         };
-        let oldest = reply.listing(0);
-        let listing = if !oldest.more {
-            oldest
-        } else if queue::contenders(&oldest.kvs, &self.limit_key)
+        let few = reply.listing(0);
+        let listing = if !few.more {
+            few
+        } else if queue::contenders(&few.kvs, &self.limit_key)
             .iter()
             .any(|kv| queue::is_consem(kv))
         {

@@ -271,8 +271,13 @@ pub enum AfterChange {
     /// Nothing that concerns us (the first waiter sees every departure,
     /// one from behind it too): watch on.
     WatchOn,
-    /// Our key went, or the key ahead changed: read the prefix again.
+    /// Our key went, the key ahead went, or etcd ended the watch: read the
+    /// prefix again.
     Read,
+    /// The key ahead was written again: its contender took its slot (the
+    /// relay write), so we are first in line now, or hold. Read the prefix
+    /// again, watching for departures first.
+    AheadWritten,
 }
 
 impl Waiting {
@@ -283,14 +288,36 @@ impl Waiting {
             return AfterChange::Read;
         }
         self.seen = changes.through;
+        // Further back, one change of the key ahead never frees a slot:
+        // `limit` keys at least are ahead of it.
+        if self.end.is_none() {
+            return if changes.deleted.is_empty() {
+                AfterChange::AheadWritten
+            } else {
+                AfterChange::Read
+            };
+        }
         self.deleted.extend(changes.deleted);
         if holds_after(&self.ahead, &self.deleted, limit) {
             AfterChange::Holding
-        } else if self.end.is_some() {
-            AfterChange::WatchOn
         } else {
-            AfterChange::Read
+            AfterChange::WatchOn
         }
+    }
+
+    /// Watches as the first in line does: every departure under the
+    /// prefix `range`.
+    pub fn first_in_line(&mut self, range: (&[u8], &[u8])) {
+        self.watched = range.0.to_vec();
+        self.end = Some(range.1.to_vec());
+    }
+
+    /// Whether a watch may start from what the waiter has seen, though
+    /// etcd serves it up to 100 ms late: a waiter further back, whose key
+    /// ahead is a waiter too. The first in line watches from where etcd
+    /// stands, so that a departure reaches it at once.
+    pub fn may_watch_late(&self) -> bool {
+        self.end.is_none()
     }
 
     /// Whether it watches what `other` watches.
@@ -496,8 +523,15 @@ mod tests {
         let mut behind = waiting(None);
         assert_eq!(
             behind.after_change(changes(&[], 10), b"p/c", 1),
-            AfterChange::Read,
+            AfterChange::AheadWritten,
             "the key ahead rewritten"
+        );
+        assert_eq!(
+            behind
+                .clone()
+                .after_change(changes(&[b"p/b"], 11), b"p/c", 1),
+            AfterChange::Read,
+            "the key ahead gone"
         );
         assert_eq!(
             behind.after_change(changes(&[b"p/c"], 12), b"p/c", 2),
