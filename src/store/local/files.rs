@@ -21,7 +21,7 @@ use std::os::unix::fs::{
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::decide::{self, Found};
+use super::decide::{self, Found, Seen};
 use super::record::{self, Read, State, FLOOR_LEN};
 use crate::store::{ContenderInfo, StoreError};
 
@@ -424,6 +424,10 @@ impl PrefixDir {
         };
         match record::decode(&bytes) {
             Read::Whole(state) => Ok(state),
+            Read::Older(state) => Ok(State {
+                waiting_from: decide::waiting_from(&self.found()?, state.next),
+                ..state
+            }),
             Read::CutShort => self.rebuild_state(),
             Read::Foreign(error) => Err(StoreError::conflict(format!(
                 "{} is not a consem local semaphore record ({error}); consem leaves it untouched (delete it if it is stale)",
@@ -433,7 +437,12 @@ impl PrefixDir {
     }
 
     fn rebuild_state(&self) -> Result<State, StoreError> {
-        let found: Vec<Found> = self
+        Ok(decide::rebuild(&self.found()?, self.fence_floor()))
+    }
+
+    /// What the files present show of every ticket, in ticket order.
+    fn found(&self) -> Result<Vec<Found>, StoreError> {
+        Ok(self
             .scan()?
             .into_iter()
             .map(|(ticket, present)| {
@@ -445,8 +454,7 @@ impl PrefixDir {
                     limit: live.then(|| self.joined_with(ticket)).flatten(),
                 }
             })
-            .collect();
-        Ok(decide::rebuild(&found, self.fence_floor()))
+            .collect())
     }
 
     /// Rewrites `state` in place (in a shared directory, nobody may rename
@@ -514,7 +522,9 @@ impl PrefixDir {
 
     /// Takes the first ticket from `next` on that no file uses, and makes
     /// its files: the contender file (locked, with our description and
-    /// limit), the queue file (locked) and the wake FIFO. All or nothing:
+    /// limit), the queue file (locked) and the wake FIFO. Each is made only
+    /// where no file is (`O_EXCL`, `mkfifo`): a ticket with any file left
+    /// there is passed over, without listing the directory. All or nothing:
     /// a failure removes what it made. Call with the directory locked.
     pub fn create_contender(
         &self,
@@ -522,12 +532,10 @@ impl PrefixDir {
         info: &ContenderInfo,
         limit: u32,
     ) -> Result<Joined, StoreError> {
-        let mut used: BTreeSet<u64> = self.scan()?.into_keys().collect();
         let mut description = info.to_json();
         description.insert("Limit".into(), limit.into());
         let description = serde_json::to_vec(&description).expect("a description always encodes");
-        loop {
-            let ticket = decide::free_ticket(next, &used);
+        for ticket in next.. {
             let mut made = Vec::new();
             match self.create_contender_files(ticket, &description, &mut made) {
                 Ok(joined) => return Ok(joined),
@@ -538,12 +546,12 @@ impl PrefixDir {
                     if error.kind() != io::ErrorKind::AlreadyExists {
                         return Err(io_error("cannot create", &path, error));
                     }
-                    // Made by hand since we looked (contenders make theirs
-                    // under the lock): that ticket is taken too.
-                    used.insert(ticket);
+                    // A file left there (by a crash, another user, or by
+                    // hand): that ticket is taken.
                 }
             }
         }
+        unreachable!("tickets run out only after u64::MAX joins")
     }
 
     /// Makes `ticket`'s files, noting each in `made` as soon as it exists.
@@ -678,32 +686,55 @@ impl PrefixDir {
             .collect())
     }
 
-    /// Looks at the holders and at the contenders that arrived before
-    /// `before` (every one with `None`): removes the files of the dead ones
-    /// where it may (another user's stay, skipped: see `stale_files`) and
-    /// drops dead holders from `state` (the caller writes it if it writes
-    /// anyway). Returns the live ones among them, in order of arrival. A
-    /// waiter does not look at those behind it, which cannot change its
-    /// turn. Call with the directory locked.
-    pub fn prune_dead(
-        &self,
-        state: &mut State,
-        before: Option<u64>,
-    ) -> Result<Vec<u64>, StoreError> {
-        let mut live = Vec::new();
-        for (ticket, present) in self.scan()? {
-            let ahead = before.is_none_or(|before| ticket < before);
-            if !ahead && !state.holders.contains(&ticket) {
-                continue;
+    /// Drops the dead holders from `state` (the caller writes it if it
+    /// writes anyway) and removes their files where it may (another user's
+    /// stay, skipped: see `stale_files`). Looks at the holders only: at most
+    /// `limit` of them. Call with the directory locked.
+    pub fn prune_holders(&self, state: &mut State) {
+        state.holders.retain(|&ticket| {
+            let live = self.is_live(ticket);
+            if !live {
+                self.remove_files(ticket);
             }
+            live
+        });
+    }
+
+    /// What `ticket`'s queue file shows: a waiter locks it while it waits,
+    /// and the kernel unlocks it when the waiter dies; a dead waiter's files
+    /// are removed where this user may. Call with the directory locked.
+    pub fn look_at_waiter(&self, ticket: u64) -> Seen {
+        match PrefixDir::open_read(&self.queue_path(ticket)) {
+            Ok(file) => match flock(&file, libc::LOCK_SH | libc::LOCK_NB) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => Seen::Waiting,
+                _ => {
+                    drop(file);
+                    self.remove_files(ticket);
+                    Seen::Dead
+                }
+            },
+            // Another user's that we may not read (made by an older consem,
+            // or chmodded by hand): counted as waiting, as `is_live` does.
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => Seen::Waiting,
+            Err(_) => Seen::NotWaiting,
+        }
+    }
+
+    /// Drops every dead contender: the dead holders from `state`, and the
+    /// files of every dead one where this user may. Lists the directory:
+    /// for the last one out, when nobody waits. Call with the directory
+    /// locked.
+    fn prune_all(&self, state: &mut State) -> Result<(), StoreError> {
+        let mut live = BTreeSet::new();
+        for (ticket, present) in self.scan()? {
             if present.contender && self.is_live(ticket) {
-                live.push(ticket);
+                live.insert(ticket);
             } else {
                 self.remove_files(ticket);
             }
         }
         state.holders.retain(|t| live.contains(t));
-        Ok(live)
+        Ok(())
     }
 
     /// Removes `ticket`'s files; returns those that stay (another user's,
@@ -784,13 +815,17 @@ impl PrefixDir {
     pub fn leave(&self, ticket: u64) -> Result<(), StoreError> {
         let mut state = self.read_state()?;
         self.remove_files(ticket);
-        state.holders.retain(|&t| t != ticket && self.is_live(t));
-        // The first live contender found ends the look: a handoff waits for
-        // this. Only the last one out tidies every dead contender's files up
-        // and drops the limit.
-        let anyone_left = !state.holders.is_empty() || self.anyone_live()?;
+        state.holders.retain(|&t| t != ticket);
+        self.prune_holders(&mut state);
+        // A live holder, or else the first live waiter, ends the look: a
+        // handoff waits for this. Only the last one out lists the
+        // directory, to tidy every dead contender's files up, and drops
+        // the limit.
+        let anyone_left = !state.holders.is_empty()
+            || decide::first_waiter(state.waiting_from, state.next, |t| self.look_at_waiter(t))
+                .is_some();
         if !anyone_left {
-            self.prune_dead(&mut state, None)?;
+            self.prune_all(&mut state)?;
             state.limit = None;
         }
         self.write_state(&state)
@@ -850,11 +885,32 @@ pub struct Waker {
     inotify: File,
     #[cfg(target_os = "linux")]
     watch: libc::c_int,
+    /// The waiter's ticket.
+    #[cfg(target_os = "linux")]
+    me: u64,
+}
+
+/// Whether a change to the file `name` may give the first waiter, `me`, its
+/// slot: not the close of `meta` (opened to raise the fence floor, or
+/// made), nor a change to the files of a contender behind it (one joining,
+/// leaving or dying behind it changes nothing ahead), which in a crowd are
+/// most of the directory's changes.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+fn worth_a_look(name: &[u8], me: u64) -> bool {
+    if name == b"meta" {
+        return false;
+    }
+    let ticket = std::str::from_utf8(name)
+        .ok()
+        .and_then(|name| name.rsplit_once('.'))
+        .and_then(|(stem, _)| stem.parse::<u64>().ok());
+    !matches!(ticket, Some(ticket) if ticket > me)
 }
 
 #[cfg(target_os = "linux")]
 impl Waker {
-    pub fn new(dir: &Path) -> Result<Waker, StoreError> {
+    /// Watches `dir` for the waiter `me`.
+    pub fn new(dir: &Path, me: u64) -> Result<Waker, StoreError> {
         use std::os::fd::FromRawFd as _;
         // SAFETY: inotify_init1 returns a new descriptor or -1.
         let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
@@ -871,11 +927,11 @@ impl Waker {
         if watch < 0 {
             return Err(io_error("cannot watch", dir, io::Error::last_os_error()));
         }
-        Ok(Waker { inotify, watch })
+        Ok(Waker { inotify, watch, me })
     }
 
     /// Reads what is pending; true if any of it is worth looking again for
-    /// (not the close of `meta`, opened to raise the fence floor or made).
+    /// (see `worth_a_look`).
     pub fn drain(&mut self) -> bool {
         use std::io::Read as _;
         let mut relevant = false;
@@ -893,7 +949,7 @@ impl Waker {
                     unsafe { std::ptr::read_unaligned(buffer[at..].as_ptr().cast()) };
                 let name = &buffer[at + HEADER..(at + HEADER + event.len as usize).min(read)];
                 let name = name.split(|&b| b == 0).next().unwrap_or_default();
-                relevant |= name != b"meta";
+                relevant |= worth_a_look(name, self.me);
                 at += HEADER + event.len as usize;
             }
         }
@@ -928,7 +984,7 @@ impl Waker {
 
 #[cfg(not(target_os = "linux"))]
 impl Waker {
-    pub fn new(_dir: &Path) -> Result<Waker, StoreError> {
+    pub fn new(_dir: &Path, _me: u64) -> Result<Waker, StoreError> {
         Ok(Waker {})
     }
 
@@ -941,4 +997,20 @@ impl Waker {
     }
 
     pub fn retire(self) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::worth_a_look;
+
+    #[test]
+    fn the_first_waiter_wakes_for_changes_ahead_of_it_only() {
+        let me = 40;
+        for ahead in ["state", "39.c", "3.w", "40.q", "stray"] {
+            assert!(worth_a_look(ahead.as_bytes(), me), "{ahead}");
+        }
+        for behind in ["meta", "41.c", "41.q", "1000.w"] {
+            assert!(!worth_a_look(behind.as_bytes(), me), "{behind}");
+        }
+    }
 }

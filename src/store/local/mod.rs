@@ -19,13 +19,15 @@ mod record;
 
 pub use decide::{decide, Decision, WaitOn};
 
+use decide::{find_just_ahead, room_for_all_ahead, Clear};
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use files::{PrefixDir, StaleFile, WakeFifo, Waker};
+use files::{MetaLock, PrefixDir, StaleFile, WakeFifo, Waker};
 
 use super::driver::{self, Gate, Grant, Recipe, Stop};
 use super::kind::{Store, StoreSettings};
@@ -35,7 +37,7 @@ use super::{
 };
 use crate::report;
 
-/// The highest limit: every decision reads one file per contender. A slot
+/// The highest limit: every decision looks at each holder. A slot
 /// is a kernel lock, so it has no lease and is free when its consem dies.
 pub const STORE: Store = Store {
     name: "local",
@@ -139,10 +141,11 @@ impl LocalSemaphore {
         ))
     }
 
-    /// Takes a ticket and locks our files, under the directory's lock.
-    /// `None` if release began first.
-    fn join(&self) -> Result<Option<u64>, StoreError> {
-        let _meta = self.place.lock()?;
+    /// Takes a ticket and locks our files, under the directory's lock,
+    /// which it returns still held for the first look. `None` if release
+    /// began first.
+    fn join(&self) -> Result<Option<(u64, MetaLock)>, StoreError> {
+        let meta = self.place.lock()?;
         if self.gate.closing() {
             return Ok(None);
         }
@@ -169,7 +172,7 @@ impl LocalSemaphore {
         shared.contender_file = Some(joined.contender);
         shared.queue_file = Some(joined.queue);
         shared.wake_fifo = Some(Arc::new(joined.wake));
-        Ok(Some(ticket))
+        Ok(Some((ticket, meta)))
     }
 
     /// Joins, and waits until the slot is ours: its fence.
@@ -178,12 +181,18 @@ impl LocalSemaphore {
         // uncontended run never sets up inotify (closing an inotify
         // descriptor waits for the kernel's grace period, about 10 ms).
         let mut waker: Option<Waker> = None;
-        let Some(ticket) = self.join()? else {
+        let Some((ticket, joined)) = self.join()? else {
             return Err(Stop::Closing);
         };
+        let mut joined = Some(joined);
+        // Nobody waits in [clear.from, ticket): see `decide::Clear`.
+        let mut clear = Clear { from: ticket };
         let mut last_picture: Option<Progress> = None;
         loop {
-            let meta = self.place.lock()?;
+            let meta = match joined.take() {
+                Some(meta) => meta,
+                None => self.place.lock()?,
+            };
             if self.gate.closing() {
                 return Err(Stop::Closing);
             }
@@ -197,16 +206,34 @@ impl LocalSemaphore {
                 None => state.limit = Some(self.limit),
                 Some(_) => {}
             }
-            let live = self.place.prune_dead(&mut state, Some(ticket))?;
-            let waiters: Vec<u64> = live
-                .iter()
-                .copied()
-                .filter(|t| !state.holders.contains(t))
-                .collect();
-            match decide(&state.holders, &waiters, ticket, self.limit) {
+            self.place.prune_holders(&mut state);
+            let just_ahead = find_just_ahead(&mut clear, state.waiting_from, |t| {
+                self.place.look_at_waiter(t)
+            });
+            let decision = match decide(state.holders.len(), just_ahead, self.limit) {
+                Decision::Full {
+                    wait_on: WaitOn::Ticket(ahead),
+                } if mode == Contend::Try
+                    && room_for_all_ahead(
+                        state.holders.len(),
+                        ahead,
+                        state.waiting_from,
+                        self.limit,
+                        |t| self.place.look_at_waiter(t),
+                    ) =>
+                {
+                    Decision::Take
+                }
+                decision => decision,
+            };
+            match decision {
                 Decision::Take => {
                     state.holders.push(ticket);
                     state.fence += 1;
+                    if just_ahead.is_none() {
+                        // Nobody waits ahead of us: the queue starts behind us.
+                        state.waiting_from = state.waiting_from.max(ticket + 1);
+                    }
                     self.place.raise_fence_floor(state.fence);
                     self.place.write_state(&state)?;
                     if let Some(waker) = waker.take() {
@@ -224,7 +251,7 @@ impl LocalSemaphore {
                 } if waker.is_none() && mode == Contend::Wait => {
                     // Watch first, then look again: a departure between
                     // our look and the watch is seen by the second look.
-                    waker = Some(Waker::new(self.place.path())?);
+                    waker = Some(Waker::new(self.place.path(), ticket)?);
                     drop(meta);
                 }
                 Decision::Full { wait_on } => {
@@ -235,7 +262,11 @@ impl LocalSemaphore {
                             .iter()
                             .map(|&t| Holder::from(&self.place.describe(t)))
                             .collect(),
-                        ahead: waiters.iter().filter(|&&t| t < ticket).count(),
+                        // Every ticket from the queue's start to the waiter
+                        // just ahead: exact unless one of them has gone
+                        // since without our looking (we wait on one only).
+                        ahead: just_ahead
+                            .map_or(0, |t| (t + 1).saturating_sub(state.waiting_from) as usize),
                     };
                     drop(meta);
                     if mode == Contend::Try {

@@ -12,8 +12,7 @@
 use serde::{Deserialize, Serialize};
 
 /// The prefix's record.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct State {
     /// `None` once nobody contends (after the last one leaves, or a reset):
     /// the next contender sets it.
@@ -23,6 +22,12 @@ pub struct State {
     /// The last fence handed out; never reset, so it grows from one
     /// acquisition to the next for the life of the directory.
     pub fence: u64,
+    /// No contender with a lower ticket waits: each one holds a slot, left
+    /// or died. Raised past its own ticket by each contender that takes a
+    /// slot (the first in the queue), so that a waiter looking for the
+    /// waiter just ahead, or a holder leaving looking for the first one,
+    /// never looks below it.
+    pub waiting_from: u64,
     pub holders: Vec<u64>,
 }
 
@@ -37,7 +42,33 @@ struct Stored {
     limit: Option<u32>,
     next: u64,
     fence: u64,
+    /// Absent in a record of an older consem.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    waiting_from: Option<u64>,
     holders: Vec<u64>,
+}
+
+/// The fields that the check covers, in the order they are written.
+#[derive(Serialize)]
+struct Checked<'a> {
+    limit: Option<u32>,
+    next: u64,
+    fence: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    waiting_from: Option<u64>,
+    holders: &'a [u64],
+}
+
+impl Stored {
+    fn checked(&self) -> Checked<'_> {
+        Checked {
+            limit: self.limit,
+            next: self.next,
+            fence: self.fence,
+            waiting_from: self.waiting_from,
+            holders: &self.holders,
+        }
+    }
 }
 
 /// How every record that consem writes begins.
@@ -48,6 +79,9 @@ const CHECKED_START: &[u8] = br#"{"check":""#;
 pub enum Read {
     /// A whole record.
     Whole(State),
+    /// A whole record of an older consem, which kept no `waiting_from`
+    /// (this one's is 0): the caller finds it from the files present.
+    Older(State),
     /// One of ours cut short (or empty: made, never written): the caller
     /// rebuilds the record from the files present.
     CutShort,
@@ -57,13 +91,15 @@ pub enum Read {
 
 /// The bytes to write for `state`.
 pub fn encode(state: &State) -> Vec<u8> {
-    let stored = Stored {
-        check: Some(check(state)),
+    let mut stored = Stored {
+        check: None,
         limit: state.limit,
         next: state.next,
         fence: state.fence,
+        waiting_from: Some(state.waiting_from),
         holders: state.holders.clone(),
     };
+    stored.check = Some(check(&stored.checked()));
     serde_json::to_vec(&stored).expect("a record always encodes")
 }
 
@@ -72,16 +108,25 @@ pub fn decode(bytes: &[u8]) -> Read {
         return Read::CutShort;
     }
     match serde_json::from_slice::<Stored>(bytes) {
+        Ok(stored)
+            if stored
+                .check
+                .as_ref()
+                .is_some_and(|c| *c != check(&stored.checked())) =>
+        {
+            Read::CutShort
+        }
         Ok(stored) => {
             let state = State {
                 limit: stored.limit,
                 next: stored.next,
                 fence: stored.fence,
+                waiting_from: stored.waiting_from.unwrap_or(0),
                 holders: stored.holders,
             };
-            match stored.check {
-                Some(found) if found != check(&state) => Read::CutShort,
-                _ => Read::Whole(state),
+            match stored.waiting_from {
+                Some(_) => Read::Whole(state),
+                None => Read::Older(state),
             }
         }
         Err(_) if bytes.starts_with(CHECKED_START) => Read::CutShort,
@@ -89,8 +134,10 @@ pub fn decode(bytes: &[u8]) -> Read {
     }
 }
 
-fn check(state: &State) -> String {
-    let bytes = serde_json::to_vec(state).expect("a record always encodes");
+/// Of the fields as JSON: an older consem's record (no `waiting_from`)
+/// checks as that consem wrote it.
+fn check(checked: &Checked<'_>) -> String {
+    let bytes = serde_json::to_vec(checked).expect("a record always encodes");
     let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325_u64, |hash, &byte| {
         (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
     });
@@ -128,6 +175,7 @@ mod tests {
             limit: Some(2),
             next: 15,
             fence: 7,
+            waiting_from: 5,
             holders: vec![3, 4],
         }
     }
@@ -157,6 +205,7 @@ mod tests {
                     "{written}: {state:?}"
                 ),
                 Read::CutShort => {}
+                Read::Older(state) => panic!("{written}: read as an older record: {state:?}"),
                 Read::Foreign(error) => panic!("{written}: {error}"),
             }
         }
@@ -182,7 +231,27 @@ mod tests {
     #[test]
     fn a_record_of_an_older_consem_is_whole_and_anything_else_foreign() {
         let older = br#"{"limit":2,"next":15,"fence":7,"holders":[3,4]}"#;
-        assert_eq!(decode(older), Read::Whole(sample()));
+        let without_queue_start = State {
+            waiting_from: 0,
+            ..sample()
+        };
+        assert_eq!(decode(older), Read::Older(without_queue_start.clone()));
+        // One that checked its record, before the queue's start was kept.
+        let checked = Checked {
+            limit: Some(2),
+            next: 15,
+            fence: 7,
+            waiting_from: None,
+            holders: &[3, 4],
+        };
+        let older_checked = format!(
+            r#"{{"check":"{}","limit":2,"next":15,"fence":7,"holders":[3,4]}}"#,
+            check(&checked)
+        );
+        assert_eq!(
+            decode(older_checked.as_bytes()),
+            Read::Older(without_queue_start)
+        );
         assert!(matches!(decode(b"not a record"), Read::Foreign(_)));
         assert!(matches!(decode(b"{\"limit\":2}"), Read::Foreign(_)));
         // A hand edit that keeps the check fails it: rebuilt, not trusted.
