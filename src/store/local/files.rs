@@ -888,23 +888,46 @@ pub struct Waker {
     /// The waiter's ticket.
     #[cfg(target_os = "linux")]
     me: u64,
+    /// What changed since `take_change` was last called.
+    change: Change,
 }
 
-/// Whether a change to the file `name` may give the first waiter, `me`, its
-/// slot: not the close of `meta` (opened to raise the fence floor, or
-/// made), nor a change to the files of a contender behind it (one joining,
-/// leaving or dying behind it changes nothing ahead), which in a crowd are
-/// most of the directory's changes.
+/// What changed in the directory since the first waiter last looked, as far
+/// as its turn goes; the greater wins.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Change {
+    /// Nothing that may give it its slot (or the time to look again came).
+    #[default]
+    Nothing,
+    /// `state` was rewritten: the record may say something new, or only
+    /// that a contender joined behind it.
+    Record,
+    /// The files of a contender ahead of it (a holder leaving or dying), or
+    /// anything else: it looks at the holders again.
+    Ahead,
+}
+
+/// What a change to the file `name` is to the first waiter, `me`: nothing
+/// for the close of `meta` (opened to raise the fence floor, or made), nor
+/// for the files of a contender behind it (one joining, leaving or dying
+/// behind it changes nothing ahead), which in a crowd are most of the
+/// directory's changes.
 #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
-fn worth_a_look(name: &[u8], me: u64) -> bool {
+fn change_to(name: &[u8], me: u64) -> Change {
     if name == b"meta" {
-        return false;
+        return Change::Nothing;
+    }
+    if name == b"state" {
+        return Change::Record;
     }
     let ticket = std::str::from_utf8(name)
         .ok()
         .and_then(|name| name.rsplit_once('.'))
         .and_then(|(stem, _)| stem.parse::<u64>().ok());
-    !matches!(ticket, Some(ticket) if ticket > me)
+    match ticket {
+        Some(ticket) if ticket > me => Change::Nothing,
+        _ => Change::Ahead,
+    }
 }
 
 #[cfg(target_os = "linux")]
@@ -927,14 +950,17 @@ impl Waker {
         if watch < 0 {
             return Err(io_error("cannot watch", dir, io::Error::last_os_error()));
         }
-        Ok(Waker { inotify, watch, me })
+        Ok(Waker {
+            inotify,
+            watch,
+            me,
+            change: Change::Nothing,
+        })
     }
 
-    /// Reads what is pending; true if any of it is worth looking again for
-    /// (see `worth_a_look`).
-    pub fn drain(&mut self) -> bool {
+    /// Reads what is pending into what changed (see `change_to`).
+    pub fn drain(&mut self) {
         use std::io::Read as _;
-        let mut relevant = false;
         let mut buffer = [0u8; 4096];
         while let Ok(read) = self.inotify.read(&mut buffer) {
             if read == 0 {
@@ -949,11 +975,10 @@ impl Waker {
                     unsafe { std::ptr::read_unaligned(buffer[at..].as_ptr().cast()) };
                 let name = &buffer[at + HEADER..(at + HEADER + event.len as usize).min(read)];
                 let name = name.split(|&b| b == 0).next().unwrap_or_default();
-                relevant |= worth_a_look(name, self.me);
+                self.change = self.change.max(change_to(name, self.me));
                 at += HEADER + event.len as usize;
             }
         }
-        relevant
     }
 
     /// Sleeps until something relevant happens in the directory, or
@@ -965,10 +990,18 @@ impl Waker {
             if left.is_zero() {
                 return;
             }
-            if poll_readable(&self.inotify, left) && self.drain() {
-                return;
+            if poll_readable(&self.inotify, left) {
+                self.drain();
+                if self.change != Change::Nothing {
+                    return;
+                }
             }
         }
+    }
+
+    /// What changed since the last call.
+    pub fn take_change(&mut self) -> Change {
+        std::mem::take(&mut self.change)
     }
 
     /// Stops watching, and keeps the descriptor open until the process
@@ -985,11 +1018,16 @@ impl Waker {
 #[cfg(not(target_os = "linux"))]
 impl Waker {
     pub fn new(_dir: &Path, _me: u64) -> Result<Waker, StoreError> {
-        Ok(Waker {})
+        Ok(Waker {
+            change: Change::Nothing,
+        })
     }
 
-    pub fn drain(&mut self) -> bool {
-        false
+    pub fn drain(&mut self) {}
+
+    /// Without inotify every look is a full one.
+    pub fn take_change(&mut self) -> Change {
+        Change::Ahead
     }
 
     pub fn wait(&mut self, recheck: Duration) {
@@ -1001,16 +1039,22 @@ impl Waker {
 
 #[cfg(test)]
 mod tests {
-    use super::worth_a_look;
+    use super::{change_to, Change};
 
     #[test]
     fn the_first_waiter_wakes_for_changes_ahead_of_it_only() {
         let me = 40;
-        for ahead in ["state", "39.c", "3.w", "40.q", "stray"] {
-            assert!(worth_a_look(ahead.as_bytes(), me), "{ahead}");
+        assert_eq!(change_to(b"state", me), Change::Record);
+        // An overflowing queue's event has no name.
+        for ahead in ["39.c", "3.w", "40.q", "stray", ""] {
+            assert_eq!(change_to(ahead.as_bytes(), me), Change::Ahead, "{ahead}");
         }
         for behind in ["meta", "41.c", "41.q", "1000.w"] {
-            assert!(!worth_a_look(behind.as_bytes(), me), "{behind}");
+            assert_eq!(
+                change_to(behind.as_bytes(), me),
+                Change::Nothing,
+                "{behind}"
+            );
         }
     }
 }

@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use files::{MetaLock, PrefixDir, StaleFile, WakeFifo, Waker};
+use files::{Change, MetaLock, PrefixDir, StaleFile, WakeFifo, Waker};
 
 use super::driver::{self, Gate, Grant, Recipe, Stop};
 use super::kind::{Store, StoreSettings};
@@ -188,6 +188,11 @@ impl LocalSemaphore {
         // Nobody waits in [clear.from, ticket): see `decide::Clear`.
         let mut clear = Clear { from: ticket };
         let mut last_picture: Option<Progress> = None;
+        // The limit and holders that the record said when we last went to
+        // sleep first in the queue: a wake for the record alone that finds
+        // them as they were (a contender joined behind us) needs no look at
+        // the holders, whose leaving or dying wakes us by their files.
+        let mut asleep_first_on: Option<(Option<u32>, Vec<u64>)> = None;
         loop {
             let meta = match joined.take() {
                 Some(meta) => meta,
@@ -196,20 +201,36 @@ impl LocalSemaphore {
             if self.gate.closing() {
                 return Err(Stop::Closing);
             }
-            if let Some(waker) = &mut waker {
-                waker.drain();
-            }
+            let change = match &mut waker {
+                Some(waker) => {
+                    waker.drain();
+                    waker.take_change()
+                }
+                None => Change::Ahead,
+            };
             let mut state = self.place.read_state()?;
+            let as_read = (state.limit, state.holders.clone());
+            if let (Change::Record, Some(waker)) = (change, &mut waker) {
+                if asleep_first_on.as_ref() == Some(&as_read) {
+                    drop(meta);
+                    waker.wait(RECHECK);
+                    continue;
+                }
+            }
+            asleep_first_on = None;
             match state.limit {
                 Some(found) if found != self.limit => return Err(self.conflict(found).into()),
                 // Reset while we waited: the limit is ours to set again.
                 None => state.limit = Some(self.limit),
                 Some(_) => {}
             }
-            self.place.prune_holders(&mut state);
             let just_ahead = find_just_ahead(&mut clear, state.waiting_from, |t| {
                 self.place.look_at_waiter(t)
             });
+            // A waiter with one ahead waits on it whatever the holders are.
+            if just_ahead.is_none() || mode == Contend::Try {
+                self.place.prune_holders(&mut state);
+            }
             let decision = match decide(state.holders.len(), just_ahead, self.limit) {
                 Decision::Full {
                     wait_on: WaitOn::Ticket(ahead),
@@ -255,6 +276,12 @@ impl LocalSemaphore {
                     drop(meta);
                 }
                 Decision::Full { wait_on } => {
+                    drop(meta);
+                    if mode == Contend::Try {
+                        return Err(Stop::NoSlot);
+                    }
+                    // Read outside the lock: a holder gone meanwhile is
+                    // described as unknown, and the next look says so.
                     let picture = Progress {
                         limit: self.limit,
                         holders: state
@@ -268,14 +295,13 @@ impl LocalSemaphore {
                         ahead: just_ahead
                             .map_or(0, |t| (t + 1).saturating_sub(state.waiting_from) as usize),
                     };
-                    drop(meta);
-                    if mode == Contend::Try {
-                        return Err(Stop::NoSlot);
-                    }
                     self.gate
                         .waiting_if_changed(&self.prefix, picture, &mut last_picture);
                     match (wait_on, &mut waker) {
-                        (WaitOn::AnyDeparture, Some(waker)) => waker.wait(RECHECK),
+                        (WaitOn::AnyDeparture, Some(waker)) => {
+                            asleep_first_on = Some(as_read);
+                            waker.wait(RECHECK)
+                        }
                         (WaitOn::AnyDeparture, None) => unreachable!("a waker is made first"),
                         (WaitOn::Ticket(ahead), _) => self.place.wait_for_queue_file(ahead),
                     }
