@@ -192,6 +192,139 @@ fn a_waiter_that_waits_does_not_poll() {
     world.assert_clean();
 }
 
+/// Waiters joined one at a time behind `holders` held slots, each of which
+/// writes its place in the queue and its fence to `granted` when it runs.
+fn queue_behind_holders(world: &World<LocalStore>, limit: u32, waiters: usize) -> Vec<Child> {
+    (0..waiters)
+        .map(|place| {
+            let script = format!("echo $CONSEM_FENCE {place} >> '{}'", world.path("granted"));
+            let waiter = world.spawn(limit, &[], &["sh", "-c", &script]);
+            wait_until(PROMPT, "the waiter to join the queue", || {
+                world.contender_keys() == limit as usize + place + 1
+            });
+            waiter
+        })
+        .collect()
+}
+
+/// The places in the queue of the waiters that ran, in the order of their
+/// fences (the order the slots were granted in).
+fn granted(world: &World<LocalStore>) -> Vec<usize> {
+    let text = std::fs::read_to_string(world.path("granted")).unwrap();
+    let mut grants: Vec<(u64, usize)> = text
+        .lines()
+        .map(|line| {
+            let (fence, place) = line.split_once(' ').unwrap();
+            (fence.parse().unwrap(), place.parse().unwrap())
+        })
+        .collect();
+    grants.sort();
+    grants.into_iter().map(|(_, place)| place).collect()
+}
+
+/// A queue longer than the slots gets them in the order it arrived in,
+/// several at a time when several holders leave at once.
+#[test]
+fn a_queue_gets_its_slots_in_order_of_arrival() {
+    let world = World::local("arrival");
+    let limit = 3;
+    let holders: Vec<Child> = (0..limit)
+        .map(|i| {
+            let holder = world.spawn(
+                limit,
+                &[],
+                &strs(&world.held_until(&format!("ready{i}"), "go", 0)),
+            );
+            wait_until(PROMPT, "the holder's child to start", || {
+                world.exists(&format!("ready{i}"))
+            });
+            holder
+        })
+        .collect();
+    let waiters = queue_behind_holders(&world, limit, 12);
+    world.touch("go");
+    for child in holders.into_iter().chain(waiters) {
+        assert_eq!(finish(child).status.code(), Some(0));
+    }
+    assert_eq!(granted(&world), (0..12).collect::<Vec<_>>());
+    world.assert_clean();
+}
+
+/// Waiters killed at the front of a long queue, in its middle and at its
+/// back are skipped at once: the waiter behind each one, asleep on its
+/// queue file's lock, wakes when the kernel drops it and removes the dead
+/// one's files, while the slot is still held; the others keep their order.
+#[test]
+fn dead_waiters_anywhere_in_a_long_queue_are_skipped_at_once() {
+    let world = World::local("dead-waiters");
+    let holder = hold_slot(&world, 1, "ready", "go");
+    let mut waiters: Vec<Option<Child>> = queue_behind_holders(&world, 1, 12)
+        .into_iter()
+        .map(Some)
+        .collect();
+    let dir = prefix_dir(&world);
+    // The holder has ticket 0; the waiter at place p has ticket p + 1. The
+    // last one has nobody behind it to wake: it is skipped (and its files
+    // removed) when the queue reaches it.
+    let killed = [0, 6, 7, 11];
+    for place in killed {
+        let waiter = waiters[place].take().unwrap();
+        signal(&waiter, libc::SIGKILL);
+        finish(waiter);
+    }
+    wait_until(PROMPT, "the dead waiters' files to be removed", || {
+        killed[..3]
+            .iter()
+            .all(|place| !dir.join(format!("{}.c", place + 1)).exists())
+    });
+    assert!(
+        !world.exists("granted"),
+        "a waiter ran while the slot was held"
+    );
+    world.touch("go");
+    assert_eq!(finish(holder).status.code(), Some(0));
+    for waiter in waiters.into_iter().flatten() {
+        assert_eq!(finish(waiter).status.code(), Some(0));
+    }
+    let expected: Vec<usize> = (0..12).filter(|p| !killed.contains(p)).collect();
+    assert_eq!(granted(&world), expected);
+    world.assert_clean();
+}
+
+/// A record an older consem wrote (no start of the queue in it) is read as
+/// it stands, fence and tickets going on from it; the start of the queue
+/// is found from the files, and kept from then on.
+#[test]
+fn a_record_of_an_older_consem_goes_on_where_it_stood() {
+    let world = World::local("older-record");
+    assert_eq!(
+        world
+            .consem(1, &[], &["true"])
+            .output()
+            .unwrap()
+            .status
+            .code(),
+        Some(0)
+    );
+    let state = prefix_dir(&world).join("state");
+    std::fs::write(
+        &state,
+        br#"{"limit":null,"next":7,"fence":41,"holders":[]}"#,
+    )
+    .unwrap();
+    let output = world
+        .consem(1, &[], &["sh", "-c", "echo $CONSEM_FENCE"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "42");
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap();
+    assert_eq!(record["next"], 8, "{record}");
+    assert_eq!(record["waiting_from"], 8, "{record}");
+    world.assert_clean();
+}
+
 /// A directory every user may write to, as the default /run/lock/consem
 /// is, with a prefix's directory made by consem in it.
 fn shared_store(world: &World<LocalStore>) -> (std::path::PathBuf, std::path::PathBuf) {
