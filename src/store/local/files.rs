@@ -930,6 +930,25 @@ fn change_to(name: &[u8], me: u64) -> Change {
     }
 }
 
+/// Why the first waiter could not watch `dir`: where the kernel's limit per
+/// user was reached (`limit_errno`: EMFILE for instances, ENOSPC for
+/// watches), which one, and how to raise it.
+#[cfg(target_os = "linux")]
+fn watch_error(dir: &Path, error: io::Error, limit_errno: libc::c_int) -> StoreError {
+    if error.raw_os_error() != Some(limit_errno) {
+        return io_error("cannot watch", dir, error);
+    }
+    let setting = if limit_errno == libc::EMFILE {
+        "fs.inotify.max_user_instances"
+    } else {
+        "fs.inotify.max_user_watches"
+    };
+    StoreError::unavailable(format!(
+        "cannot watch {}: {error}: this user reached the kernel's {setting} (the first waiter of each prefix holds one, and so does each holder that was first in its queue, until its command ends): raise it (sysctl -w {setting}=N, or in /etc/sysctl.d)",
+        dir.display()
+    ))
+}
+
 #[cfg(target_os = "linux")]
 impl Waker {
     /// Watches `dir` for the waiter `me`.
@@ -938,7 +957,7 @@ impl Waker {
         // SAFETY: inotify_init1 returns a new descriptor or -1.
         let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
         if fd < 0 {
-            return Err(io_error("cannot watch", dir, io::Error::last_os_error()));
+            return Err(watch_error(dir, io::Error::last_os_error(), libc::EMFILE));
         }
         // SAFETY: fd is a fresh descriptor that nothing else owns.
         let inotify = unsafe { File::from_raw_fd(fd) };
@@ -948,7 +967,7 @@ impl Waker {
         // SAFETY: reads the NUL-terminated path; fd is ours.
         let watch = unsafe { libc::inotify_add_watch(fd, c_path.as_ptr(), mask) };
         if watch < 0 {
-            return Err(io_error("cannot watch", dir, io::Error::last_os_error()));
+            return Err(watch_error(dir, io::Error::last_os_error(), libc::ENOSPC));
         }
         Ok(Waker {
             inotify,
@@ -1040,6 +1059,8 @@ impl Waker {
 #[cfg(test)]
 mod tests {
     use super::{change_to, Change};
+    use std::io;
+    use std::path::Path;
 
     #[test]
     fn the_first_waiter_wakes_for_changes_ahead_of_it_only() {
@@ -1056,5 +1077,26 @@ mod tests {
                 "{behind}"
             );
         }
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_kernel_limit_on_watching_is_named_with_how_to_raise_it() {
+        let dir = Path::new("/run/lock/consem/p");
+        let error = |errno| io::Error::from_raw_os_error(errno);
+        let instances = super::watch_error(dir, error(libc::EMFILE), libc::EMFILE);
+        assert!(
+            instances
+                .to_string()
+                .contains("sysctl -w fs.inotify.max_user_instances=N"),
+            "{instances}"
+        );
+        let watches = super::watch_error(dir, error(libc::ENOSPC), libc::ENOSPC);
+        assert!(
+            watches.to_string().contains("fs.inotify.max_user_watches"),
+            "{watches}"
+        );
+        let other = super::watch_error(dir, error(libc::ENOENT), libc::EMFILE);
+        assert!(!other.to_string().contains("sysctl"), "{other}");
     }
 }

@@ -6,7 +6,8 @@
 //! One directory per prefix holds:
 //! - `meta`: its `flock` serialises every decision;
 //!   it also keeps the fence floor;
-//! - `state`: the limit, the next ticket, the fence and the holders
+//! - `state`: the limit, the next ticket, the fence, where the queue starts
+//!   and the holders
 //!   (JSON, rewritten in place under `meta`, with a check);
 //! - `<ticket>.c` per contender: its description, locked for its life;
 //! - `<ticket>.q` per waiter: locked while it waits, so the waiter behind
