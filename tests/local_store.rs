@@ -325,6 +325,43 @@ fn a_record_of_an_older_consem_goes_on_where_it_stood() {
     world.assert_clean();
 }
 
+/// How many inotify descriptors the process `pid` has open.
+fn inotify_descriptors(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|fds| {
+            fds.filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+                .filter(|target| target.to_string_lossy().contains("inotify"))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// The first waiter watches the directory while it waits, and lets the
+/// watch go once it holds: a user's inotify instances (128 by default) are
+/// not held for its commands' length, one per holder that queued.
+#[test]
+fn a_holder_that_waited_first_keeps_no_inotify_descriptor() {
+    let world = World::local("unwatch");
+    let holder = hold_slot(&world, 1, "ready", "go");
+    let waiter = world.spawn(1, &[], &strs(&world.held_until("ready2", "go2", 0)));
+    wait_until(PROMPT, "the first waiter to watch the directory", || {
+        inotify_descriptors(waiter.id()) == 1
+    });
+    world.touch("go");
+    assert_eq!(finish(holder).status.code(), Some(0));
+    wait_until(PROMPT, "the waiter's command to start", || {
+        world.exists("ready2")
+    });
+    wait_until(
+        PROMPT,
+        "the holder's inotify descriptor to be closed",
+        || inotify_descriptors(waiter.id()) == 0,
+    );
+    world.touch("go2");
+    assert_eq!(finish(waiter).status.code(), Some(0));
+    world.assert_clean();
+}
+
 /// A directory every user may write to, as the default /run/lock/consem
 /// is, with a prefix's directory made by consem in it.
 fn shared_store(world: &World<LocalStore>) -> (std::path::PathBuf, std::path::PathBuf) {

@@ -944,7 +944,7 @@ fn watch_error(dir: &Path, error: io::Error, limit_errno: libc::c_int) -> StoreE
         "fs.inotify.max_user_watches"
     };
     StoreError::unavailable(format!(
-        "cannot watch {}: {error}: this user reached the kernel's {setting} (the first waiter of each prefix holds one, and so does each holder that was first in its queue, until its command ends): raise it (sysctl -w {setting}=N, or in /etc/sysctl.d)",
+        "cannot watch {}: {error}: this user reached the kernel's {setting} (the first waiter of each prefix with a queue holds one): raise it (sysctl -w {setting}=N, or in /etc/sysctl.d)",
         dir.display()
     ))
 }
@@ -1023,14 +1023,22 @@ impl Waker {
         std::mem::take(&mut self.change)
     }
 
-    /// Stops watching, and keeps the descriptor open until the process
-    /// exits: the kernel frees the watch in the background now, so that
-    /// closing the descriptor at exit does not wait for it (about 10 ms).
+    /// Stops watching, and closes the descriptor on a thread of its own:
+    /// closing one waits for a kernel grace period (about 10 ms), which the
+    /// slot just taken must not wait for, and keeping it until the process
+    /// exits would hold one of this user's inotify instances
+    /// (`fs.inotify.max_user_instances`, 128 by default) for the whole
+    /// command. Where no thread can be started, it is kept until exit.
     pub fn retire(self) {
+        use std::os::fd::{FromRawFd as _, IntoRawFd as _};
         // SAFETY: removes the one watch (descriptor 1) of our own inotify
         // descriptor; an error only means it is already gone.
         unsafe { libc::inotify_rm_watch(self.inotify.as_raw_fd(), self.watch) };
-        std::mem::forget(self.inotify);
+        let fd = self.inotify.into_raw_fd();
+        let _ = std::thread::Builder::new()
+            .name("consem-unwatch".into())
+            // SAFETY: fd is ours alone: taken out of its File above.
+            .spawn(move || drop(unsafe { File::from_raw_fd(fd) }));
     }
 }
 
