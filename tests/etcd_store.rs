@@ -403,6 +403,94 @@ fn a_waiter_reads_a_glimpse_of_the_queue_and_still_sees_the_key_ahead_leave() {
     world.assert_clean();
 }
 
+/// A waiter's keep-alives go from a thread of their own, and its watch
+/// stays open across them: over several keep-alive periods, waiters renew
+/// their leases every TTL/3 but open a watch about once a TTL.
+#[test]
+fn a_waiters_watch_stays_open_across_its_keep_alives() {
+    const WAITERS: usize = 4;
+    let world = World::etcd("renewing-waiters");
+    let ttl = ["--ttl", "2s"];
+    let holder = world.spawn(1, &ttl, &strs(&world.held_until("ready-h", "go-h", 0)));
+    wait_until(PROMPT, "the holder to start", || world.exists("ready-h"));
+    let waiters: Vec<Child> = (0..WAITERS)
+        .map(|n| {
+            let waiter = world.spawn(1, &ttl, &["true"]);
+            wait_until(PROMPT, "the waiter to queue", || {
+                world.contender_keys() == 2 + n
+            });
+            waiter
+        })
+        .collect();
+    let received = |method: &str, service: &str, kind: &str| {
+        world.store.metric(&format!(
+            r#"grpc_server_msg_received_total{{grpc_method="{method}",grpc_service="etcdserverpb.{service}",grpc_type="{kind}"}}"#
+        ))
+    };
+    let watches = || received("Watch", "Watch", "bidi_stream");
+    let keep_alives = || received("LeaseKeepAlive", "Lease", "bidi_stream");
+    let (watches_before, keep_alives_before) = (watches(), keep_alives());
+    let began = Instant::now();
+    // Six TTLs: eighteen keep-alive periods.
+    let span = Duration::from_secs(12);
+    wait_until(span + PROMPT, "six TTLs to pass", || {
+        began.elapsed() >= span
+    });
+    let periods = began.elapsed().as_secs_f64() / (2.0 / 3.0);
+    let (watches, keep_alives) = (
+        watches() - watches_before,
+        keep_alives() - keep_alives_before,
+    );
+    assert_eq!(world.contender_keys(), 1 + WAITERS, "every lease lived");
+    let contenders = (1 + WAITERS) as f64;
+    assert!(
+        keep_alives >= 0.7 * periods * contenders,
+        "{keep_alives} keep-alives in {periods:.1} periods"
+    );
+    // The holder watches its own key anew at each keep-alive; each waiter
+    // about once a TTL (every third period).
+    let waiters_watches = watches - periods;
+    assert!(
+        waiters_watches <= 0.5 * periods * WAITERS as f64,
+        "{waiters_watches:.0} watches of {WAITERS} waiters in {periods:.1} periods"
+    );
+    world.touch("go-h");
+    for child in [holder].into_iter().chain(waiters) {
+        let output = finish_within(child, "a contender to finish");
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    }
+    world.assert_clean();
+}
+
+/// A waiter whose lease is revoked (by hand, or lost in an outage) learns
+/// it from its renewing thread and joins again on a new lease, at the back.
+#[test]
+fn a_waiter_whose_lease_is_revoked_joins_again() {
+    let world = World::etcd("waiter-revoked");
+    let ttl = ["--ttl", "2s"];
+    let holder = world.spawn(1, &ttl, &strs(&world.held_until("ready-h", "go-h", 0)));
+    wait_until(PROMPT, "the holder to start", || world.exists("ready-h"));
+    let waiter = world.spawn(1, &ttl, &["touch", &world.path("ran")]);
+    wait_until(PROMPT, "the waiter to queue", || {
+        world.contender_keys() == 2
+    });
+    let queued = contenders(&world.store, &world.prefix);
+    let revoked = lease_of(&queued[1]).to_string();
+    world.store.revoke(&revoked);
+    wait_until(PROMPT, "the waiter to join again on a new lease", || {
+        let now = contenders(&world.store, &world.prefix);
+        now.len() == 2 && lease_of(&now[1]) != revoked
+    });
+    assert!(!world.exists("ran"));
+    world.touch("go-h");
+    for child in [holder, waiter] {
+        let output = finish_within(child, "a contender to finish");
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    }
+    assert!(world.exists("ran"));
+    world.assert_clean();
+}
+
 /// etcd that takes a request and answers late (a busy server) is not an
 /// etcd that cannot be reached: the first call, answered after its budget,
 /// is sent again, and the run goes on once etcd answers in time.

@@ -14,7 +14,8 @@ pub mod admin;
 pub mod client;
 pub mod queue;
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -24,7 +25,7 @@ use queue::{AfterChange, AfterRead, OwnKey};
 use super::driver::{self, Failures, Gate, Grant, Recipe, Stop};
 use super::kind::{Lease, Store, StoreSettings};
 use super::lease;
-use super::outage::{Outage, FIRST_BACKOFF};
+use super::outage::{Backoff, Outage, FIRST_BACKOFF};
 use super::{
     Admin, Contend, ContenderInfo, ErrorKind, Notify, Progress, ReleaseError, Released,
     SlotBackend, SlotEvent, StoreError, Unfinished,
@@ -498,8 +499,8 @@ impl EtcdSemaphore {
         }
     }
 
-    /// Waits in the queue, once joined: reads the prefix, watches what
-    /// [`queue::after_read`] says, keeps the lease alive meanwhile.
+    /// Waits in the queue, once joined, while a thread of its own keeps
+    /// the lease alive ([`EtcdSemaphore::renew_while_waiting`]).
     fn wait_for_slot(
         &self,
         contender: &mut Contender,
@@ -507,24 +508,82 @@ impl EtcdSemaphore {
         outage: &mut Outage,
         told: &mut Option<Progress>,
     ) -> Result<Waited, Stop> {
+        let renewals = Renewals::new(contender.renewed);
+        let lease_id = contender.lease;
+        let waited = thread::scope(|scope| {
+            let renewer = scope.spawn(|| self.renew_while_waiting(lease_id, &renewals));
+            let waited = self.wait_in_queue(contender, mode, outage, told, &renewals);
+            renewals.done.store(true, Ordering::SeqCst);
+            renewer.thread().unpark();
+            waited
+        });
+        contender.renewed = renewals.last().at;
+        waited
+    }
+
+    /// Keeps a waiter's lease alive every TTL/3 until `renewals` is done
+    /// or release begins. A waiter's watch stays open across the
+    /// keep-alives: one opened again at each cost etcd (a watch stream
+    /// through the gateway, and a read or a catch-up) more than the
+    /// keep-alive itself, for every waiter of a crowd. A failure is sent
+    /// again 200 ms doubling to 1 s apart; whether the lease outlived it,
+    /// the waiter judges.
+    fn renew_while_waiting(&self, lease_id: i64, renewals: &Renewals) {
         let period = lease::renew_period(self.settings.ttl);
+        let mut next = renewals.last().at + period;
+        let mut backoff = Backoff::default();
         loop {
-            if renewal_due(contender.renewed, period) {
-                let id = contender.lease;
-                let sent = Instant::now();
-                match self.retrying(outage, || self.client.keep_alive(id, period))? {
-                    Ok(()) => {
-                        contender.renewed = sent;
-                        self.gate.lock().renewed = Some(sent);
-                    }
-                    Err(_) => {
-                        report::event("rejoin", &[("why", &"our lease ended while we waited")]);
-                        return Ok(Waited::LeaseGone);
-                    }
+            loop {
+                if renewals.done.load(Ordering::SeqCst) || self.gate.closing() {
+                    return;
+                }
+                let now = Instant::now();
+                if now >= next {
+                    break;
+                }
+                thread::park_timeout(next - now);
+            }
+            let sent = Instant::now();
+            match self.client.keep_alive(lease_id, period.min(RENEW_TIMEOUT)) {
+                Ok(()) => {
+                    renewals.renewed(sent);
+                    self.gate.lock().renewed = Some(sent);
+                    backoff = Backoff::default();
+                    next = sent + period;
+                }
+                Err(EtcdError::LeaseGone) => {
+                    renewals.gone();
+                    return;
+                }
+                Err(error) => {
+                    report::event("retry", &[("error", &error)]);
+                    next = Instant::now() + backoff.next_pause();
                 }
             }
+        }
+    }
+
+    /// Reads the prefix, watches what [`queue::after_read`] says, until
+    /// the slot is ours or our key or lease goes.
+    fn wait_in_queue(
+        &self,
+        contender: &mut Contender,
+        mode: Contend,
+        outage: &mut Outage,
+        told: &mut Option<Progress>,
+        renewals: &Renewals,
+    ) -> Result<Waited, Stop> {
+        loop {
+            // A watch lasts at most until the lease could end: the waiter
+            // looks at its renewals then.
+            let renewed = renewals.last();
+            contender.renewed = renewed.at;
+            let left = self.settings.ttl.saturating_sub(renewed.at.elapsed());
+            if renewed.gone || left < client::SHORTEST_WATCH {
+                report::event("rejoin", &[("why", &"our lease ended while we waited")]);
+                return Ok(Waited::LeaseGone);
+            }
             if let Some(wait) = &mut contender.wait {
-                let left = period.saturating_sub(contender.renewed.elapsed());
                 match self.watch_queue(wait, &contender.key, left, outage)? {
                     Watching::Holding => {
                         // Whoever joined since may watch our key.
@@ -970,6 +1029,45 @@ fn glimpse_of(reply: &TxnReply, first: usize) -> queue::Glimpse {
 /// a watch.
 fn renewal_due(renewed: Instant, period: Duration) -> bool {
     period.saturating_sub(renewed.elapsed()) < client::SHORTEST_WATCH
+}
+
+/// A waiter's keep-alives, as its renewing thread tells them.
+struct Renewals {
+    last: Mutex<Renewed>,
+    /// The waiting is over: the renewing thread stops.
+    done: AtomicBool,
+}
+
+#[derive(Clone, Copy)]
+struct Renewed {
+    /// When the last keep-alive etcd confirmed (or the grant) was sent.
+    at: Instant,
+    /// etcd no longer has the lease.
+    gone: bool,
+}
+
+impl Renewals {
+    fn new(renewed: Instant) -> Renewals {
+        Renewals {
+            last: Mutex::new(Renewed {
+                at: renewed,
+                gone: false,
+            }),
+            done: AtomicBool::new(false),
+        }
+    }
+
+    fn last(&self) -> Renewed {
+        *self.last.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn renewed(&self, sent: Instant) {
+        self.last.lock().unwrap_or_else(|e| e.into_inner()).at = sent;
+    }
+
+    fn gone(&self) {
+        self.last.lock().unwrap_or_else(|e| e.into_inner()).gone = true;
+    }
 }
 
 /// Why holding ended: the slot is lost, or (`None`) release began.
