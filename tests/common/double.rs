@@ -87,6 +87,8 @@ pub struct RecordedRequest {
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
     pub at: Instant,
+    /// The size of the answer's body, once the double answered.
+    pub answer_bytes: Option<usize>,
 }
 
 impl RecordedRequest {
@@ -374,6 +376,7 @@ impl ConsulDouble {
             acl: Mutex::new(None),
             store: Mutex::new(Store::new(Rng::seeded())),
             changed: Condvar::new(),
+            queries: Mutex::new(Vec::new()),
             stopping: AtomicBool::new(false),
             down: AtomicBool::new(false),
             faults: Mutex::new(Vec::new()),
@@ -457,7 +460,7 @@ impl ConsulDouble {
         );
         lock(&self.shared.store).ttl_multiplier = multiplier;
         // Wake the reaper's view of time at once rather than on its next tick.
-        self.shared.changed.notify_all();
+        self.shared.notify_changed();
     }
 
     /// Invalidates every session with a TTL that has not been renewed for `idle`
@@ -475,14 +478,14 @@ impl ConsulDouble {
             store.destroy_session(id);
         }
         drop(store);
-        self.shared.changed.notify_all();
+        self.shared.notify_changed();
         stale.len()
     }
 
     /// Destroys a session as an operator would (same as `PUT /v1/session/destroy/<id>`).
     pub fn destroy_session(&self, id: &str) {
         lock(&self.shared.store).destroy_session(id);
-        self.shared.changed.notify_all();
+        self.shared.notify_changed();
     }
 
     /// Like restarting a `-dev` agent: every open connection is dropped, all
@@ -497,7 +500,7 @@ impl ConsulDouble {
             *store = Store::new(rng);
             store.ttl_multiplier = multiplier;
         }
-        self.shared.changed.notify_all();
+        self.shared.wake_every_query();
     }
 
     /// Like `consul snapshot restore` onto servers whose raft index is lower
@@ -508,7 +511,7 @@ impl ConsulDouble {
     /// Connections stay open, so a client sees only the index go back.
     pub fn restore_with_lower_index(&self) {
         lock(&self.shared.store).renumber();
-        self.shared.changed.notify_all();
+        self.shared.notify_changed();
     }
 
     /// Invalidates every session (their behaviours apply); KV is otherwise kept.
@@ -519,7 +522,7 @@ impl ConsulDouble {
             store.destroy_session(id);
         }
         drop(store);
-        self.shared.changed.notify_all();
+        self.shared.notify_changed();
     }
 
     /// While down, every connection is accepted and closed at once, and open
@@ -563,7 +566,7 @@ impl ConsulDouble {
         let index = store.next_index();
         store.set(index, key, value, flags);
         drop(store);
-        self.shared.changed.notify_all();
+        self.shared.notify_changed();
     }
 
     /// Rewrites `key` with its own value and flags, as a CAS write of what
@@ -577,7 +580,7 @@ impl ConsulDouble {
         let index = store.next_index();
         store.set(index, key, &entry.value, entry.flags);
         drop(store);
-        self.shared.changed.notify_all();
+        self.shared.notify_changed();
         true
     }
 
@@ -590,7 +593,7 @@ impl ConsulDouble {
 impl Drop for ConsulDouble {
     fn drop(&mut self) {
         self.shared.stopping.store(true, Ordering::SeqCst);
-        self.shared.changed.notify_all();
+        self.shared.wake_every_query();
         self.shared.drop_connections();
         // The acceptor is blocked in accept(); a connection wakes it to see `stopping`.
         let _ = TcpStream::connect(self.shared.addr);
@@ -624,9 +627,13 @@ struct Shared {
     /// Set while ACLs are enforced.
     acl: Mutex<Option<Acl>>,
     store: Mutex<Store>,
-    /// Signalled on every store change (and on stop): blocking queries, the
-    /// reaper and fault delays wait on it.
+    /// Signalled on every store change (and on stop): the reaper and fault
+    /// delays wait on it.
     changed: Condvar,
+    /// The blocking queries waiting, each woken only by a change in its
+    /// scope, as a Consul agent's are (its state store watches the radix
+    /// tree's node for the key or the prefix read).
+    queries: Mutex<Vec<Arc<Watch>>>,
     stopping: AtomicBool,
     down: AtomicBool,
     faults: Mutex<Vec<Fault>>,
@@ -728,7 +735,7 @@ impl Shared {
             if self.stopping.load(Ordering::SeqCst) || self.down.load(Ordering::SeqCst) {
                 return;
             }
-            self.record(&request);
+            let recorded = self.record(&request);
             let response = match self.take_fault(&request) {
                 Some(FaultAction::Drop) => return,
                 Some(FaultAction::Stall) => {
@@ -763,6 +770,7 @@ impl Shared {
                     None => return,
                 },
             };
+            lock(&self.requests)[recorded].answer_bytes = Some(response.body.len());
             let writer = reader.get_mut();
             if write_response(&mut *writer, &response, request.keep_alive).is_err() {
                 return;
@@ -774,8 +782,10 @@ impl Shared {
         }
     }
 
-    fn record(&self, request: &Request) {
-        lock(&self.requests).push(RecordedRequest {
+    /// Records `request`; its place among the recorded ones.
+    fn record(&self, request: &Request) -> usize {
+        let mut requests = lock(&self.requests);
+        requests.push(RecordedRequest {
             method: request.method.clone(),
             target: request.target.clone(),
             path: request.path.clone(),
@@ -783,7 +793,9 @@ impl Shared {
             headers: request.headers.clone(),
             body: request.body.clone(),
             at: Instant::now(),
+            answer_bytes: None,
         });
+        requests.len() - 1
     }
 
     fn take_fault(&self, request: &Request) -> Option<FaultAction> {
@@ -820,13 +832,37 @@ impl Shared {
         }
     }
 
+    /// Wakes the blocking queries whose scope the changes since the last
+    /// call touched, and whoever waits on `changed`.
+    fn notify_changed(&self) {
+        let touched = std::mem::take(&mut lock(&self.store).touched);
+        for query in lock(&self.queries).iter() {
+            if touched.iter().any(|t| query.scope.touched_by(t)) {
+                query.signal.notify_all();
+            }
+        }
+        self.changed.notify_all();
+    }
+
+    /// Wakes every blocking query (a stop, a restart), and whoever waits on
+    /// `changed`.
+    fn wake_every_query(&self) {
+        lock(&self.store).touched.clear();
+        for query in lock(&self.queries).iter() {
+            query.signal.notify_all();
+        }
+        self.changed.notify_all();
+    }
+
     /// Expires sessions whose TTL ran out, so blocking queries wake even when
     /// no request arrives.
     fn reap_loop(&self) {
         let mut store = lock(&self.store);
         while !self.stopping.load(Ordering::SeqCst) {
             if store.expire_due(Instant::now()) > 0 {
-                self.changed.notify_all();
+                drop(store);
+                self.notify_changed();
+                store = lock(&self.store);
             }
             store = self
                 .changed
@@ -851,7 +887,7 @@ impl Shared {
         // Check expiry here too, so a request never sees a session that the
         // reaper simply has not got round to yet.
         if lock(&self.store).expire_due(Instant::now()) > 0 {
-            self.changed.notify_all();
+            self.notify_changed();
         }
         let method = request.method.as_str();
         let path = request.path.as_str();
@@ -908,6 +944,7 @@ impl Shared {
     fn blocking_read(
         &self,
         request: &Request,
+        scope: Scope,
         read: impl Fn(&Store) -> Response,
     ) -> Option<Response> {
         let query = match BlockingQuery::parse(request) {
@@ -923,16 +960,23 @@ impl Shared {
         let jitter_cap = query.wait / QUERY_JITTER_FRACTION;
         let jitter = jitter_cap.mul_f64(store.rng.fraction());
         let deadline = Instant::now() + query.wait + jitter;
+        // Registered while the store is locked: a change after this read
+        // wakes it.
+        let watch = Arc::new(Watch {
+            scope,
+            signal: Condvar::new(),
+        });
+        lock(&self.queries).push(Arc::clone(&watch));
         while response.index.unwrap_or(0) <= query.min_index {
             if self.stopping.load(Ordering::SeqCst) {
-                return None;
+                break;
             }
             let now = Instant::now();
             if now >= deadline {
                 break;
             }
-            store = self
-                .changed
+            store = watch
+                .signal
                 .wait_timeout(store, deadline - now)
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
@@ -943,7 +987,8 @@ impl Shared {
                 break;
             }
         }
-        Some(response)
+        lock(&self.queries).retain(|q| !Arc::ptr_eq(q, &watch));
+        (!self.stopping.load(Ordering::SeqCst)).then_some(response)
     }
 
     // -----------------------------------------------------------------------
@@ -963,7 +1008,7 @@ impl Shared {
         let readable = |k: &str| rights.is_none_or(|r| r.can_read(k));
         if request.has("keys") {
             let separator = request.value("separator").unwrap_or("");
-            return self.blocking_read(request, |store| {
+            return self.blocking_read(request, Scope::Prefix(key.to_string()), |store| {
                 let mut keys = store.keys_under(key, separator);
                 let before = keys.len();
                 keys.retain(|k| readable(k));
@@ -979,7 +1024,7 @@ impl Shared {
             });
         }
         if request.has("recurse") {
-            return self.blocking_read(request, |store| {
+            return self.blocking_read(request, Scope::Prefix(key.to_string()), |store| {
                 let mut filtered = false;
                 let entries: Vec<EntryJson> = store
                     .under(key)
@@ -1005,13 +1050,15 @@ impl Shared {
             return Some(missing_key_name());
         }
         let raw = request.has("raw");
-        self.blocking_read(request, |store| match store.kv.get(key) {
-            // Consul answers a found key with its own ModifyIndex.
-            Some(entry) if raw => Response::raw(&entry.value).with_index(entry.modify_index),
-            Some(entry) => {
-                Response::json(200, &[EntryJson::from(entry)]).with_index(entry.modify_index)
+        self.blocking_read(request, Scope::Key(key.to_string()), |store| {
+            match store.kv.get(key) {
+                // Consul answers a found key with its own ModifyIndex.
+                Some(entry) if raw => Response::raw(&entry.value).with_index(entry.modify_index),
+                Some(entry) => {
+                    Response::json(200, &[EntryJson::from(entry)]).with_index(entry.modify_index)
+                }
+                None => Response::empty(404).with_index(store.missing_key_index(key)),
             }
-            None => Response::empty(404).with_index(store.missing_key_index(key)),
         })
     }
 
@@ -1057,7 +1104,7 @@ impl Shared {
             PutOp::Release(session) => Ok(store.release(index, key, value, flags, session)),
         };
         drop(store);
-        self.changed.notify_all();
+        self.notify_changed();
         match outcome {
             Ok(done) => Response::json(200, &done),
             Err(message) => Response::text(500, &message),
@@ -1087,7 +1134,7 @@ impl Shared {
             }
         };
         drop(store);
-        self.changed.notify_all();
+        self.notify_changed();
         Response::json(200, &done)
     }
 
@@ -1103,12 +1150,12 @@ impl Shared {
         let mut store = lock(&self.store);
         let id = store.create_session(spec);
         drop(store);
-        self.changed.notify_all();
+        self.notify_changed();
         Response::json(200, &serde_json::json!({ "ID": id }))
     }
 
     fn session_list(&self, request: &Request) -> Option<Response> {
-        self.blocking_read(request, |store| {
+        self.blocking_read(request, Scope::Sessions, |store| {
             let sessions: Vec<SessionJson> =
                 store.sessions.values().map(SessionJson::from).collect();
             Response::json(200, &sessions).with_index(store.sessions_read_index())
@@ -1119,7 +1166,7 @@ impl Shared {
         if id.is_empty() {
             return Some(Response::text(400, "Missing session"));
         }
-        self.blocking_read(request, |store| {
+        self.blocking_read(request, Scope::Sessions, |store| {
             let sessions: Vec<SessionJson> = store
                 .sessions
                 .get(id)
@@ -1158,7 +1205,7 @@ impl Shared {
         }
         store.destroy_session(id);
         drop(store);
-        self.changed.notify_all();
+        self.notify_changed();
         Response::json(200, &true)
     }
 }
@@ -1321,6 +1368,42 @@ struct Session {
     renewals: u64,
 }
 
+/// What a blocking query waits on.
+enum Scope {
+    /// One key (a plain read): its own writes and its deletion.
+    Key(String),
+    /// Every key under a prefix (a listing): any write under it.
+    Prefix(String),
+    /// The sessions table.
+    Sessions,
+}
+
+/// What a change touched, for the blocking queries to wake.
+enum Touched {
+    Key(String),
+    Sessions,
+    /// Everything: a restore renumbered every index.
+    Everything,
+}
+
+impl Scope {
+    fn touched_by(&self, touched: &Touched) -> bool {
+        match (self, touched) {
+            (_, Touched::Everything) => true,
+            (Scope::Key(key), Touched::Key(changed)) => key == changed,
+            (Scope::Prefix(prefix), Touched::Key(changed)) => changed.starts_with(prefix.as_str()),
+            (Scope::Sessions, Touched::Sessions) => true,
+            _ => false,
+        }
+    }
+}
+
+/// A blocking query waiting, and how to wake it.
+struct Watch {
+    scope: Scope,
+    signal: Condvar,
+}
+
 struct Store {
     /// The raft index: every write that reaches the state machine takes the next one.
     raft_index: u64,
@@ -1338,6 +1421,8 @@ struct Store {
     /// How many times `restore_with_lower_index` ran: blocking queries
     /// started before a restore answer at once.
     restores: u64,
+    /// What the writes since the last wake-up touched.
+    touched: Vec<Touched>,
 }
 
 impl Store {
@@ -1352,6 +1437,7 @@ impl Store {
             ttl_multiplier: 2.0,
             rng,
             restores: 0,
+            touched: Vec::new(),
         }
     }
 
@@ -1387,6 +1473,7 @@ impl Store {
         self.sessions_index = rank(self.sessions_index);
         self.raft_index = FIRST_INDEX + used.len() as u64;
         self.restores += 1;
+        self.touched.push(Touched::Everything);
     }
 
     fn next_index(&mut self) -> u64 {
@@ -1455,6 +1542,7 @@ impl Store {
             modify_index: index,
         };
         self.kv.insert(key.to_string(), entry);
+        self.touched.push(Touched::Key(key.to_string()));
     }
 
     /// `cas=0` creates only; `cas=N` writes only over ModifyIndex N.
@@ -1510,6 +1598,7 @@ impl Store {
                 modify_index: index,
             },
         );
+        self.touched.push(Touched::Key(key.to_string()));
         Ok(true)
     }
 
@@ -1525,12 +1614,14 @@ impl Store {
         entry.value = value.to_vec();
         entry.flags = flags;
         entry.modify_index = index;
+        self.touched.push(Touched::Key(key.to_string()));
         true
     }
 
     fn delete(&mut self, index: u64, key: &str) {
         if self.kv.remove(key).is_some() {
             self.tombstones.insert(key.to_string(), index);
+            self.touched.push(Touched::Key(key.to_string()));
         }
     }
 
@@ -1580,6 +1671,7 @@ impl Store {
             },
         );
         self.sessions_index = index;
+        self.touched.push(Touched::Sessions);
         id
     }
 
@@ -1591,6 +1683,7 @@ impl Store {
             return;
         };
         self.sessions_index = index;
+        self.touched.push(Touched::Sessions);
         let held: Vec<String> = self
             .kv
             .values()
@@ -1605,6 +1698,7 @@ impl Store {
                     if let Some(entry) = self.kv.get_mut(&key) {
                         entry.session = None;
                         entry.modify_index = index;
+                        self.touched.push(Touched::Key(key.clone()));
                     }
                 }
                 Behavior::Delete => self.delete(index, &key),
