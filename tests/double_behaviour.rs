@@ -146,6 +146,35 @@ fn blocking_query_wakes_on_a_write_under_its_prefix_only() {
     assert_eq!(reply.json().as_array().unwrap().len(), 2);
 }
 
+/// A blocking read of one key wakes on that key's changes only, as a
+/// Consul agent's does (checked on Consul 1.0.8: writes to its siblings do
+/// not answer it): a crowd of waiters each blocked on its own key must not
+/// all wake on every write under the prefix.
+#[test]
+fn blocking_read_of_a_key_wakes_on_that_key_only() {
+    let double = ConsulDouble::start();
+    double.put_raw("crowd/a", b"1", 0);
+    double.put_raw("crowd/b", b"1", 0);
+    let index = get(&double, "/v1/kv/crowd/a").index.unwrap();
+    let pending = spawn_get(&double, &format!("/v1/kv/crowd/a?index={index}&wait=20s"));
+    wait_until(SOON, "the read of crowd/a to block", || {
+        double.blocked_queries() == 1
+    });
+    let before = double.query_wakeups();
+    for _ in 0..5 {
+        double.put_raw("crowd/b", b"2", 0);
+    }
+    double.put_raw("crowd/c", b"3", 0);
+    double.put_raw("crowd/a", b"2", 0);
+    let (reply, _) = pending.recv_timeout(SOON).expect("the blocking read woke");
+    assert!(reply.unwrap().index.unwrap() > index);
+    assert_eq!(
+        double.query_wakeups() - before,
+        1,
+        "woken by writes to other keys"
+    );
+}
+
 #[test]
 fn blocking_session_info_wakes_when_the_session_is_destroyed() {
     let double = ConsulDouble::start();

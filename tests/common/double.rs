@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasher, Hasher};
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -377,6 +377,7 @@ impl ConsulDouble {
             store: Mutex::new(Store::new(Rng::seeded())),
             changed: Condvar::new(),
             queries: Mutex::new(Vec::new()),
+            query_wakeups: AtomicU64::new(0),
             stopping: AtomicBool::new(false),
             down: AtomicBool::new(false),
             faults: Mutex::new(Vec::new()),
@@ -584,6 +585,17 @@ impl ConsulDouble {
         true
     }
 
+    /// Blocking queries waiting now.
+    pub fn blocked_queries(&self) -> usize {
+        lock(&self.shared.queries).len()
+    }
+
+    /// How many times, so far, a change woke a blocking query to read
+    /// again (a stop or a restart not counted).
+    pub fn query_wakeups(&self) -> u64 {
+        self.shared.query_wakeups.load(Ordering::SeqCst)
+    }
+
     /// Every request read so far, in arrival order.
     pub fn requests(&self) -> Vec<RecordedRequest> {
         lock(&self.shared.requests).clone()
@@ -634,6 +646,8 @@ struct Shared {
     /// scope, as a Consul agent's are (its state store watches the radix
     /// tree's node for the key or the prefix read).
     queries: Mutex<Vec<Arc<Watch>>>,
+    /// How many times a change woke a blocking query to read again.
+    query_wakeups: AtomicU64,
     stopping: AtomicBool,
     down: AtomicBool,
     faults: Mutex<Vec<Fault>>,
@@ -838,6 +852,7 @@ impl Shared {
         let touched = std::mem::take(&mut lock(&self.store).touched);
         for query in lock(&self.queries).iter() {
             if touched.iter().any(|t| query.scope.touched_by(t)) {
+                self.query_wakeups.fetch_add(1, Ordering::SeqCst);
                 query.signal.notify_all();
             }
         }
