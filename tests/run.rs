@@ -751,6 +751,57 @@ fn waiters_further_back_block_on_the_key_ahead_and_handoffs_stay_cheap() {
     world.assert_clean();
 }
 
+/// A leaving holder hands its slot on deciding on the listing that
+/// confirmed its slot, with `.lock` and its heir's key read afresh: the
+/// prefix listing, as long as the crowd, is not read again on the
+/// hand-off's path while that listing shows a waiter (here it does for
+/// every holder but the first, whose slot was taken on an empty prefix,
+/// and the last). Requests are what the double recorded.
+#[test]
+fn a_hand_off_reads_lock_and_the_heirs_key_not_the_prefix() {
+    const WAITERS: usize = 5;
+    let world = World::on_the_double("hand-off-reads");
+    let double = world.the_double();
+    let holder = hold_slot(&world, 1, "ready", "go");
+    let log = world.path("order");
+    let waiters: Vec<_> = (0..WAITERS)
+        .map(|position| {
+            let script = format!("echo {position} >> '{log}'");
+            let waiter = world.spawn(1, &[], &["sh", "-c", &script]);
+            wait_until(PROMPT, "the waiter's contender key", || {
+                world.contender_keys() == position + 2
+            });
+            waiter
+        })
+        .collect();
+    let before = double.requests().len();
+    world.touch("go");
+    assert_eq!(finish(holder).status.code(), Some(0));
+    for waiter in waiters {
+        let output = finish(waiter);
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    }
+    let order = std::fs::read_to_string(&log).unwrap();
+    let expected: String = (0..WAITERS).map(|p| format!("{p}\n")).collect();
+    assert_eq!(order, expected, "slots went out of arrival order");
+    let lock_path = format!("/v1/kv/{}", world.key(".lock"));
+    let fresh_lock_reads = double.requests()[before..]
+        .iter()
+        .filter(|r| {
+            r.method == "GET"
+                && r.path == lock_path
+                && r.query_value("consistent").is_some()
+                && r.query_value("index").is_none()
+        })
+        .count();
+    assert!(
+        fresh_lock_reads >= WAITERS - 1,
+        "{fresh_lock_reads} reads of .lock alone for {} hand-offs decided on a known listing",
+        WAITERS - 1
+    );
+    world.assert_clean();
+}
+
 /// A `consul lock` waiter does not relay (its contender key's value is
 /// empty) and does not queue: a consem that arrived after it neither blocks
 /// on its key nor waits for it, and takes the slot when the holder leaves.

@@ -166,6 +166,9 @@ struct Client {
     /// partition) skips them until `stalled_until`.
     renew_due: Millis,
     stalled_until: Millis,
+    /// The listing that confirmed its slot, which its hand-off decides on
+    /// (`semaphore::known_with_lock`), as consem's does.
+    known: Option<Snapshot>,
 }
 
 impl Client {
@@ -259,6 +262,7 @@ impl Sim {
                 restores_seen: 0,
                 renew_due: TTL / 2,
                 stalled_until: 0,
+                known: None,
             })
             .collect();
         Sim {
@@ -677,6 +681,7 @@ impl Sim {
                         relay,
                     } => {
                         self.stats.acquisitions += 1;
+                        self.clients[i].known = contender.take_confirmed_on();
                         let session = contender.session().unwrap().to_string();
                         self.log(|| format!("client {i}: acquired, runs its command"));
                         self.check_arrival_order(i, &session)?;
@@ -1109,7 +1114,26 @@ impl Sim {
         match stage {
             ReleaseStage::HandOff => {
                 let mut handed_off = false;
-                if fails {
+                let known = self.clients[i].known.take();
+                let decided = match (fails, known) {
+                    (false, Some(known)) => self.hand_off_known(i, &id, known),
+                    _ => Err(()),
+                };
+                if let Ok(handed) = decided {
+                    if let Some((heir, cas, snapshot)) = handed {
+                        if let Some(rewrite) = semaphore::wake_behind_heir(&snapshot, &heir, cas) {
+                            return Phase::Release {
+                                session,
+                                stage: ReleaseStage::WakeHeir {
+                                    rewrite,
+                                    session_left: true,
+                                },
+                                exit,
+                            };
+                        }
+                        handed_off = true;
+                    }
+                } else if fails {
                     self.stats.failed_calls += 1;
                 } else {
                     let (_, entries) = self.visible_list(self.clients[i].restricted);
@@ -1244,6 +1268,51 @@ impl Sim {
     /// took out of `.lock` by hand, its key still live, looks like a waiter,
     /// and may be handed a slot before its watch saw the loss: it then holds
     /// again, counted in `.lock`, and has no loss left to notice.
+    /// `ConsulSemaphore::hand_off_known`: the hand-off decided on the
+    /// listing that confirmed the slot, `.lock` and the heir's key read
+    /// afresh. `Err` when a fresh listing must decide; `Ok(None)` when no
+    /// hand-off was made; else the heir, the CAS index and the snapshot.
+    #[allow(clippy::type_complexity)]
+    fn hand_off_known(
+        &mut self,
+        i: usize,
+        id: &str,
+        mut known: Snapshot,
+    ) -> Result<Option<(String, u64, Snapshot)>, ()> {
+        let lock_key = format!("{DIR}{LOCK_KEY_NAME}");
+        for _ in 0..RELEASE_CAS_ATTEMPTS {
+            let (_, lock) = self.consul.get(DIR, &lock_key);
+            let Some(lock) = lock else {
+                return Ok(None);
+            };
+            let mut snapshot = semaphore::known_with_lock(&known, lock, self.limit).ok_or(())?;
+            self.reveal_hidden(i, &mut snapshot);
+            let ReleaseStep::Rewrite {
+                value,
+                cas,
+                heir: Some(heir),
+            } = semaphore::plan_release(&snapshot, id, self.limit)
+            else {
+                return Err(());
+            };
+            let (_, entry) = self.consul.get(DIR, &format!("{DIR}{heir}"));
+            match entry {
+                Some(entry) if semaphore::check_key(Some(&entry), &heir).is_ok() => {
+                    snapshot.contenders.insert(heir.clone(), entry);
+                }
+                _ => {
+                    known.forget(&heir);
+                    continue;
+                }
+            }
+            if self.consul.put_cas(&lock_key, value, cas, SEMAPHORE_FLAGS) {
+                self.handed_over(i, &heir, id);
+                return Ok(Some((heir, cas, snapshot)));
+            }
+        }
+        Ok(None)
+    }
+
     fn handed_over(&mut self, i: usize, heir: &str, leaving: &str) {
         self.stats.hand_offs += 1;
         self.handed.insert(heir.to_string());
@@ -1419,6 +1488,7 @@ impl Sim {
             restores_seen: self.consul.restores(),
             renew_due: self.consul.now() + TTL / 2,
             stalled_until: 0,
+            known: None,
         }];
         for _ in 0..1_000 {
             if self.clients[0].finished() {

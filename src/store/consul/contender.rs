@@ -170,6 +170,8 @@ pub struct Contender {
     /// ([`Call::ProbeLock`]), and the wait that follows the answer.
     lock_probed: bool,
     after_probe: Option<Call>,
+    /// The listing that confirmed the slot, once [`Step::Acquired`].
+    confirmed_on: Option<Box<Snapshot>>,
     pending: Call,
     notes: Vec<Note>,
 }
@@ -193,6 +195,7 @@ impl Contender {
             rejoined: false,
             lock_probed: false,
             after_probe: None,
+            confirmed_on: None,
             pending: Call::CreateSession,
             notes: Vec::new(),
         }
@@ -206,6 +209,12 @@ impl Contender {
     /// The session we contend with, once created.
     pub fn session(&self) -> Option<&str> {
         self.session.as_deref()
+    }
+
+    /// The listing that confirmed the slot, after [`Step::Acquired`]: the
+    /// hand-off at release decides on it ([`semaphore::known_with_lock`]).
+    pub fn take_confirmed_on(&mut self) -> Option<Snapshot> {
+        self.confirmed_on.take().map(|snapshot| *snapshot)
     }
 
     /// Notes gathered since the last call.
@@ -384,6 +393,7 @@ impl Contender {
                 let record = snapshot.lock_record(self.limit).ok().flatten();
                 let relay =
                     record.is_some_and(|r| semaphore::waiters_behind(&snapshot, &r, &session));
+                self.confirmed_on = Some(Box::new(snapshot));
                 Step::Acquired {
                     fence,
                     key_index,

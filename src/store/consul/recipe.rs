@@ -62,6 +62,8 @@ pub struct Shared {
     lease_from: Option<Instant>,
     holding: bool,
     fence: Option<u64>,
+    /// The listing that confirmed our slot: the hand-off decides on it.
+    confirmed_on: Option<Snapshot>,
     renewer_started: bool,
     /// Consul denied us and the run ends on it: release's own denials are
     /// that same news, not worth a second message.
@@ -85,6 +87,16 @@ pub struct Held {
     fence: u64,
     key_index: u64,
     relay: bool,
+}
+
+/// How a hand-off decided on the listing that confirmed the slot went.
+enum Known {
+    Handed(String),
+    /// A call failed, or `.lock` kept changing: release goes on without
+    /// a hand-off (step 3 hands the slot on).
+    NotHanded,
+    /// That listing cannot tell: a fresh one decides.
+    NeedsListing,
 }
 
 /// A release under way, once the helpers are stopped and a session is
@@ -334,7 +346,10 @@ impl ConsulSemaphore {
                     fence,
                     key_index,
                     relay,
-                } => return Ok((fence, key_index, relay)),
+                } => {
+                    self.shared().confirmed_on = contender.take_confirmed_on();
+                    return Ok((fence, key_index, relay));
+                }
                 Step::NoSlot => return Err(Stop::NoSlot),
                 Step::Conflict(conflict) => {
                     return Err(Stop::Failed(StoreError::conflict(format!(
@@ -636,9 +651,19 @@ impl ConsulSemaphore {
     /// Step 1 of release: a holder writes `.lock` with the first consem
     /// waiter in its place, and wakes the waiter behind that heir. A third
     /// of the budget at most: destroying the session matters more. The
-    /// heir, once `.lock` names it.
-    fn hand_off(&self, leaving: &Leaving) -> Option<String> {
+    /// heir, once `.lock` names it. It decides on the listing that
+    /// confirmed our slot, with `.lock` and the heir's key read afresh
+    /// (their size does not grow with the crowd); on a new listing only
+    /// when that one has no waiter left or shows a `consul lock` contender.
+    fn hand_off(&self, leaving: &Leaving, confirmed_on: Option<Snapshot>) -> Option<String> {
         let client = self.client.with_call_timeout(leaving.remaining() / 3);
+        if let Some(known) = confirmed_on {
+            match self.hand_off_known(&client, &leaving.session, known) {
+                Known::Handed(heir) => return Some(heir),
+                Known::NotHanded => return None,
+                Known::NeedsListing => {}
+            }
+        }
         let snapshot = self.leaving_snapshot(&client, &leaving.session).ok()?;
         let ReleaseStep::Rewrite {
             value,
@@ -654,6 +679,77 @@ impl ConsulSemaphore {
             return Some(heir);
         }
         None
+    }
+
+    /// The hand-off decided on `known` (see [`semaphore::known_with_lock`]):
+    /// `.lock` read afresh, the holders it names that `known` does not show
+    /// read directly, and the heir's key read directly, so that a waiter
+    /// that left since is skipped; a lost CAS reads `.lock` again.
+    fn hand_off_known(&self, client: &Client, session: &str, mut known: Snapshot) -> Known {
+        let prefix = &self.settings.prefix;
+        let limit = self.settings.limit;
+        for _ in 0..RELEASE_CAS_ATTEMPTS {
+            let Ok(read) = client.get(
+                prefix,
+                semaphore::LOCK_KEY_NAME,
+                Consistency::Consistent,
+                None,
+            ) else {
+                return Known::NotHanded;
+            };
+            let Some(lock) = read.entries.into_iter().next() else {
+                return Known::NotHanded;
+            };
+            let Some(mut snapshot) = semaphore::known_with_lock(&known, lock, limit) else {
+                return Known::NeedsListing;
+            };
+            let Ok(mut others) =
+                semaphore::lock_record(snapshot.lock.as_ref().expect("read"), limit)
+            else {
+                return Known::NeedsListing;
+            };
+            others.holders.retain(|h| h != session);
+            if client
+                .reveal_hidden(prefix, &others, &mut snapshot)
+                .is_err()
+            {
+                return Known::NotHanded;
+            }
+            let ReleaseStep::Rewrite {
+                value,
+                cas,
+                heir: Some(heir),
+            } = semaphore::plan_release(&snapshot, session, limit)
+            else {
+                return Known::NeedsListing;
+            };
+            // The heir must still wait: a waiter that left since would be
+            // handed a slot nobody uses. Its key's index is the one the
+            // rewrite that wakes the waiter behind it needs.
+            let Ok(read) = client.get(prefix, &heir, Consistency::Consistent, None) else {
+                return Known::NotHanded;
+            };
+            let entry = read.entries.into_iter().find(|e| e.name == heir);
+            match entry {
+                Some(entry) if semaphore::check_key(Some(&entry), &heir).is_ok() => {
+                    snapshot.contenders.insert(heir.clone(), entry);
+                }
+                _ => {
+                    known.forget(&heir);
+                    continue;
+                }
+            }
+            let lock_key = self.key(semaphore::LOCK_KEY_NAME);
+            match client.put_cas(&lock_key, value, cas, SEMAPHORE_FLAGS) {
+                Ok(true) => {
+                    self.wake_behind_heir(client, &snapshot, &heir, cas);
+                    return Known::Handed(heir);
+                }
+                Ok(false) => continue,
+                Err(_) => return Known::NotHanded,
+            }
+        }
+        Known::NotHanded
     }
 
     /// Step 3 of release: writes `.lock` without us (pruning the dead, and
@@ -826,7 +922,7 @@ impl SlotBackend for ConsulSemaphore {
         let deadline = Instant::now() + budget;
         // Stop the helpers' writes and let one in flight land, so that what
         // it created is known.
-        let (session, write_unsettled, denied, held) = {
+        let (session, write_unsettled, denied, held, confirmed_on) = {
             let (mut shared, in_flight) = self.gate.stop(budget / 2);
             shared.holding = false;
             (
@@ -834,6 +930,7 @@ impl SlotBackend for ConsulSemaphore {
                 in_flight || shared.create_unanswered,
                 shared.denied,
                 shared.fence.is_some(),
+                shared.confirmed_on.take(),
             )
         };
         let mut unfinished = Vec::new();
@@ -868,7 +965,11 @@ impl SlotBackend for ConsulSemaphore {
         // (`semaphore::plan_release`), so that a holder leaving before step
         // 2 does not take our live key for a waiter's and hand the slot
         // back to a session about to end.
-        let handed_to = if held { self.hand_off(&leaving) } else { None };
+        let handed_to = if held {
+            self.hand_off(&leaving, confirmed_on)
+        } else {
+            None
+        };
 
         // 2. Destroy the session: its `delete` behaviour removes our
         // contender key in the same write. The key goes before `.lock` is

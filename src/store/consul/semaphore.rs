@@ -724,6 +724,61 @@ pub fn plan_release(snapshot: &Snapshot, me: &str, limit: u32) -> ReleaseStep {
     }
 }
 
+/// What a leaving holder's hand-off decides on without listing the prefix
+/// again: `known`, the listing that confirmed its slot, with `.lock` as read
+/// now (`lock`). The listing is as long as the crowd, and reading it on the
+/// hand-off's path made each hand-off cost in proportion to the waiters.
+///
+/// Every waiter that arrived before that listing is in it, and any that
+/// arrived since is behind them all (a contender's place is its key's
+/// CreateIndex), so while one of the listing's consem waiters still waits,
+/// the first of them is the heir [`plan_release`] would pick on a fresh
+/// listing. What may be stale is checked by the caller: the heir's key is
+/// read directly before the hand-off (a waiter that left is dropped with
+/// [`Snapshot::forget`] and the next one tried), and the holders `.lock`
+/// names that the listing does not show are read directly as in any
+/// release ([`suspects`]). Contenders that the listing's `.lock` named and
+/// the fresh one no longer names are holders gone or on their way out, not
+/// waiters: they are left out. `None` when the listing cannot tell: it
+/// showed a live contender that does not queue (`consul lock`), and the
+/// share rule of [`heir`] weighs every live contender, which only a listing
+/// shows; or a contender key that its session did not hold (released by
+/// hand), which its session may take again with its old CreateIndex, ahead
+/// of the listing's waiters (found by the simulation).
+pub fn known_with_lock(known: &Snapshot, lock: Entry, limit: u32) -> Option<Snapshot> {
+    let was_named = known.lock_record(limit).ok().flatten();
+    let named_now = lock_record(&lock, limit).ok();
+    let cannot_tell = known
+        .contenders
+        .values()
+        .any(|e| !known.is_live(&e.name) || !relays(e));
+    if cannot_tell {
+        return None;
+    }
+    let gone = |name: &str| {
+        was_named.as_ref().is_some_and(|r| r.names(name))
+            && !named_now.as_ref().is_some_and(|r| r.names(name))
+    };
+    Some(Snapshot {
+        lock: Some(lock),
+        contenders: known
+            .contenders
+            .iter()
+            .filter(|(name, _)| !gone(name))
+            .map(|(name, entry)| (name.clone(), entry.clone()))
+            .collect(),
+        hidden: BTreeSet::new(),
+    })
+}
+
+impl Snapshot {
+    /// Drops a contender that a direct read showed gone.
+    pub fn forget(&mut self, name: &str) {
+        self.contenders.remove(name);
+        self.hidden.remove(name);
+    }
+}
+
 /// The waiter a leaving holder hands its slot to, in the same write that
 /// takes the holder out: the consem waiter that arrived first.
 ///
@@ -1332,6 +1387,56 @@ mod tests {
         assert_eq!(written[RELAYS_FIELD], true);
         assert_eq!(written[HANDED_FIELD], 9);
         assert_eq!(wake_behind_heir(&snap, C, 9), None);
+    }
+
+    #[test]
+    fn a_hand_off_decides_on_the_listing_that_confirmed_the_slot() {
+        const D: &str = "dddddddd-0000-0000-0000-000000000004";
+        // A took its slot beside holder B, with C and D waiting.
+        let then = format!(r#"{{"Limit":2,"Holders":{{"{A}":true,"{B}":true}}}}"#);
+        let known = snapshot(vec![
+            lock(&then, 9),
+            relaying(A, 5),
+            relaying(B, 4),
+            relaying(C, 6),
+            relaying(D, 7),
+        ]);
+        // Since, B left and handed its slot to C; A leaves now.
+        let now = format!(r#"{{"Limit":2,"Holders":{{"{A}":true,"{C}":true}}}}"#);
+        let snap = known_with_lock(&known, lock(&now, 12), 2).unwrap();
+        assert_eq!(snap.lock.as_ref().map(|l| l.modify_index), Some(12));
+        // B, named then and not now, is gone or on its way out: no waiter.
+        assert!(!snap.contenders.contains_key(B));
+        let ReleaseStep::Rewrite { heir, cas, .. } = plan_release(&snap, A, 2) else {
+            panic!("a rewrite");
+        };
+        assert_eq!((heir.as_deref(), cas), (Some(D), 12));
+        // A waiter a direct read showed gone is forgotten: none is left.
+        let mut without_d = snap.clone();
+        without_d.forget(D);
+        assert!(matches!(
+            plan_release(&without_d, A, 2),
+            ReleaseStep::Rewrite { heir: None, .. }
+        ));
+    }
+
+    #[test]
+    fn a_listing_that_cannot_tell_the_heir_is_read_again() {
+        let held = format!(r#"{{"Limit":1,"Holders":{{"{A}":true}}}}"#);
+        // A `consul lock` waiter: the share rule weighs every contender.
+        let racer = snapshot(vec![lock(&held, 9), relaying(A, 5), contender(B, 6)]);
+        assert_eq!(known_with_lock(&racer, lock(&held, 9), 1), None);
+        // A key its session did not hold (released by hand) may be taken
+        // again with its old place, ahead of the listing's waiters.
+        let mut released = relaying(B, 6);
+        released.session = None;
+        let stale = snapshot(vec![
+            lock(&held, 9),
+            relaying(A, 5),
+            released,
+            relaying(C, 7),
+        ]);
+        assert_eq!(known_with_lock(&stale, lock(&held, 9), 1), None);
     }
 
     #[test]
