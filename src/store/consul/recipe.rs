@@ -700,15 +700,14 @@ impl ConsulSemaphore {
             let Some(lock) = read.entries.into_iter().next() else {
                 return Known::NotHanded;
             };
-            let Some(mut snapshot) = semaphore::known_with_lock(&known, lock, limit) else {
-                return Known::NeedsListing;
-            };
-            let Ok(mut others) =
-                semaphore::lock_record(snapshot.lock.as_ref().expect("read"), limit)
-            else {
+            // A `.lock` that is not ours to write: the listing path says so.
+            let Ok(mut others) = semaphore::lock_record(&lock, limit) else {
                 return Known::NeedsListing;
             };
             others.holders.retain(|h| h != session);
+            let Some(mut snapshot) = semaphore::known_with_lock(&known, lock, limit) else {
+                return Known::NeedsListing;
+            };
             if client
                 .reveal_hidden(prefix, &others, &mut snapshot)
                 .is_err()
