@@ -658,7 +658,8 @@ impl ConsulSemaphore {
     fn hand_off(&self, leaving: &Leaving, confirmed_on: Option<Snapshot>) -> Option<String> {
         let client = self.client.with_call_timeout(leaving.remaining() / 3);
         if let Some(known) = confirmed_on {
-            match self.hand_off_known(&client, &leaving.session, known) {
+            let until = Instant::now() + leaving.remaining() / 3;
+            match self.hand_off_known(&client, &leaving.session, known, until) {
                 Known::Handed(heir) => return Some(heir),
                 Known::NotHanded => return None,
                 Known::NeedsListing => {}
@@ -684,11 +685,22 @@ impl ConsulSemaphore {
     /// The hand-off decided on `known` (see [`semaphore::known_with_lock`]):
     /// `.lock` read afresh, the holders it names that `known` does not show
     /// read directly, and the heir's key read directly, so that a waiter
-    /// that left since is skipped; a lost CAS reads `.lock` again.
-    fn hand_off_known(&self, client: &Client, session: &str, mut known: Snapshot) -> Known {
+    /// that left since is skipped; a lost CAS reads `.lock` again, until
+    /// `until` (a third of the release's budget: the session's end matters
+    /// more).
+    fn hand_off_known(
+        &self,
+        client: &Client,
+        session: &str,
+        mut known: Snapshot,
+        until: Instant,
+    ) -> Known {
         let prefix = &self.settings.prefix;
         let limit = self.settings.limit;
         for _ in 0..RELEASE_CAS_ATTEMPTS {
+            if Instant::now() >= until {
+                return Known::NotHanded;
+            }
             let Ok(read) = client.get(
                 prefix,
                 semaphore::LOCK_KEY_NAME,
