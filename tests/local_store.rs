@@ -462,6 +462,54 @@ fn a_holder_whose_directory_is_deleted_stops_its_command() {
     assert_eq!(status.code(), Some(76));
 }
 
+/// A waiter whose directory is removed by hand, and made again by a
+/// newcomer, never takes a slot in the new one: that record forgot the
+/// holders still running, and may hand the waiter's ticket to another. It
+/// ends (69) with its command not run, and leaves the newcomer's files.
+#[test]
+fn a_waiter_whose_directory_is_made_again_never_takes_a_slot_in_it() {
+    let world = World::local("directory-made-again");
+    let limit = 2;
+    let holders = [
+        hold_slot(&world, limit, "ready0", "go"),
+        hold_slot(&world, limit, "ready1", "go"),
+    ];
+    let mut waiters = ["ran0", "ran1"].map(|ran| {
+        let script = format!("touch '{}'", world.path(ran));
+        let waiter = world.spawn(limit, &[], &["sh", "-c", &script]);
+        let joined = world.contender_keys() + 1;
+        wait_until(PROMPT, "the waiter to join the queue", || {
+            world.contender_keys() == joined
+        });
+        Some(waiter)
+    });
+    // The first waiter, stopped, sees nothing of what follows; the second
+    // sleeps on its queue file until it dies.
+    let first = waiters[0].take().unwrap();
+    signal(&first, libc::SIGSTOP);
+    std::fs::remove_dir_all(prefix_dir(&world)).unwrap();
+    let newcomer = hold_slot(&world, limit, "ready-new", "go");
+    signal(&first, libc::SIGKILL);
+    finish(first);
+    let mut second = waiters[1].take().unwrap();
+    let status = wait_with_deadline(&mut second, PROMPT, "the second waiter to end");
+    let stderr = String::from_utf8_lossy(&finish(second).stderr).into_owned();
+    assert_eq!(status.code(), Some(69), "{stderr}");
+    assert!(stderr.contains("was deleted while we waited"), "{stderr}");
+    assert!(
+        !world.exists("ran1"),
+        "the waiter ran in the directory made again"
+    );
+    for mut holder in holders {
+        // Their directory went: a lost slot.
+        let status = wait_with_deadline(&mut holder, PROMPT, "a holder to notice");
+        assert_eq!(status.code(), Some(76));
+    }
+    world.touch("go");
+    assert_eq!(finish(newcomer).status.code(), Some(0));
+    world.assert_clean();
+}
+
 /// Who runs a consem in the tests of two users on one prefix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum User {

@@ -792,8 +792,15 @@ impl PrefixDir {
             .unwrap_or_default()
     }
 
-    pub fn contender_file_exists(&self, ticket: u64) -> bool {
-        self.contender_path(ticket).exists()
+    /// Whether `ticket`'s contender file is still `ours` (the file we made
+    /// and hold locked): not deleted, and not replaced by another
+    /// contender's of the same ticket in a directory made again since.
+    pub fn contender_file_is(&self, ticket: u64, ours: &File) -> bool {
+        use std::os::unix::fs::MetadataExt as _;
+        match (fs::metadata(self.contender_path(ticket)), ours.metadata()) {
+            (Ok(found), Ok(ours)) => found.dev() == ours.dev() && found.ino() == ours.ino(),
+            _ => false,
+        }
     }
 
     /// Unlinks our queue file; closing it (the caller drops it) wakes the
@@ -878,19 +885,30 @@ fn poll_readable(file: &File, within: Duration) -> bool {
 
 /// Wakes a waiter or a holder when the prefix's directory changes: a
 /// contender file deleted or closed by a dying process, or `state`
-/// rewritten. On Linux through inotify; elsewhere by looking again every
-/// quarter of a second.
+/// rewritten. On Linux through inotify; elsewhere, or where this user
+/// reached the kernel's inotify limits, by looking again every
+/// `LOOK_WITHOUT_WATCH`.
 pub struct Waker {
+    /// None where the kernel refused this user another inotify instance or
+    /// watch: a crowd of queues must not fail for it, only look more often.
     #[cfg(target_os = "linux")]
-    inotify: File,
-    #[cfg(target_os = "linux")]
-    watch: libc::c_int,
+    watch: Option<Watch>,
     /// The waiter's ticket.
     #[cfg(target_os = "linux")]
     me: u64,
     /// What changed since `take_change` was last called.
     change: Change,
 }
+
+/// An inotify descriptor and its one watch, of the prefix's directory.
+#[cfg(target_os = "linux")]
+struct Watch {
+    inotify: File,
+    id: libc::c_int,
+}
+
+/// How often a waiter without a watch looks again.
+const LOOK_WITHOUT_WATCH: Duration = Duration::from_millis(250);
 
 /// What changed in the directory since the first waiter last looked, as far
 /// as its turn goes; the greater wins.
@@ -930,47 +948,42 @@ fn change_to(name: &[u8], me: u64) -> Change {
     }
 }
 
-/// Why the first waiter could not watch `dir`: where the kernel's limit per
-/// user was reached (`limit_errno`: EMFILE for instances, ENOSPC for
-/// watches), which one, and how to raise it.
+/// The kernel's per-user inotify setting that `error` says was reached
+/// (EMFILE: instances; ENOSPC: watches), if it says so.
 #[cfg(target_os = "linux")]
-fn watch_error(dir: &Path, error: io::Error, limit_errno: libc::c_int) -> StoreError {
-    if error.raw_os_error() != Some(limit_errno) {
-        return io_error("cannot watch", dir, error);
+fn inotify_limit(error: &io::Error, limit_errno: libc::c_int) -> Option<&'static str> {
+    match error.raw_os_error() {
+        Some(errno) if errno == limit_errno && errno == libc::EMFILE => {
+            Some("fs.inotify.max_user_instances")
+        }
+        Some(errno) if errno == limit_errno && errno == libc::ENOSPC => {
+            Some("fs.inotify.max_user_watches")
+        }
+        _ => None,
     }
-    let setting = if limit_errno == libc::EMFILE {
-        "fs.inotify.max_user_instances"
-    } else {
-        "fs.inotify.max_user_watches"
-    };
-    StoreError::unavailable(format!(
-        "cannot watch {}: {error}: this user reached the kernel's {setting} (the first waiter of each prefix with a queue holds one): raise it (sysctl -w {setting}=N, or in /etc/sysctl.d)",
-        dir.display()
-    ))
 }
 
 #[cfg(target_os = "linux")]
 impl Waker {
-    /// Watches `dir` for the waiter `me`.
+    /// Watches `dir` for the waiter `me`; where this user reached the
+    /// kernel's inotify limits, says so once and looks again every
+    /// `LOOK_WITHOUT_WATCH` instead.
     pub fn new(dir: &Path, me: u64) -> Result<Waker, StoreError> {
-        use std::os::fd::FromRawFd as _;
-        // SAFETY: inotify_init1 returns a new descriptor or -1.
-        let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
-        if fd < 0 {
-            return Err(watch_error(dir, io::Error::last_os_error(), libc::EMFILE));
-        }
-        // SAFETY: fd is a fresh descriptor that nothing else owns.
-        let inotify = unsafe { File::from_raw_fd(fd) };
-        let c_path = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
-            .map_err(|_| StoreError::usage(format!("{} has a NUL byte", dir.display())))?;
-        let mask = libc::IN_DELETE | libc::IN_CLOSE_WRITE;
-        // SAFETY: reads the NUL-terminated path; fd is ours.
-        let watch = unsafe { libc::inotify_add_watch(fd, c_path.as_ptr(), mask) };
-        if watch < 0 {
-            return Err(watch_error(dir, io::Error::last_os_error(), libc::ENOSPC));
-        }
+        let watch = match Watch::new(dir) {
+            Ok(watch) => Some(watch),
+            Err((error, limit_errno)) => match inotify_limit(&error, limit_errno) {
+                Some(setting) => {
+                    crate::report::warning(&format!(
+                        "cannot watch {}: {error}: this user reached the kernel's {setting}; looking again every {} ms instead (raise it: sysctl -w {setting}=N, or in /etc/sysctl.d)",
+                        dir.display(),
+                        LOOK_WITHOUT_WATCH.as_millis()
+                    ));
+                    None
+                }
+                None => return Err(io_error("cannot watch", dir, error)),
+            },
+        };
         Ok(Waker {
-            inotify,
             watch,
             me,
             change: Change::Nothing,
@@ -980,8 +993,11 @@ impl Waker {
     /// Reads what is pending into what changed (see `change_to`).
     pub fn drain(&mut self) {
         use std::io::Read as _;
+        let Some(watch) = &mut self.watch else {
+            return;
+        };
         let mut buffer = [0u8; 4096];
-        while let Ok(read) = self.inotify.read(&mut buffer) {
+        while let Ok(read) = watch.inotify.read(&mut buffer) {
             if read == 0 {
                 break;
             }
@@ -1001,15 +1017,23 @@ impl Waker {
     }
 
     /// Sleeps until something relevant happens in the directory, or
-    /// `recheck` passes.
+    /// `recheck` passes (without a watch, `LOOK_WITHOUT_WATCH` at most).
     pub fn wait(&mut self, recheck: Duration) {
+        if self.watch.is_none() {
+            std::thread::sleep(recheck.min(LOOK_WITHOUT_WATCH));
+            return;
+        }
         let deadline = Instant::now() + recheck;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return;
             }
-            if poll_readable(&self.inotify, left) {
+            let readable = self
+                .watch
+                .as_ref()
+                .is_some_and(|watch| poll_readable(&watch.inotify, left));
+            if readable {
                 self.drain();
                 if self.change != Change::Nothing {
                     return;
@@ -1018,8 +1042,12 @@ impl Waker {
         }
     }
 
-    /// What changed since the last call.
+    /// What changed since the last call; without a watch, anything may
+    /// have, and every look is a full one.
     pub fn take_change(&mut self) -> Change {
+        if self.watch.is_none() {
+            return Change::Ahead;
+        }
         std::mem::take(&mut self.change)
     }
 
@@ -1031,14 +1059,42 @@ impl Waker {
     /// command. Where no thread can be started, it is kept until exit.
     pub fn retire(self) {
         use std::os::fd::{FromRawFd as _, IntoRawFd as _};
-        // SAFETY: removes the one watch (descriptor 1) of our own inotify
-        // descriptor; an error only means it is already gone.
-        unsafe { libc::inotify_rm_watch(self.inotify.as_raw_fd(), self.watch) };
-        let fd = self.inotify.into_raw_fd();
+        let Some(watch) = self.watch else {
+            return;
+        };
+        // SAFETY: removes the one watch of our own inotify descriptor; an
+        // error only means it is already gone.
+        unsafe { libc::inotify_rm_watch(watch.inotify.as_raw_fd(), watch.id) };
+        let fd = watch.inotify.into_raw_fd();
         let _ = std::thread::Builder::new()
             .name("consem-unwatch".into())
             // SAFETY: fd is ours alone: taken out of its File above.
             .spawn(move || drop(unsafe { File::from_raw_fd(fd) }));
+    }
+}
+
+#[cfg(target_os = "linux")]
+impl Watch {
+    /// An inotify descriptor watching `dir`; an error comes with the errno
+    /// that would mean the kernel's per-user limit for the step that failed.
+    fn new(dir: &Path) -> Result<Watch, (io::Error, libc::c_int)> {
+        use std::os::fd::FromRawFd as _;
+        // SAFETY: inotify_init1 returns a new descriptor or -1.
+        let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+        if fd < 0 {
+            return Err((io::Error::last_os_error(), libc::EMFILE));
+        }
+        // SAFETY: fd is a fresh descriptor that nothing else owns.
+        let inotify = unsafe { File::from_raw_fd(fd) };
+        let c_path = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
+            .map_err(|_| (io::Error::from(io::ErrorKind::InvalidInput), 0))?;
+        let mask = libc::IN_DELETE | libc::IN_CLOSE_WRITE;
+        // SAFETY: reads the NUL-terminated path; fd is ours.
+        let id = unsafe { libc::inotify_add_watch(fd, c_path.as_ptr(), mask) };
+        if id < 0 {
+            return Err((io::Error::last_os_error(), libc::ENOSPC));
+        }
+        Ok(Watch { inotify, id })
     }
 }
 
@@ -1058,7 +1114,7 @@ impl Waker {
     }
 
     pub fn wait(&mut self, recheck: Duration) {
-        std::thread::sleep(recheck.min(Duration::from_millis(250)));
+        std::thread::sleep(recheck.min(LOOK_WITHOUT_WATCH));
     }
 
     pub fn retire(self) {}
@@ -1068,7 +1124,6 @@ impl Waker {
 mod tests {
     use super::{change_to, Change};
     use std::io;
-    use std::path::Path;
 
     #[test]
     fn the_first_waiter_wakes_for_changes_ahead_of_it_only() {
@@ -1089,22 +1144,35 @@ mod tests {
 
     #[cfg(target_os = "linux")]
     #[test]
-    fn a_kernel_limit_on_watching_is_named_with_how_to_raise_it() {
-        let dir = Path::new("/run/lock/consem/p");
-        let error = |errno| io::Error::from_raw_os_error(errno);
-        let instances = super::watch_error(dir, error(libc::EMFILE), libc::EMFILE);
-        assert!(
-            instances
-                .to_string()
-                .contains("sysctl -w fs.inotify.max_user_instances=N"),
-            "{instances}"
+    fn the_kernel_s_limits_on_watching_are_told_from_other_errors() {
+        use super::inotify_limit;
+        let error = io::Error::from_raw_os_error;
+        assert_eq!(
+            inotify_limit(&error(libc::EMFILE), libc::EMFILE),
+            Some("fs.inotify.max_user_instances")
         );
-        let watches = super::watch_error(dir, error(libc::ENOSPC), libc::ENOSPC);
-        assert!(
-            watches.to_string().contains("fs.inotify.max_user_watches"),
-            "{watches}"
+        assert_eq!(
+            inotify_limit(&error(libc::ENOSPC), libc::ENOSPC),
+            Some("fs.inotify.max_user_watches")
         );
-        let other = super::watch_error(dir, error(libc::ENOENT), libc::EMFILE);
-        assert!(!other.to_string().contains("sysctl"), "{other}");
+        // The same errno from the other step, or another error, is no limit.
+        assert_eq!(inotify_limit(&error(libc::ENOSPC), libc::EMFILE), None);
+        assert_eq!(inotify_limit(&error(libc::ENOENT), libc::EMFILE), None);
+    }
+
+    /// A waiter the kernel refused a watch still wakes: it looks again
+    /// within a quarter of a second, and each look is a full one.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_waiter_without_a_watch_looks_again_soon_and_fully() {
+        let mut waker = super::Waker {
+            watch: None,
+            me: 7,
+            change: Change::Nothing,
+        };
+        let started = std::time::Instant::now();
+        waker.wait(std::time::Duration::from_secs(60));
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        assert_eq!(waker.take_change(), Change::Ahead);
     }
 }

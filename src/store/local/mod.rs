@@ -209,6 +209,16 @@ impl LocalSemaphore {
                 }
                 None => Change::Ahead,
             };
+            if !self.still_registered(ticket) {
+                // The directory was removed by hand (and maybe made again
+                // by newcomers, whose record does not know our ticket):
+                // taking a slot in it would be beside holders it forgot.
+                return Err(StoreError::unavailable(format!(
+                    "our contender file {} was deleted while we waited (the prefix's directory removed by hand?): the command was not run; run it again to join afresh",
+                    self.place.contender_path(ticket).display()
+                ))
+                .into());
+            }
             let mut state = self.place.read_state()?;
             let as_read = (state.limit, state.holders.clone());
             if let (Change::Record, Some(waker)) = (change, &mut waker) {
@@ -311,6 +321,16 @@ impl LocalSemaphore {
         }
     }
 
+    /// Whether our contender file is where we made it: deleted by hand, or
+    /// replaced by a newcomer's in a directory made again, it is not.
+    fn still_registered(&self, ticket: u64) -> bool {
+        let shared = self.gate.lock();
+        shared
+            .contender_file
+            .as_ref()
+            .is_some_and(|ours| self.place.contender_file_is(ticket, ours))
+    }
+
     /// Watches the slot while the command runs; returns why it was lost, or
     /// `None` once release begins.
     /// An operator's `release` or `reset` writes to our wake FIFO after it
@@ -340,7 +360,7 @@ impl LocalSemaphore {
                     "we were removed from the holders (consem release, or reset --force)".into(),
                 );
             }
-            if !self.place.contender_file_exists(ticket) {
+            if !self.still_registered(ticket) {
                 return Some(format!(
                     "our contender file {} was deleted",
                     self.place.contender_path(ticket).display()
@@ -401,7 +421,14 @@ impl SlotBackend for LocalSemaphore {
         let Some(ticket) = ticket else {
             return Ok(Released::Left);
         };
+        let ours_still_there = files
+            .0
+            .as_ref()
+            .is_some_and(|ours| self.place.contender_file_is(ticket, ours));
         let outcome = match meta {
+            // Our directory was removed by hand: a directory made again
+            // since is others', and a file of our ticket in it a newcomer's.
+            Ok(_meta) if !ours_still_there => Ok(()),
             Ok(_meta) => self.place.leave(ticket).map_err(Unfinished::failed),
             Err(error) => Err(Unfinished::failed(error).cleanup(
                 "the kernel frees our slot as consem exits, and the next contender prunes us",
