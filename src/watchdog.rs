@@ -298,10 +298,14 @@ impl Guard {
 
     /// How long to wait for consem before looking again: the group's
     /// check period, or less when the next signal is due sooner (1 ms at
-    /// least).
-    fn next_look(&self, now: u64) -> u64 {
-        if self.group <= 0 || now >= self.deadline {
-            return GROUP_CHECK_NS;
+    /// least); `None` (for as long as it takes) before there is a group to
+    /// guard, so that a waiting consem's watchdog never wakes for nothing.
+    fn next_look(&self, now: u64) -> Option<u64> {
+        if self.group <= 0 {
+            return None;
+        }
+        if now >= self.deadline {
+            return Some(GROUP_CHECK_NS);
         }
         let term_at = self.deadline.saturating_sub(self.grace);
         let at = if self.termed || now >= term_at {
@@ -309,7 +313,7 @@ impl Guard {
         } else {
             term_at
         };
-        GROUP_CHECK_NS.min(at.saturating_sub(now).max(1_000_000))
+        Some(GROUP_CHECK_NS.min(at.saturating_sub(now).max(1_000_000)))
     }
 }
 
@@ -323,13 +327,14 @@ enum Message {
 
 /// Waits up to `within_ns` for a message on `pipe` (`None`: no pipe any
 /// more, only the wait); `None` if none came.
-fn next_message(pipe: Option<libc::c_int>, within_ns: u64) -> Option<Message> {
+fn next_message(pipe: Option<libc::c_int>, within_ns: Option<u64>) -> Option<Message> {
     let mut poll = libc::pollfd {
         fd: pipe.unwrap_or(-1),
         events: libc::POLLIN,
         revents: 0,
     };
-    let millis = (within_ns / 1_000_000).max(1) as libc::c_int;
+    // Without a pipe something is always due (the caller exits otherwise).
+    let millis = within_ns.map_or(-1, |ns| (ns / 1_000_000).max(1) as libc::c_int);
     // SAFETY: poll and read write into locals we own.
     unsafe {
         if libc::poll(&mut poll, 1, millis) <= 0 || poll.revents == 0 {
@@ -474,25 +479,27 @@ mod tests {
     fn the_watchdog_wakes_for_the_next_signal_due() {
         let held = guard(100 * SECOND, false);
         // Far off: the group's check period.
-        assert_eq!(held.next_look(10 * SECOND), GROUP_CHECK_NS);
+        assert_eq!(held.next_look(10 * SECOND), Some(GROUP_CHECK_NS));
         // SIGTERM due in 100 ms.
-        assert_eq!(held.next_look(94_900_000_000), 100_000_000);
+        assert_eq!(held.next_look(94_900_000_000), Some(100_000_000));
         // After SIGTERM, SIGKILL's moment; 1 ms at least.
         assert_eq!(
             guard(100 * SECOND, true).next_look(99_900_000_000),
-            100_000_000
+            Some(100_000_000)
         );
         assert_eq!(
             guard(100 * SECOND, true).next_look(100 * SECOND - 1),
-            1_000_000
+            Some(1_000_000)
         );
-        // No group yet, or past the deadline: the check period.
+        // Past the deadline: the check period.
+        assert_eq!(held.next_look(101 * SECOND), Some(GROUP_CHECK_NS));
+        // No group yet (consem waits for a slot): nothing to look at
+        // until consem says something.
         let unguarded = Guard {
             group: 0,
             ..guard(100 * SECOND, false)
         };
-        assert_eq!(unguarded.next_look(99 * SECOND), GROUP_CHECK_NS);
-        assert_eq!(held.next_look(101 * SECOND), GROUP_CHECK_NS);
+        assert_eq!(unguarded.next_look(99 * SECOND), None);
     }
 
     #[test]
