@@ -706,6 +706,44 @@ fn a_key_rewritten_without_its_lease_is_a_lost_slot() {
     world.assert_clean();
 }
 
+/// A waiter whose key is written again by hand without its lease joins
+/// again under a new lease (a key of another name) and gets its turn: it
+/// does not take the stray key for its own, find itself gone at its next
+/// look, and join again at once, for ever (hundreds of times a second).
+#[test]
+fn a_waiter_whose_key_is_written_again_without_its_lease_joins_again_once() {
+    let world = World::etcd("waiter-detached");
+    let etcd = &world.store;
+    let holder = hold_slot(&world, 1, "ready", "go");
+    let first = world.spawn(1, &[], &["true"]);
+    wait_until(PROMPT, "the first waiter to queue", || {
+        world.contender_keys() == 2
+    });
+    let second = world.spawn(1, &["-v"], &["true"]);
+    wait_until(PROMPT, "the second waiter to queue", || {
+        world.contender_keys() == 3
+    });
+    let key = contenders(etcd, &world.prefix)[2].key.clone();
+    etcd.put(&key, "{}");
+    world.touch("go");
+    assert_eq!(finish_within(holder, "the holder").status.code(), Some(0));
+    assert_eq!(
+        finish_within(first, "the first waiter").status.code(),
+        Some(0)
+    );
+    let second = finish_within(second, "the second waiter to run");
+    assert_eq!(second.status.code(), Some(0), "{}", stderr(&second));
+    let rejoins = stderr(&second).matches(" rejoin ").count();
+    assert!(
+        (1..=2).contains(&rejoins),
+        "{rejoins} rejoins: {}",
+        stderr(&second)
+    );
+    // The key, on no lease, is left for the operator who wrote it.
+    etcd.delete(&key);
+    world.assert_clean();
+}
+
 /// A keep-alive that etcd answers "no such lease" ends the run at once
 /// (76), as the watch of the key would have: it is not a failure to try
 /// again until the lease runs out. Here the watch never gets through (a

@@ -348,9 +348,23 @@ impl EtcdSemaphore {
                     Some(glimpse_of(&reply, 1)),
                 ));
             }
-            // An earlier attempt that went through without an answer.
             if let Some(ours) = reply.range(1).first() {
-                return Ok(Joined::At(ours.create_revision, None));
+                // An earlier attempt that went through without an answer.
+                if ours.lease == lease {
+                    return Ok(Joined::At(ours.create_revision, None));
+                }
+                // Our key's name, written by hand on no lease or another:
+                // no contender, and never ours (taking it as ours, we
+                // found ourselves gone at every look, and joined again
+                // at once, for ever). A new lease gives a key of another
+                // name; this one goes now rather than at its end.
+                report::event(
+                    "rejoin",
+                    &[("why", &"our key was written again without our lease")],
+                );
+                let now = Instant::now();
+                let _ = self.revoke(lease, now, now);
+                return Ok(Joined::LeaseGone);
             }
             let record = reply.range(0).into_iter().next();
             if let Some(record) = &record {
