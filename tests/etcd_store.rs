@@ -744,6 +744,35 @@ fn a_waiter_whose_key_is_written_again_without_its_lease_joins_again_once() {
     world.assert_clean();
 }
 
+/// A prefix nested in another (`p/inner` under `p`) is a semaphore of its
+/// own: its keys lie in `p`'s range, but `p`'s contenders neither count
+/// them nor wait for them.
+#[test]
+fn a_nested_prefix_is_a_semaphore_of_its_own() {
+    let world = World::etcd("nested");
+    let mut inner = world.consem_command();
+    inner
+        .args(["run", "--prefix", &format!("{}/inner", world.prefix)])
+        .args(["--limit", "1"]);
+    world.store.point(&mut inner);
+    inner
+        .arg("--")
+        .args(strs(&world.held_until("inner-ready", "go", 0)));
+    let inner = spawn(inner);
+    wait_until(PROMPT, "the nested prefix's holder to start", || {
+        world.exists("inner-ready")
+    });
+    // While the nested prefix's slot is held, the outer one's is free.
+    let outer = output_of(world.consem(1, &[], &["true"]));
+    assert_eq!(outer.status.code(), Some(0), "{}", stderr(&outer));
+    world.touch("go");
+    assert_eq!(
+        finish_within(inner, "the nested holder").status.code(),
+        Some(0)
+    );
+    world.assert_clean();
+}
+
 /// A keep-alive that etcd answers "no such lease" ends the run at once
 /// (76), as the watch of the key would have: it is not a failure to try
 /// again until the lease runs out. Here the watch never gets through (a

@@ -44,9 +44,19 @@ pub fn contenders<'a>(listing: &'a [KeyValue], limit_key: &[u8]) -> Vec<&'a KeyV
     contenders
 }
 
-/// True if `kv` is a contender's key: on a lease, and not the limit record.
+/// True if `kv` is a contender's key: on a lease, not the limit record, and
+/// right under the prefix. A key further down is a contender of a nested
+/// prefix (`a/b` under `a`), whose range the prefix's own takes in: counted,
+/// it made `a`'s waiters wait for `a/b`'s holders, and `a` a conflict with
+/// "contenders but no limit record".
 pub fn is_contender(kv: &KeyValue, limit_key: &[u8]) -> bool {
-    kv.lease != 0 && kv.key != limit_key
+    let under = &limit_key[..limit_key.len().saturating_sub(LIMIT_KEY_NAME.len())];
+    kv.lease != 0
+        && kv.key != limit_key
+        && kv
+            .key
+            .strip_prefix(under)
+            .is_some_and(|name| !name.contains(&b'/'))
 }
 
 /// True if `contender` is consem's: it describes itself with a JSON
@@ -395,6 +405,7 @@ mod tests {
             kv("a", 5, 1),
             kv("stray", 1, 0),
             kv("b", 6, 2),
+            kv("nested/e", 3, 5),
             kv("d", 9, 4),
         ];
         let contenders = contenders(&listing, b"p/.limit");
