@@ -802,6 +802,59 @@ fn a_hand_off_reads_lock_and_the_heirs_key_not_the_prefix() {
     world.assert_clean();
 }
 
+/// A holder whose confirming listing went out of date while it held (every
+/// waiter it showed has left, and others came) still hands its slot on,
+/// after one fresh listing: skipping the stale listing's waiters one read
+/// at a time ran out of attempts, and no hand-off was made.
+#[test]
+fn a_holder_whose_listing_went_stale_still_hands_its_slot_on() {
+    const GONE: usize = 10;
+    let world = World::on_the_double("stale-listing");
+    let first = hold_slot(&world, 1, "ready0", "go0");
+    let holder = world.spawn(1, &["-v"], &strs(&world.held_until("ready1", "go1", 0)));
+    wait_until(PROMPT, "the holder-to-be to queue", || {
+        world.contender_keys() == 2
+    });
+    let gone: Vec<_> = (0..GONE)
+        .map(|i| {
+            let waiter = world.spawn(1, &[], &["true"]);
+            wait_until(PROMPT, "a waiter to queue", || {
+                world.contender_keys() == i + 3
+            });
+            waiter
+        })
+        .collect();
+    world.touch("go0");
+    assert_eq!(finish(first).status.code(), Some(0));
+    wait_until(PROMPT, "the holder's command to start", || {
+        world.exists("ready1")
+    });
+    // Every waiter its confirming listing showed leaves; a newcomer comes.
+    for waiter in &gone {
+        signal(waiter, libc::SIGTERM);
+    }
+    for waiter in gone {
+        finish(waiter);
+    }
+    wait_until(PROMPT, "the waiters' keys to go", || {
+        world.contender_keys() == 1
+    });
+    let newcomer = world.spawn(1, &[], &["true"]);
+    wait_until(PROMPT, "the newcomer to queue", || {
+        world.contender_keys() == 2
+    });
+    world.touch("go1");
+    let held = finish(holder);
+    assert_eq!(held.status.code(), Some(0), "{}", stderr(&held));
+    assert!(
+        stderr(&held).contains(" handed-over "),
+        "no hand-off: {}",
+        stderr(&held)
+    );
+    assert_eq!(finish(newcomer).status.code(), Some(0));
+    world.assert_clean();
+}
+
 /// A `consul lock` waiter does not relay (its contender key's value is
 /// empty) and does not queue: a consem that arrived after it neither blocks
 /// on its key nor waits for it, and takes the slot when the holder leaves.

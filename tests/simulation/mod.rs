@@ -1277,7 +1277,7 @@ impl Sim {
         &mut self,
         i: usize,
         id: &str,
-        mut known: Snapshot,
+        known: Snapshot,
     ) -> Result<Option<(String, u64, Snapshot)>, ()> {
         let lock_key = format!("{DIR}{LOCK_KEY_NAME}");
         for _ in 0..RELEASE_CAS_ATTEMPTS {
@@ -1300,17 +1300,14 @@ impl Sim {
                 Some(entry) if semaphore::check_key(Some(&entry), &heir).is_ok() => {
                     snapshot.contenders.insert(heir.clone(), entry);
                 }
-                _ => {
-                    known.forget(&heir);
-                    continue;
-                }
+                _ => return Err(()),
             }
             if self.consul.put_cas(&lock_key, value, cas, SEMAPHORE_FLAGS) {
                 self.handed_over(i, &heir, id);
                 return Ok(Some((heir, cas, snapshot)));
             }
         }
-        Ok(None)
+        Err(())
     }
 
     fn handed_over(&mut self, i: usize, heir: &str, leaving: &str) {

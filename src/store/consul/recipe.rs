@@ -692,7 +692,7 @@ impl ConsulSemaphore {
         &self,
         client: &Client,
         session: &str,
-        mut known: Snapshot,
+        known: Snapshot,
         until: Instant,
     ) -> Known {
         let prefix = &self.settings.prefix;
@@ -745,10 +745,11 @@ impl ConsulSemaphore {
                 Some(entry) if semaphore::check_key(Some(&entry), &heir).is_ok() => {
                     snapshot.contenders.insert(heir.clone(), entry);
                 }
-                _ => {
-                    known.forget(&heir);
-                    continue;
-                }
+                // The listing is out of date: the queue moved on since.
+                // Skipping its waiters one read at a time cost a holder
+                // that had held long some 8 × (limit + 1) reads, and the
+                // hand-off when the attempts ran out; one listing decides.
+                _ => return Known::NeedsListing,
             }
             let lock_key = self.key(semaphore::LOCK_KEY_NAME);
             match client.put_cas(&lock_key, value, cas, SEMAPHORE_FLAGS) {
@@ -760,7 +761,9 @@ impl ConsulSemaphore {
                 Err(_) => return Known::NotHanded,
             }
         }
-        Known::NotHanded
+        // `.lock` kept changing under us: as with a stale listing, a
+        // fresh one decides, rather than no hand-off at all.
+        Known::NeedsListing
     }
 
     /// Step 3 of release: writes `.lock` without us (pruning the dead, and

@@ -771,14 +771,6 @@ pub fn known_with_lock(known: &Snapshot, lock: Entry, limit: u32) -> Option<Snap
     })
 }
 
-impl Snapshot {
-    /// Drops a contender that a direct read showed gone.
-    pub fn forget(&mut self, name: &str) {
-        self.contenders.remove(name);
-        self.hidden.remove(name);
-    }
-}
-
 /// The waiter a leaving holder hands its slot to, in the same write that
 /// takes the holder out: the consem waiter that arrived first.
 ///
@@ -1411,13 +1403,6 @@ mod tests {
             panic!("a rewrite");
         };
         assert_eq!((heir.as_deref(), cas), (Some(D), 12));
-        // A waiter a direct read showed gone is forgotten: none is left.
-        let mut without_d = snap.clone();
-        without_d.forget(D);
-        assert!(matches!(
-            plan_release(&without_d, A, 2),
-            ReleaseStep::Rewrite { heir: None, .. }
-        ));
     }
 
     #[test]
