@@ -855,6 +855,79 @@ fn a_holder_whose_listing_went_stale_still_hands_its_slot_on() {
     world.assert_clean();
 }
 
+/// A waiter woken by a change (the first in line, blocking on the prefix,
+/// and the one woken by the rewrite of the key ahead) decides on the
+/// listing it kept, with a `?keys` listing and `.lock`, its own key and the
+/// keys new since read afresh: once the waiters have joined, the handoffs
+/// list the prefix in full only where no kept listing can tell (the last
+/// holder's hand-off, with no waiter left). Requests are what the double
+/// recorded.
+#[test]
+fn a_woken_waiter_decides_on_the_listing_it_kept() {
+    const WAITERS: usize = 5;
+    let world = World::on_the_double("woken-waiter-reads");
+    let double = world.the_double();
+    let holder = hold_slot(&world, 1, "ready", "go");
+    let log = world.path("order");
+    let waiters: Vec<_> = (0..WAITERS)
+        .map(|position| {
+            let script = format!("echo {position} >> '{log}'");
+            let waiter = world.spawn(1, &[], &["sh", "-c", &script]);
+            wait_until(PROMPT, "the waiter's contender key", || {
+                world.contender_keys() == position + 2
+            });
+            waiter
+        })
+        .collect();
+    // Every waiter has read its place: the holder listed twice (to take
+    // its slot, and to confirm it), each waiter once as it joined.
+    let dir = format!("/v1/kv/{}", world.key(""));
+    let joins = || {
+        double
+            .requests()
+            .iter()
+            .filter(|r| {
+                r.method == "GET"
+                    && r.path == dir
+                    && r.query_value("recurse").is_some()
+                    && r.query_value("index").is_none()
+            })
+            .count()
+    };
+    wait_until(PROMPT, "every waiter's join listing", || {
+        joins() >= WAITERS + 2
+    });
+    let before = double.requests().len();
+    world.touch("go");
+    assert_eq!(finish(holder).status.code(), Some(0));
+    for waiter in waiters {
+        let output = finish(waiter);
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    }
+    let order = std::fs::read_to_string(&log).unwrap();
+    let expected: String = (0..WAITERS).map(|p| format!("{p}\n")).collect();
+    assert_eq!(order, expected, "slots went out of arrival order");
+    let reads_of_the_prefix = |form: &str| {
+        double.requests()[before..]
+            .iter()
+            .filter(|r| r.method == "GET" && r.path == dir && r.query_value(form).is_some())
+            .count()
+    };
+    let (listings, names) = (reads_of_the_prefix("recurse"), reads_of_the_prefix("keys"));
+    // The first holder's hand-off (its slot was taken on an empty prefix:
+    // the listing it kept shows no waiter) lists, and so do the last
+    // holder's hand-off and its release; no waiter does.
+    assert!(
+        listings <= 3,
+        "{listings} prefix listings (and {names} ?keys listings) while {WAITERS} woken waiters took their turn"
+    );
+    assert!(
+        names >= WAITERS,
+        "{names} ?keys listings for {WAITERS} waiters woken"
+    );
+    world.assert_clean();
+}
+
 /// A `consul lock` waiter does not relay (its contender key's value is
 /// empty) and does not queue: a consem that arrived after it neither blocks
 /// on its key nor waits for it, and takes the slot when the holder leaves.
