@@ -288,10 +288,12 @@ impl Contender {
             // The key we block on changed or went: the waiter ahead took its
             // slot or left. Look at the whole picture again: on the listing
             // we kept, with what changed since read afresh.
-            Answer::Key(_) if self.kept.is_some() => Step::Call(Call::ListKeys {
-                consistency: Consistency::Default,
-                block_on: 0,
-            }),
+            Answer::Key(_) if self.kept.as_deref().is_some_and(can_tell) => {
+                Step::Call(Call::ListKeys {
+                    consistency: Consistency::Default,
+                    block_on: 0,
+                })
+            }
             Answer::Key(_) => Step::Call(Call::List {
                 consistency: Consistency::Default,
                 block_on: 0,
@@ -372,13 +374,7 @@ impl Contender {
         };
         let session = self.session.clone().unwrap_or_default();
         let kept = self.kept.take().filter(|kept| {
-            !unmoved
-                && self.index > 0
-                && keys.names.contains(&session)
-                && kept
-                    .contenders
-                    .values()
-                    .all(|e| kept.is_live(&e.name) && semaphore::relays(e))
+            !unmoved && self.index > 0 && keys.names.contains(&session) && can_tell(kept)
         });
         let Some(kept) = kept else {
             return Step::Call(Call::List {
@@ -625,10 +621,12 @@ impl Contender {
         let wait = match wait_on {
             // A listing is as long as the crowd; its names are a ninth of
             // it, and the listing just decided on is kept.
-            WaitOn::Prefix if self.kept.is_some() && self.index > 0 => Call::ListKeys {
-                consistency: Consistency::Consistent,
-                block_on: self.index,
-            },
+            WaitOn::Prefix if self.kept.as_deref().is_some_and(can_tell) && self.index > 0 => {
+                Call::ListKeys {
+                    consistency: Consistency::Consistent,
+                    block_on: self.index,
+                }
+            }
             WaitOn::Prefix => self.read(),
             WaitOn::Key(name) => Call::Get {
                 name,
@@ -666,6 +664,17 @@ impl Contender {
             block_on: self.index,
         }
     }
+}
+
+/// Whether a waiter can decide on `kept` with a `?keys` listing and a few
+/// keys read afresh: not when it shows a contender that does not queue
+/// (`consul lock`: the share rule weighs every live contender, which only
+/// a listing shows) or a key its session did not hold (released by hand,
+/// its session may take it again with its old place).
+fn can_tell(kept: &Snapshot) -> bool {
+    kept.contenders
+        .values()
+        .all(|e| kept.is_live(&e.name) && semaphore::relays(e))
 }
 
 /// A listing put together by a waiter woken by a change, from the listing
