@@ -1413,13 +1413,100 @@ mod tests {
                 block_on: 10
             })
         );
-        // Once per holder: the same picture again is an ordinary wait.
+        // Once per holder: the same picture again is an ordinary wait (on
+        // the prefix's names: the listing is kept).
         let again = c.on_answer(listing(11, seen()));
         assert_eq!(
             probed(&mut c, again),
-            Step::Call(Call::List {
+            Step::Call(Call::ListKeys {
                 consistency: Consistency::Consistent,
                 block_on: 11
+            })
+        );
+    }
+
+    #[test]
+    fn a_woken_waiter_decides_on_its_kept_listing_and_a_few_keys() {
+        const LATE: &str = "cccccccc-0000-0000-0000-000000000003";
+        let relaying = |session: &str, index: u64| Entry {
+            value: br#"{"Relays":true}"#.to_vec(),
+            create_index: index,
+            modify_index: index,
+            ..contender_entry(session)
+        };
+        let get = |name: &str| {
+            Step::Call(Call::Get {
+                name: name.into(),
+                consistency: Consistency::Consistent,
+                block_on: 0,
+            })
+        };
+        let mut c = joined(Contend::Wait);
+        c.on_answer(Answer::KeyAcquired(Acquire::Held));
+        // OTHER holds the one slot; we are first in line.
+        let held = vec![relaying(OTHER, 4), relaying(ME, 5), lock_entry(&[OTHER], 9)];
+        let wait = c.on_answer(listing(10, held));
+        let keys = Call::ListKeys {
+            consistency: Consistency::Consistent,
+            block_on: 10,
+        };
+        assert_eq!(probed(&mut c, wait), Step::Call(keys));
+        // OTHER handed us its slot and left; LATE joined behind us. The
+        // names tell: LATE is read, then `.lock`, then our own key.
+        let names = [".lock", ME, LATE].map(String::from).to_vec();
+        let woken = c.on_answer(Answer::Keys(KeyListing { index: 14, names }));
+        assert_eq!(woken, get(LATE));
+        let read = |entries| Answer::Key(Listing { index: 14, entries });
+        assert_eq!(
+            c.on_answer(read(vec![relaying(LATE, 13)])),
+            get(LOCK_KEY_NAME)
+        );
+        assert_eq!(c.on_answer(read(vec![lock_entry(&[ME], 12)])), get(ME));
+        // A consistent names listing, `.lock` and our key: the slot is
+        // proven; LATE waits behind us, so we relay.
+        assert_eq!(
+            c.on_answer(read(vec![relaying(ME, 5)])),
+            Step::Acquired {
+                fence: 12,
+                key_index: 5,
+                relay: true
+            }
+        );
+        let confirmed = c.take_confirmed_on().unwrap();
+        assert!(confirmed.contenders.contains_key(LATE));
+        assert!(!confirmed.contenders.contains_key(OTHER));
+    }
+
+    #[test]
+    fn a_kept_listing_that_cannot_tell_is_not_built_on() {
+        const RACER: &str = "cccccccc-0000-0000-0000-000000000003";
+        let relaying = |session: &str, index: u64| Entry {
+            value: br#"{"Relays":true}"#.to_vec(),
+            create_index: index,
+            modify_index: index,
+            ..contender_entry(session)
+        };
+        let mut c = joined(Contend::Wait);
+        c.on_answer(Answer::KeyAcquired(Acquire::Held));
+        // OTHER holds the one slot; a `consul lock` waiter (an empty value)
+        // waits too: the share rule weighs it, which only a listing shows.
+        let racer = Entry {
+            create_index: 6,
+            modify_index: 6,
+            ..contender_entry(RACER)
+        };
+        let seen = vec![
+            relaying(OTHER, 4),
+            racer,
+            relaying(ME, 7),
+            lock_entry(&[OTHER], 9),
+        ];
+        let wait = c.on_answer(listing(10, seen));
+        assert_eq!(
+            probed(&mut c, wait),
+            Step::Call(Call::List {
+                consistency: Consistency::Consistent,
+                block_on: 10
             })
         );
     }
