@@ -982,10 +982,17 @@ impl Sim {
                 semaphore::decide(&snapshot, waiter, self.limit),
                 Ok(Decision::Take { .. } | Decision::Holding)
             );
+            // Skip 3 of the order also covers a heir that sleeps itself
+            // (behind a signalled waiter, say) when the holder that handed
+            // it its slot was signalled before its rewrite of the heir's
+            // key: the waiter behind that heir sleeps through its own
+            // hand-off until the heir wakes, and its sleep is checked in
+            // its own right here.
             let excused = match call {
                 Call::Get { name, .. } => {
                     self.will_write(name, self.clients.len())
                         || self.signalled_ahead(name, &snapshot)
+                        || (self.wakes_lost.contains(name) && self.sleeps(name))
                 }
                 _ => false,
             };
@@ -1021,6 +1028,15 @@ impl Sim {
                 Phase::Release { .. } => true,
                 Phase::Done(_) | Phase::Crashed => false,
             }
+    }
+
+    /// Whether the client whose contender key is `name` waits, asleep.
+    fn sleeps(&self, name: &str) -> bool {
+        self.clients.iter().enumerate().any(|(c, client)| {
+            client.session() == Some(name)
+                && matches!(client.phase, Phase::Contend { .. })
+                && !self.runnable(c)
+        })
     }
 
     /// Whether the contender key `name` is that of a signalled client whose

@@ -537,8 +537,10 @@ impl Contender {
                     .map_or(0, |key| key.modify_index);
                 // Anyone waiting behind us may block on our key alone.
                 let record = snapshot.lock_record(self.limit).ok().flatten();
-                let relay =
-                    record.is_some_and(|r| semaphore::waiters_behind(&snapshot, &r, &session));
+                let relay = record.is_some_and(|r| {
+                    semaphore::waiters_behind(&snapshot, &r, &session)
+                        || semaphore::holder_just_behind(&snapshot, &r, &session)
+                });
                 self.confirmed_on = Some(Box::new(snapshot));
                 Step::Acquired {
                     fence,
