@@ -107,7 +107,7 @@ fn a_waiter_rides_out_outages_in_a_row_each_shorter_than_its_ttl() {
             waiter.try_wait().unwrap().is_some()
                 || double.requests().iter().any(|r| {
                     r.at >= back
-                        && r.query.iter().any(|(k, _)| k == "recurse" || k == "keys")
+                        && r.query.iter().any(|(k, _)| k == "recurse")
                         && r.query.iter().any(|(k, v)| k == "index" && v != "0")
                 })
         });

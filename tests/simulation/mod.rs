@@ -17,7 +17,7 @@ mod model;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
-use consem::store::consul::client::{Acquire, KeyListing, Listing};
+use consem::store::consul::client::{Acquire, Listing};
 use consem::store::consul::contender::{
     Answer, Call, Contender, Step, Watched, Watcher, UNMATCHED_CAS,
 };
@@ -499,7 +499,7 @@ impl Sim {
     fn runnable(&self, i: usize) -> bool {
         match &self.clients[i].phase {
             Phase::Contend {
-                call: Call::List { block_on, .. } | Call::ListKeys { block_on, .. },
+                call: Call::List { block_on, .. },
                 blocked_since,
                 ..
             } if *block_on > 0 => {
@@ -566,11 +566,6 @@ impl Sim {
                 let (index, entries) = self.visible_list(restricted);
                 Answer::Listing(Listing { index, entries })
             }
-            Call::ListKeys { .. } => {
-                let (index, entries) = self.visible_list(restricted);
-                let names = entries.into_iter().map(|e| e.name).collect();
-                Answer::Keys(KeyListing { index, names })
-            }
             Call::CheckHolder { name } if restricted && self.hidden_sessions.contains(name) => {
                 Answer::HolderKey(None)
             }
@@ -610,7 +605,7 @@ impl Sim {
         };
         let is_write = !matches!(
             call,
-            Call::List { .. } | Call::ListKeys { .. } | Call::Get { .. } | Call::CheckHolder { .. }
+            Call::List { .. } | Call::Get { .. } | Call::CheckHolder { .. }
         );
         if is_write && self.call_fails() {
             self.stats.lost_answers += 1;
@@ -644,10 +639,7 @@ impl Sim {
                 let answer = self.call(i, &call);
                 // Only an answer that carries an index can tell the
                 // contender that the index went back.
-                let indexed = matches!(
-                    answer,
-                    Some(Answer::Listing(_) | Answer::Keys(_) | Answer::Key(_))
-                );
+                let indexed = matches!(answer, Some(Answer::Listing(_) | Answer::Key(_)));
                 let step = match answer {
                     None => Step::Call(contender.after_failure()),
                     Some(answer) => {
@@ -658,16 +650,12 @@ impl Sim {
                 self.clients[i].restores_seen = self.consul.restores();
                 match step {
                     Step::Call(next) => {
-                        let blocks = matches!(next, Call::List { block_on, .. } | Call::ListKeys { block_on, .. } | Call::Get { block_on, .. } if block_on > 0);
+                        let blocks = matches!(next, Call::List { block_on, .. } | Call::Get { block_on, .. } if block_on > 0);
                         // A waiter blocks on the listing's index, for the
                         // prefix or for the key ahead (which wakes only when
                         // that key moves past it).
-                        if let (
-                            true,
-                            Call::List { block_on, .. }
-                            | Call::ListKeys { block_on, .. }
-                            | Call::Get { block_on, .. },
-                        ) = (indexed, &next)
+                        if let (true, Call::List { block_on, .. } | Call::Get { block_on, .. }) =
+                            (indexed, &next)
                         {
                             let index = self.consul.prefix_index(DIR);
                             if *block_on > index {
@@ -982,17 +970,10 @@ impl Sim {
                 semaphore::decide(&snapshot, waiter, self.limit),
                 Ok(Decision::Take { .. } | Decision::Holding)
             );
-            // Skip 3 of the order also covers a heir that sleeps itself
-            // (behind a signalled waiter, say) when the holder that handed
-            // it its slot was signalled before its rewrite of the heir's
-            // key: the waiter behind that heir sleeps through its own
-            // hand-off until the heir wakes, and its sleep is checked in
-            // its own right here.
             let excused = match call {
                 Call::Get { name, .. } => {
                     self.will_write(name, self.clients.len())
                         || self.signalled_ahead(name, &snapshot)
-                        || (self.wakes_lost.contains(name) && self.sleeps(name))
                 }
                 _ => false,
             };
@@ -1028,15 +1009,6 @@ impl Sim {
                 Phase::Release { .. } => true,
                 Phase::Done(_) | Phase::Crashed => false,
             }
-    }
-
-    /// Whether the client whose contender key is `name` waits, asleep.
-    fn sleeps(&self, name: &str) -> bool {
-        self.clients.iter().enumerate().any(|(c, client)| {
-            client.session() == Some(name)
-                && matches!(client.phase, Phase::Contend { .. })
-                && !self.runnable(c)
-        })
     }
 
     /// Whether the contender key `name` is that of a signalled client whose

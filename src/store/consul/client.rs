@@ -154,14 +154,6 @@ pub struct Listing {
     pub entries: Vec<Entry>,
 }
 
-/// A `?keys` listing of a prefix: the names of its keys (no values), and
-/// the index to block on next.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KeyListing {
-    pub index: u64,
-    pub names: Vec<String>,
-}
-
 /// How a read may be served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Consistency {
@@ -379,28 +371,6 @@ impl Client {
         self.read_kv(&dir, &dir, true, consistency, block)
     }
 
-    /// `GET /v1/kv/<prefix>/?keys`: the names under the prefix, relative to
-    /// `<prefix>/`, without values (a ninth of a listing's bytes or so),
-    /// blocking as [`Client::list`] does: it wakes on any change under the
-    /// prefix, as a listing does. A missing prefix has no names.
-    pub fn list_keys(
-        &self,
-        prefix: &str,
-        consistency: Consistency,
-        block: Option<(u64, Duration)>,
-    ) -> Result<KeyListing, ConsulError> {
-        let dir = format!("{prefix}/");
-        let path = format!("/v1/kv/{}", encode_path(&dir));
-        let mut query = vec![("keys", String::new())];
-        let (index, body) = self.read_raw(&path, &dir, &mut query, consistency, block)?;
-        let names: Vec<String> = decode_json(&body, "KV key listing")?;
-        let names = names
-            .into_iter()
-            .filter_map(|key| key.strip_prefix(&dir).map(str::to_string))
-            .collect();
-        Ok(KeyListing { index, names })
-    }
-
     /// `GET /v1/kv/<prefix>/<name>`: one key, as a listing of at most one
     /// entry. Blocking on it wakes only when that key changes or goes.
     pub fn get(
@@ -449,45 +419,6 @@ impl Client {
         Ok(revealed)
     }
 
-    /// A KV read of `path` with `query`, made consistent or blocking as
-    /// asked: the answer's index and body (a missing key or prefix, 404
-    /// with an index, reads as an empty list).
-    fn read_raw(
-        &self,
-        path: &str,
-        key: &str,
-        query: &mut Vec<(&'static str, String)>,
-        consistency: Consistency,
-        block: Option<(u64, Duration)>,
-    ) -> Result<(u64, Vec<u8>), ConsulError> {
-        if consistency == Consistency::Consistent {
-            query.push(("consistent", String::new()));
-        }
-        let timeout = match block {
-            Some((index, wait)) if index > 0 => {
-                query.push(("index", index.to_string()));
-                query.push(("wait", duration::to_go(wait)));
-                wait + wait / 16 + BLOCKING_SLACK
-            }
-            _ => self.call_timeout,
-        };
-        let permission = format!("key:read on {key}");
-        let reply = self.call(http::Method::GET, path, query, None, timeout, &permission)?;
-        // A missing key or prefix answers 404 with an index, like an empty listing.
-        let reply = if reply.status == 404 && reply.index.is_some() {
-            Reply {
-                body: b"[]".to_vec(),
-                ..reply
-            }
-        } else {
-            expect_ok(reply)?
-        };
-        let index = reply.index.ok_or_else(|| {
-            ConsulError::Transient("Consul's answer has no X-Consul-Index header".into())
-        })?;
-        Ok((index, reply.body))
-    }
-
     /// Reads `key` (a prefix with `recurse`); entries are named relative to `dir`.
     fn read_kv(
         &self,
@@ -502,8 +433,32 @@ impl Client {
         if recurse {
             query.push(("recurse", String::new()));
         }
-        let (index, body) = self.read_raw(&path, key, &mut query, consistency, block)?;
-        let raw: Vec<RawEntry> = decode_json(&body, "KV listing")?;
+        if consistency == Consistency::Consistent {
+            query.push(("consistent", String::new()));
+        }
+        let timeout = match block {
+            Some((index, wait)) if index > 0 => {
+                query.push(("index", index.to_string()));
+                query.push(("wait", duration::to_go(wait)));
+                wait + wait / 16 + BLOCKING_SLACK
+            }
+            _ => self.call_timeout,
+        };
+        let permission = format!("key:read on {key}");
+        let reply = self.call(http::Method::GET, &path, &query, None, timeout, &permission)?;
+        // A missing key or prefix answers 404 with an index, like an empty listing.
+        let reply = if reply.status == 404 && reply.index.is_some() {
+            Reply {
+                body: b"[]".to_vec(),
+                ..reply
+            }
+        } else {
+            expect_ok(reply)?
+        };
+        let index = reply.index.ok_or_else(|| {
+            ConsulError::Transient("Consul's answer has no X-Consul-Index header".into())
+        })?;
+        let raw: Vec<RawEntry> = decode_json(&reply.body, "KV listing")?;
         let entries = raw
             .into_iter()
             .filter_map(|e| {

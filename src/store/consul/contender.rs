@@ -6,7 +6,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::store::consul::client::{Acquire, Consistency, KeyListing, Listing};
+use crate::store::consul::client::{Acquire, Consistency, Listing};
 use crate::store::consul::semaphore::{
     self, Conflict, Decision, Entry, Loss, Snapshot, WaitOn, LOCK_KEY_NAME,
 };
@@ -21,13 +21,6 @@ pub enum Call {
     AcquireKey { session: String },
     /// Read `<prefix>/?recurse`; `block_on` > 0 blocks until the index moves.
     List {
-        consistency: Consistency,
-        block_on: u64,
-    },
-    /// Read the names under `<prefix>/` (`?keys`, no values); `block_on` > 0
-    /// blocks until the index moves, as [`Call::List`] does. A waiter that
-    /// kept a listing decides on it with this and a few keys read afresh.
-    ListKeys {
         consistency: Consistency,
         block_on: u64,
     },
@@ -66,8 +59,6 @@ pub enum Answer {
     SessionCreated(String),
     KeyAcquired(Acquire),
     Listing(Listing),
-    /// The answer to [`Call::ListKeys`].
-    Keys(KeyListing),
     /// The answer to [`Call::Get`]: at most one entry.
     Key(Listing),
     LockWritten(bool),
@@ -181,13 +172,6 @@ pub struct Contender {
     after_probe: Option<Call>,
     /// The listing that confirmed the slot, once [`Step::Acquired`].
     confirmed_on: Option<Box<Snapshot>>,
-    /// The last listing decided on, which a waiter woken by a change
-    /// decides on again with `.lock` and a few keys read afresh
-    /// ([`Call::ListKeys`]): a listing is as long as the crowd.
-    kept: Option<Box<Snapshot>>,
-    /// A listing being put together from `kept`, a `?keys` listing and
-    /// the keys read afresh.
-    assembling: Option<Box<Assembly>>,
     pending: Call,
     notes: Vec<Note>,
 }
@@ -212,8 +196,6 @@ impl Contender {
             lock_probed: false,
             after_probe: None,
             confirmed_on: None,
-            kept: None,
-            assembling: None,
             pending: Call::CreateSession,
             notes: Vec::new(),
         }
@@ -245,9 +227,8 @@ impl Contender {
     /// have restarted; a CAS whose answer was lost is settled by a read.
     pub fn after_failure(&mut self) -> Call {
         self.pending = match &self.pending {
-            Call::List { consistency, .. } | Call::ListKeys { consistency, .. } => {
+            Call::List { consistency, .. } => {
                 self.index = 0;
-                self.assembling = None;
                 Call::List {
                     consistency: *consistency,
                     block_on: 0,
@@ -258,7 +239,6 @@ impl Contender {
             | Call::ProbeLock { .. }
             | Call::Wake { .. } => {
                 self.waking.clear();
-                self.assembling = None;
                 self.index = 0;
                 self.read()
             }
@@ -283,17 +263,8 @@ impl Contender {
                 session: self.session.clone().unwrap_or_default(),
             },
             Answer::Listing(listing) => self.on_listing(listing),
-            Answer::Keys(keys) => self.on_keys(keys),
-            Answer::Key(read) if self.assembling.is_some() => self.on_key_read(read),
             // The key we block on changed or went: the waiter ahead took its
-            // slot or left. Look at the whole picture again: on the listing
-            // we kept, with what changed since read afresh.
-            Answer::Key(_) if self.kept.as_deref().is_some_and(can_tell) => {
-                Step::Call(Call::ListKeys {
-                    consistency: Consistency::Default,
-                    block_on: 0,
-                })
-            }
+            // slot or left. Look at the whole picture again.
             Answer::Key(_) => Step::Call(Call::List {
                 consistency: Consistency::Default,
                 block_on: 0,
@@ -345,124 +316,7 @@ impl Contender {
         {
             self.confirm = true;
         }
-        let snapshot = Snapshot::from_entries(listing.entries);
-        self.kept = Some(Box::new(snapshot.clone()));
-        self.on_snapshot(snapshot)
-    }
-
-    /// A `?keys` listing woke us (or answered after the key ahead woke
-    /// us): the listing we kept, less the keys gone since, decides, once
-    /// `.lock`, our own key, and every key it does not show are read
-    /// afresh ([`Assembly`]). A full listing decides instead when there
-    /// is nothing to build on, the wait ran out (nothing moved: a listing
-    /// now and then, as before), our key is gone, or the kept listing
-    /// cannot tell (as for the hand-off, [`semaphore::known_with_lock`]):
-    /// it shows a contender that does not queue (`consul lock`: the share
-    /// rule weighs every live contender), or a key its session did not
-    /// hold (released by hand, its session may take it again with its old
-    /// place).
-    fn on_keys(&mut self, keys: KeyListing) -> Step {
-        let consistency = match self.pending {
-            Call::ListKeys { consistency, .. } => consistency,
-            _ => unreachable!("a ?keys listing answers Call::ListKeys"),
-        };
-        let unmoved = keys.index == self.index;
-        self.index = if keys.index < self.index {
-            0
-        } else {
-            keys.index
-        };
-        let session = self.session.clone().unwrap_or_default();
-        let kept = self.kept.take().filter(|kept| {
-            !unmoved && self.index > 0 && keys.names.contains(&session) && can_tell(kept)
-        });
-        let Some(kept) = kept else {
-            return Step::Call(Call::List {
-                consistency,
-                block_on: 0,
-            });
-        };
-        if keys.index != self.gone_at {
-            self.gone.clear();
-            self.gone_at = keys.index;
-        }
-        self.came_back_before = self.came_back.take();
-        let present: BTreeSet<&str> = keys.names.iter().map(String::as_str).collect();
-        let mut snapshot = *kept;
-        snapshot.hidden.clear();
-        snapshot
-            .contenders
-            .retain(|name, _| present.contains(name.as_str()));
-        // Read last to first: the keys new since the kept listing, then
-        // `.lock`, then our own key (see [`Assembly`]), whose index tells
-        // whether the agent's indexes went back meanwhile.
-        let mut to_read = vec![session.clone(), LOCK_KEY_NAME.to_string()];
-        to_read.extend(
-            keys.names
-                .iter()
-                .filter(|name| {
-                    semaphore::can_be_a_contender_key(name)
-                        && *name != LOCK_KEY_NAME
-                        && **name != session
-                        && !snapshot.contenders.contains_key(*name)
-                })
-                .cloned(),
-        );
-        self.assembling = Some(Box::new(Assembly {
-            snapshot,
-            to_read,
-            consistent: consistency == Consistency::Consistent,
-        }));
-        self.next_assembly_read()
-    }
-
-    /// The next key an [`Assembly`] reads, or its decision once all are read.
-    fn next_assembly_read(&mut self) -> Step {
-        let assembly = self.assembling.as_mut().expect("assembling");
-        if let Some(name) = assembly.to_read.pop() {
-            return Step::Call(Call::Get {
-                name,
-                consistency: Consistency::Consistent,
-                block_on: 0,
-            });
-        }
-        let assembly = self.assembling.take().expect("assembling");
-        if assembly.consistent {
-            self.confirm = true;
-        }
-        self.kept = Some(Box::new(assembly.snapshot.clone()));
-        self.on_snapshot(assembly.snapshot)
-    }
-
-    /// A key an [`Assembly`] read afresh: it replaces what the kept listing
-    /// showed, or is gone.
-    fn on_key_read(&mut self, read: Listing) -> Step {
-        let Call::Get { name, .. } = self.pending.clone() else {
-            unreachable!("an assembly reads keys with Call::Get");
-        };
-        let assembly = self.assembling.as_mut().expect("assembling");
-        let entry = read.entries.into_iter().find(|e| e.name == name);
-        let was = match name.as_str() {
-            LOCK_KEY_NAME => assembly.snapshot.lock.as_ref(),
-            _ => assembly.snapshot.contenders.get(&name),
-        };
-        // A key's ModifyIndex never goes back but when the agent's indexes
-        // do (a restore): the `?keys` listing's index, read before it, is
-        // then above the prefix's, and blocking on it would sleep through
-        // a whole wait. Consul's rule: start over from 0.
-        if let (Some(was), Some(now)) = (was, &entry) {
-            if now.modify_index < was.modify_index {
-                self.index = 0;
-            }
-        }
-        if name == LOCK_KEY_NAME {
-            assembly.snapshot.lock = entry;
-        } else if let Some(entry) = entry {
-            assembly.snapshot.contenders.insert(name, entry);
-        } else {
-            assembly.snapshot.contenders.remove(&name);
-        }
-        self.next_assembly_read()
+        self.on_snapshot(Snapshot::from_entries(listing.entries))
     }
 
     /// A holder the listing showed as dead was read directly: prune it only
@@ -537,10 +391,8 @@ impl Contender {
                     .map_or(0, |key| key.modify_index);
                 // Anyone waiting behind us may block on our key alone.
                 let record = snapshot.lock_record(self.limit).ok().flatten();
-                let relay = record.is_some_and(|r| {
-                    semaphore::waiters_behind(&snapshot, &r, &session)
-                        || semaphore::holder_just_behind(&snapshot, &r, &session)
-                });
+                let relay =
+                    record.is_some_and(|r| semaphore::waiters_behind(&snapshot, &r, &session));
                 self.confirmed_on = Some(Box::new(snapshot));
                 Step::Acquired {
                     fence,
@@ -621,14 +473,6 @@ impl Contender {
             self.notes.push(Note::Waiting(picture));
         }
         let wait = match wait_on {
-            // A listing is as long as the crowd; its names are a ninth of
-            // it, and the listing just decided on is kept.
-            WaitOn::Prefix if self.kept.as_deref().is_some_and(can_tell) && self.index > 0 => {
-                Call::ListKeys {
-                    consistency: Consistency::Consistent,
-                    block_on: self.index,
-                }
-            }
             WaitOn::Prefix => self.read(),
             WaitOn::Key(name) => Call::Get {
                 name,
@@ -666,43 +510,6 @@ impl Contender {
             block_on: self.index,
         }
     }
-}
-
-/// Whether a waiter can decide on `kept` with a `?keys` listing and a few
-/// keys read afresh: not when it shows a contender that does not queue
-/// (`consul lock`: the share rule weighs every live contender, which only
-/// a listing shows) or a key its session did not hold (released by hand,
-/// its session may take it again with its old place).
-fn can_tell(kept: &Snapshot) -> bool {
-    kept.contenders
-        .values()
-        .all(|e| kept.is_live(&e.name) && semaphore::relays(e))
-}
-
-/// A listing put together by a waiter woken by a change, from the listing
-/// it kept and a `?keys` listing: the kept listing's keys that are still
-/// there, and, read afresh one by one (consistent), `.lock`, our own key,
-/// and the keys the kept listing does not show. Every contender that
-/// arrived before the kept listing is in it, and any that arrived since has
-/// a key the kept listing does not show (a contender's place is its key's
-/// CreateIndex, and a key that goes and comes back has a new one), so what
-/// the decision counts ahead of us is all there; what may be stale is the
-/// value and session of a key shown by both, which only a hand release of
-/// that key changes (a kept listing that shows one reads the prefix again,
-/// and a released holder's session ends in time and takes its name out of
-/// `.lock`). `.lock` is read before our key: a key held by our session at a
-/// later index was held all along since we took it (only our own rejoin
-/// takes it again, and that is known), so the holders `.lock` named then
-/// included us with our key live, which nobody prunes: the two reads prove
-/// the slot as one consistent listing would.
-#[derive(Debug, Clone)]
-struct Assembly {
-    snapshot: Snapshot,
-    /// Keys still to read, the next one last.
-    to_read: Vec<String>,
-    /// The `?keys` listing was consistent (a waiter blocking on the
-    /// prefix): the decision may confirm a slot.
-    consistent: bool,
 }
 
 fn wait_picture(snapshot: &Snapshot, holders: &[String], me: &str) -> WaitPicture {
@@ -1415,100 +1222,13 @@ mod tests {
                 block_on: 10
             })
         );
-        // Once per holder: the same picture again is an ordinary wait (on
-        // the prefix's names: the listing is kept).
+        // Once per holder: the same picture again is an ordinary wait.
         let again = c.on_answer(listing(11, seen()));
         assert_eq!(
             probed(&mut c, again),
-            Step::Call(Call::ListKeys {
-                consistency: Consistency::Consistent,
-                block_on: 11
-            })
-        );
-    }
-
-    #[test]
-    fn a_woken_waiter_decides_on_its_kept_listing_and_a_few_keys() {
-        const LATE: &str = "cccccccc-0000-0000-0000-000000000003";
-        let relaying = |session: &str, index: u64| Entry {
-            value: br#"{"Relays":true}"#.to_vec(),
-            create_index: index,
-            modify_index: index,
-            ..contender_entry(session)
-        };
-        let get = |name: &str| {
-            Step::Call(Call::Get {
-                name: name.into(),
-                consistency: Consistency::Consistent,
-                block_on: 0,
-            })
-        };
-        let mut c = joined(Contend::Wait);
-        c.on_answer(Answer::KeyAcquired(Acquire::Held));
-        // OTHER holds the one slot; we are first in line.
-        let held = vec![relaying(OTHER, 4), relaying(ME, 5), lock_entry(&[OTHER], 9)];
-        let wait = c.on_answer(listing(10, held));
-        let keys = Call::ListKeys {
-            consistency: Consistency::Consistent,
-            block_on: 10,
-        };
-        assert_eq!(probed(&mut c, wait), Step::Call(keys));
-        // OTHER handed us its slot and left; LATE joined behind us. The
-        // names tell: LATE is read, then `.lock`, then our own key.
-        let names = [".lock", ME, LATE].map(String::from).to_vec();
-        let woken = c.on_answer(Answer::Keys(KeyListing { index: 14, names }));
-        assert_eq!(woken, get(LATE));
-        let read = |entries| Answer::Key(Listing { index: 14, entries });
-        assert_eq!(
-            c.on_answer(read(vec![relaying(LATE, 13)])),
-            get(LOCK_KEY_NAME)
-        );
-        assert_eq!(c.on_answer(read(vec![lock_entry(&[ME], 12)])), get(ME));
-        // A consistent names listing, `.lock` and our key: the slot is
-        // proven; LATE waits behind us, so we relay.
-        assert_eq!(
-            c.on_answer(read(vec![relaying(ME, 5)])),
-            Step::Acquired {
-                fence: 12,
-                key_index: 5,
-                relay: true
-            }
-        );
-        let confirmed = c.take_confirmed_on().unwrap();
-        assert!(confirmed.contenders.contains_key(LATE));
-        assert!(!confirmed.contenders.contains_key(OTHER));
-    }
-
-    #[test]
-    fn a_kept_listing_that_cannot_tell_is_not_built_on() {
-        const RACER: &str = "cccccccc-0000-0000-0000-000000000003";
-        let relaying = |session: &str, index: u64| Entry {
-            value: br#"{"Relays":true}"#.to_vec(),
-            create_index: index,
-            modify_index: index,
-            ..contender_entry(session)
-        };
-        let mut c = joined(Contend::Wait);
-        c.on_answer(Answer::KeyAcquired(Acquire::Held));
-        // OTHER holds the one slot; a `consul lock` waiter (an empty value)
-        // waits too: the share rule weighs it, which only a listing shows.
-        let racer = Entry {
-            create_index: 6,
-            modify_index: 6,
-            ..contender_entry(RACER)
-        };
-        let seen = vec![
-            relaying(OTHER, 4),
-            racer,
-            relaying(ME, 7),
-            lock_entry(&[OTHER], 9),
-        ];
-        let wait = c.on_answer(listing(10, seen));
-        assert_eq!(
-            probed(&mut c, wait),
             Step::Call(Call::List {
                 consistency: Consistency::Consistent,
-                block_on: 10
+                block_on: 11
             })
         );
     }

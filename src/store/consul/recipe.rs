@@ -411,18 +411,6 @@ impl ConsulSemaphore {
                 )
                 .map(|r| r.map(Answer::KeyAcquired)),
             Call::List { .. } => Some(self.read(call).map(Answer::Listing)),
-            Call::ListKeys {
-                consistency,
-                block_on,
-            } => Some(
-                self.client
-                    .list_keys(
-                        &self.settings.prefix,
-                        *consistency,
-                        (*block_on > 0).then_some((*block_on, BLOCKING_WAIT)),
-                    )
-                    .map(Answer::Keys),
-            ),
             Call::CheckHolder { name } => Some(
                 match self
                     .client

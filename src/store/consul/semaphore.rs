@@ -555,21 +555,6 @@ pub fn waiters_behind(snapshot: &Snapshot, holders: &LockRecord, me: &str) -> bo
     waiters(snapshot, holders).any(|e| e.name != me && e.create_index > mine)
 }
 
-/// Whether the relaying contender just behind `me` holds a slot: handed one
-/// in its sleep (a leaving holder hands the first waiter its slot while we
-/// take a free one with our own CAS), it may sleep on our key, which only
-/// our relay then changes.
-pub fn holder_just_behind(snapshot: &Snapshot, holders: &LockRecord, me: &str) -> bool {
-    let mine = create_index_of(snapshot, me);
-    snapshot
-        .contenders
-        .values()
-        .filter(|e| e.name != me && e.create_index > mine && relays(e))
-        .filter(|e| snapshot.is_live(&e.name))
-        .min_by_key(|e| e.create_index)
-        .is_some_and(|e| holders.holds(&e.name))
-}
-
 fn waiters_before<'a>(
     snapshot: &'a Snapshot,
     holders: &'a LockRecord,
