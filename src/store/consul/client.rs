@@ -2,6 +2,7 @@
 //! sessions and KV, with blocking queries. It knows HTTP and Consul's answers,
 //! not the semaphore: callers decide what a status means for them.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -170,13 +171,18 @@ pub struct SessionSpec {
     pub ttl: Duration,
 }
 
+/// A listing's entry as Consul writes it, borrowing from the answer: a
+/// listing holds every contender, and most of its strings are read once.
 #[derive(Deserialize)]
 #[serde(rename_all = "PascalCase")]
-struct RawEntry {
-    key: String,
+struct RawEntry<'a> {
+    #[serde(borrow)]
+    key: Cow<'a, str>,
     flags: u64,
-    value: Option<String>,
-    session: Option<String>,
+    #[serde(borrow)]
+    value: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    session: Option<Cow<'a, str>>,
     create_index: u64,
     modify_index: u64,
 }
@@ -458,7 +464,8 @@ impl Client {
         let index = reply.index.ok_or_else(|| {
             ConsulError::Transient("Consul's answer has no X-Consul-Index header".into())
         })?;
-        let raw: Vec<RawEntry> = decode_json(&reply.body, "KV listing")?;
+        let raw: Vec<RawEntry> =
+            serde_json::from_slice(&reply.body).map_err(|e| undecodable(e, "KV listing"))?;
         let entries = raw
             .into_iter()
             .filter_map(|e| {
@@ -466,14 +473,14 @@ impl Client {
                 let value = match e.value {
                     None => Vec::new(),
                     Some(text) => base64::engine::general_purpose::STANDARD
-                        .decode(text)
+                        .decode(text.as_bytes())
                         .ok()?,
                 };
                 Some(Entry {
                     name,
                     value,
                     flags: e.flags,
-                    session: e.session.filter(|s| !s.is_empty()),
+                    session: e.session.filter(|s| !s.is_empty()).map(Cow::into_owned),
                     create_index: e.create_index,
                     modify_index: e.modify_index,
                 })
@@ -710,9 +717,12 @@ const MAX_BODY: u64 = 16 * 1024 * 1024;
 /// denial; 5xx and 429 (rate limited) are worth retrying; the rest is
 /// rejected.
 fn expect_ok(reply: Reply) -> Result<Reply, ConsulError> {
+    if reply.status == 200 {
+        // A listing can be megabytes: only an error's body is made a line.
+        return Ok(reply);
+    }
     let body = one_line(&reply.body);
     match reply.status {
-        200 => Ok(reply),
         429 | 500..=599 => Err(ConsulError::Transient(format!(
             "Consul answered {}: {body}",
             reply.status
@@ -734,7 +744,9 @@ fn expect_ok(reply: Reply) -> Result<Reply, ConsulError> {
 /// error page must not spill over the terminal.
 fn one_line(body: &[u8]) -> String {
     const MAX_CHARS: usize = 200;
-    let text = String::from_utf8_lossy(body);
+    // Enough to fill the line whatever the whitespace and the encoding.
+    const MAX_READ: usize = 64 * 1024;
+    let text = String::from_utf8_lossy(&body[..body.len().min(MAX_READ)]);
     let mut line = text.split_whitespace().collect::<Vec<_>>().join(" ");
     if line.chars().count() > MAX_CHARS {
         line = line.chars().take(MAX_CHARS).collect::<String>() + "…";
@@ -743,11 +755,13 @@ fn one_line(body: &[u8]) -> String {
 }
 
 fn decode_json<T: serde::de::DeserializeOwned>(body: &[u8], what: &str) -> Result<T, ConsulError> {
-    serde_json::from_slice(body).map_err(|e| {
-        ConsulError::Transient(format!(
-            "Consul's answer to the {what} is not what it should be: {e}"
-        ))
-    })
+    serde_json::from_slice(body).map_err(|e| undecodable(e, what))
+}
+
+fn undecodable(error: serde_json::Error, what: &str) -> ConsulError {
+    ConsulError::Transient(format!(
+        "Consul's answer to the {what} is not what it should be: {error}"
+    ))
 }
 
 /// Percent-encodes a KV key for a URL path: everything but unreserved

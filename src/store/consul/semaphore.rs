@@ -291,6 +291,13 @@ impl Snapshot {
                 .is_some_and(|e| e.session.as_deref() == Some(session))
     }
 
+    /// [`Snapshot::is_live`] for one of our own contender keys, without
+    /// looking it up again: run over every key of a listing.
+    fn holds_its_key(&self, contender: &Entry) -> bool {
+        contender.session.as_deref() == Some(contender.name.as_str())
+            || self.hidden.contains(&contender.name)
+    }
+
     /// Decodes `.lock` and checks that it is a semaphore record with our
     /// limit. `None` when there is no `.lock` yet.
     pub fn lock_record(&self, limit: u32) -> Result<Option<LockRecord>, Conflict> {
@@ -407,8 +414,15 @@ pub fn relaying_holders_behind<'a>(
 
 /// Whether a contender key's value promises to relay ([`RELAYS_FIELD`]).
 pub fn relays(entry: &Entry) -> bool {
-    serde_json::from_slice::<Value>(&entry.value)
-        .is_ok_and(|value| value.get(RELAYS_FIELD) == Some(&Value::Bool(true)))
+    // Read for every key of every listing: the one field, nothing built.
+    #[derive(serde::Deserialize)]
+    struct Promise {
+        #[serde(rename = "Relays")]
+        relays: bool,
+    }
+    // An object only: a derived struct would also take `[true]`.
+    entry.value.trim_ascii_start().first() == Some(&b'{')
+        && serde_json::from_slice::<Promise>(&entry.value).is_ok_and(|p| p.relays)
 }
 
 /// Holders in `record` that the listing shows without a live contender key:
@@ -552,7 +566,11 @@ pub fn waiters_ahead(snapshot: &Snapshot, holders: &LockRecord, me: &str) -> usi
 /// block on our key, so that taking a slot must relay.
 pub fn waiters_behind(snapshot: &Snapshot, holders: &LockRecord, me: &str) -> bool {
     let mine = create_index_of(snapshot, me);
-    waiters(snapshot, holders).any(|e| e.name != me && e.create_index > mine)
+    snapshot
+        .contenders
+        .values()
+        .filter(|e| e.create_index > mine && e.name != me)
+        .any(|e| is_waiter(snapshot, holders, e))
 }
 
 fn waiters_before<'a>(
@@ -562,7 +580,12 @@ fn waiters_before<'a>(
 ) -> impl Iterator<Item = &'a Entry> + 'a {
     let mine = create_index_of(snapshot, me);
     let me = me.to_string();
-    waiters(snapshot, holders).filter(move |e| e.name != me && e.create_index < mine && relays(e))
+    // The cheap tests first: this runs over every key of every listing.
+    snapshot
+        .contenders
+        .values()
+        .filter(move |e| e.create_index < mine && e.name != me)
+        .filter(|e| is_waiter(snapshot, holders, e) && relays(e))
 }
 
 /// Live contenders that `.lock` does not name: neither holders nor holders
@@ -574,7 +597,11 @@ fn waiters<'a>(
     snapshot
         .contenders
         .values()
-        .filter(|e| snapshot.is_live(&e.name) && !holders.names(&e.name))
+        .filter(|e| is_waiter(snapshot, holders, e))
+}
+
+fn is_waiter(snapshot: &Snapshot, holders: &LockRecord, contender: &Entry) -> bool {
+    snapshot.holds_its_key(contender) && !holders.names(&contender.name)
 }
 
 fn create_index_of(snapshot: &Snapshot, session: &str) -> u64 {
@@ -751,7 +778,7 @@ pub fn known_with_lock(known: &Snapshot, lock: Entry, limit: u32) -> Option<Snap
     let cannot_tell = known
         .contenders
         .values()
-        .any(|e| !known.is_live(&e.name) || !relays(e));
+        .any(|e| !known.holds_its_key(e) || !relays(e));
     if cannot_tell {
         return None;
     }
@@ -802,7 +829,7 @@ pub fn heir(snapshot: &Snapshot, remaining: &LockRecord, me: &str) -> Option<Str
     let live: Vec<&Entry> = snapshot
         .contenders
         .values()
-        .filter(|e| snapshot.is_live(&e.name))
+        .filter(|e| snapshot.holds_its_key(e))
         .collect();
     let queueing = live.iter().filter(|e| relays(e)).count();
     let held_by_queueing = remaining
@@ -1020,6 +1047,12 @@ mod tests {
         let mut says_no = relaying(A, 5);
         says_no.value = format!(r#"{{"{RELAYS_FIELD}":"yes"}}"#).into_bytes();
         assert!(!relays(&says_no));
+        for value in [r#"{"Relays":false}"#, "[true]", "true", ""] {
+            says_no.value = value.as_bytes().to_vec();
+            assert!(!relays(&says_no), "{value} promises nothing");
+        }
+        says_no.value = br#" {"Command":["sh"],"Relays":true,"Pid":7}"#.to_vec();
+        assert!(relays(&says_no));
         let held = holding_value(&relaying(A, 5).value, 42);
         assert_eq!(held, br#"{"Holding":42,"Host":"h","Relays":true}"#);
         assert_ne!(holding_value(&held, 43), held);
