@@ -56,9 +56,9 @@ complete -c consem -n "__fish_consem_using_subcommand run" -l client-key -d 'PEM
 complete -c consem -n "__fish_consem_using_subcommand run" -l tls-server-name -d 'Name to verify the agent\'s certificate against, instead of the address\'s host [default: CONSUL_TLS_SERVER_NAME]' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l user -d 'User to sign in as, with its password after a colon or in --password [default: ETCDCTL_USER]' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l password -d 'Password of --user [default: ETCDCTL_PASSWORD]' -r
-complete -c consem -n "__fish_consem_using_subcommand run" -l cacert -d 'PEM file of the CA that signs the servers\' certificates (etcds://) [default: ETCDCTL_CACERT, else the system\'s trust store]' -r -F
-complete -c consem -n "__fish_consem_using_subcommand run" -l cert -d 'PEM client certificate, for servers that verify clients [default: ETCDCTL_CERT]' -r -F
-complete -c consem -n "__fish_consem_using_subcommand run" -l key -d 'PEM private key of the client certificate [default: ETCDCTL_KEY]' -r -F
+complete -c consem -n "__fish_consem_using_subcommand run" -l cacert -d 'PEM file of the CA that signs the servers\' certificates (etcds://, rediss://) [default: etcd: ETCDCTL_CACERT; else the system\'s trust store]' -r -F
+complete -c consem -n "__fish_consem_using_subcommand run" -l cert -d 'PEM client certificate, for servers that verify clients (etcds://, rediss://) [default: etcd: ETCDCTL_CERT]' -r -F
+complete -c consem -n "__fish_consem_using_subcommand run" -l key -d 'PEM private key of the client certificate [default: etcd: ETCDCTL_KEY]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand run" -l try -d 'Make one attempt and do not wait'
 complete -c consem -n "__fish_consem_using_subcommand run" -l wait-group -d 'Keep the slot until every process in the command\'s process group has exited, instead of stopping them when the command exits'
 complete -c consem -n "__fish_consem_using_subcommand run" -l redis-allow-eviction -d 'Redis: run even where Redis may evict any key when its memory is full (maxmemory-policy allkeys-*), the semaphore\'s permits too, which lets more than --limit run'
@@ -80,9 +80,9 @@ complete -c consem -n "__fish_consem_using_subcommand status" -l client-key -d '
 complete -c consem -n "__fish_consem_using_subcommand status" -l tls-server-name -d 'Name to verify the agent\'s certificate against, instead of the address\'s host [default: CONSUL_TLS_SERVER_NAME]' -r
 complete -c consem -n "__fish_consem_using_subcommand status" -l user -d 'User to sign in as, with its password after a colon or in --password [default: ETCDCTL_USER]' -r
 complete -c consem -n "__fish_consem_using_subcommand status" -l password -d 'Password of --user [default: ETCDCTL_PASSWORD]' -r
-complete -c consem -n "__fish_consem_using_subcommand status" -l cacert -d 'PEM file of the CA that signs the servers\' certificates (etcds://) [default: ETCDCTL_CACERT, else the system\'s trust store]' -r -F
-complete -c consem -n "__fish_consem_using_subcommand status" -l cert -d 'PEM client certificate, for servers that verify clients [default: ETCDCTL_CERT]' -r -F
-complete -c consem -n "__fish_consem_using_subcommand status" -l key -d 'PEM private key of the client certificate [default: ETCDCTL_KEY]' -r -F
+complete -c consem -n "__fish_consem_using_subcommand status" -l cacert -d 'PEM file of the CA that signs the servers\' certificates (etcds://, rediss://) [default: etcd: ETCDCTL_CACERT; else the system\'s trust store]' -r -F
+complete -c consem -n "__fish_consem_using_subcommand status" -l cert -d 'PEM client certificate, for servers that verify clients (etcds://, rediss://) [default: etcd: ETCDCTL_CERT]' -r -F
+complete -c consem -n "__fish_consem_using_subcommand status" -l key -d 'PEM private key of the client certificate [default: etcd: ETCDCTL_KEY]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand status" -l json -d 'Print JSON (a stable schema, see README) instead of a table'
 complete -c consem -n "__fish_consem_using_subcommand status" -s h -l help -d 'Print help'
 complete -c consem -n "__fish_consem_using_subcommand status" -s V -l version -d 'Print version'
@@ -104,9 +104,9 @@ complete -c consem -n "__fish_consem_using_subcommand release" -l client-key -d 
 complete -c consem -n "__fish_consem_using_subcommand release" -l tls-server-name -d 'Name to verify the agent\'s certificate against, instead of the address\'s host [default: CONSUL_TLS_SERVER_NAME]' -r
 complete -c consem -n "__fish_consem_using_subcommand release" -l user -d 'User to sign in as, with its password after a colon or in --password [default: ETCDCTL_USER]' -r
 complete -c consem -n "__fish_consem_using_subcommand release" -l password -d 'Password of --user [default: ETCDCTL_PASSWORD]' -r
-complete -c consem -n "__fish_consem_using_subcommand release" -l cacert -d 'PEM file of the CA that signs the servers\' certificates (etcds://) [default: ETCDCTL_CACERT, else the system\'s trust store]' -r -F
-complete -c consem -n "__fish_consem_using_subcommand release" -l cert -d 'PEM client certificate, for servers that verify clients [default: ETCDCTL_CERT]' -r -F
-complete -c consem -n "__fish_consem_using_subcommand release" -l key -d 'PEM private key of the client certificate [default: ETCDCTL_KEY]' -r -F
+complete -c consem -n "__fish_consem_using_subcommand release" -l cacert -d 'PEM file of the CA that signs the servers\' certificates (etcds://, rediss://) [default: etcd: ETCDCTL_CACERT; else the system\'s trust store]' -r -F
+complete -c consem -n "__fish_consem_using_subcommand release" -l cert -d 'PEM client certificate, for servers that verify clients (etcds://, rediss://) [default: etcd: ETCDCTL_CERT]' -r -F
+complete -c consem -n "__fish_consem_using_subcommand release" -l key -d 'PEM private key of the client certificate [default: etcd: ETCDCTL_KEY]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand release" -s h -l help -d 'Print help'
 complete -c consem -n "__fish_consem_using_subcommand release" -s V -l version -d 'Print version'
 complete -c consem -n "__fish_consem_using_subcommand reset" -l prefix -d 'Name of the semaphore (a KV prefix on Consul)' -r
@@ -124,9 +124,9 @@ complete -c consem -n "__fish_consem_using_subcommand reset" -l client-key -d 'P
 complete -c consem -n "__fish_consem_using_subcommand reset" -l tls-server-name -d 'Name to verify the agent\'s certificate against, instead of the address\'s host [default: CONSUL_TLS_SERVER_NAME]' -r
 complete -c consem -n "__fish_consem_using_subcommand reset" -l user -d 'User to sign in as, with its password after a colon or in --password [default: ETCDCTL_USER]' -r
 complete -c consem -n "__fish_consem_using_subcommand reset" -l password -d 'Password of --user [default: ETCDCTL_PASSWORD]' -r
-complete -c consem -n "__fish_consem_using_subcommand reset" -l cacert -d 'PEM file of the CA that signs the servers\' certificates (etcds://) [default: ETCDCTL_CACERT, else the system\'s trust store]' -r -F
-complete -c consem -n "__fish_consem_using_subcommand reset" -l cert -d 'PEM client certificate, for servers that verify clients [default: ETCDCTL_CERT]' -r -F
-complete -c consem -n "__fish_consem_using_subcommand reset" -l key -d 'PEM private key of the client certificate [default: ETCDCTL_KEY]' -r -F
+complete -c consem -n "__fish_consem_using_subcommand reset" -l cacert -d 'PEM file of the CA that signs the servers\' certificates (etcds://, rediss://) [default: etcd: ETCDCTL_CACERT; else the system\'s trust store]' -r -F
+complete -c consem -n "__fish_consem_using_subcommand reset" -l cert -d 'PEM client certificate, for servers that verify clients (etcds://, rediss://) [default: etcd: ETCDCTL_CERT]' -r -F
+complete -c consem -n "__fish_consem_using_subcommand reset" -l key -d 'PEM private key of the client certificate [default: etcd: ETCDCTL_KEY]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand reset" -l force -d 'Release every live holder first (their commands are stopped, exit 76)'
 complete -c consem -n "__fish_consem_using_subcommand reset" -s h -l help -d 'Print help'
 complete -c consem -n "__fish_consem_using_subcommand reset" -s V -l version -d 'Print version'

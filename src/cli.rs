@@ -239,6 +239,9 @@ pub struct StoreArgs {
 
     #[command(flatten)]
     pub etcd: EtcdArgs,
+
+    #[command(flatten)]
+    pub tls: TlsFileArgs,
 }
 
 /// How to reach Consul (with `--store consul`); each option's default comes
@@ -309,17 +312,25 @@ pub struct EtcdArgs {
     /// Password of --user [default: ETCDCTL_PASSWORD]
     #[arg(long, value_name = "PASSWORD")]
     pub password: Option<String>,
+}
 
-    /// PEM file of the CA that signs the servers' certificates (etcds://)
-    /// [default: ETCDCTL_CACERT, else the system's trust store]
+/// TLS files for `etcds://` and `rediss://`, named as etcdctl and redis-cli
+/// name them; etcd's defaults come from etcdctl's variables, read in
+/// `options::etcd` (redis-cli reads none).
+#[derive(Debug, Default, Args)]
+#[command(next_help_heading = "etcd and Redis TLS options")]
+pub struct TlsFileArgs {
+    /// PEM file of the CA that signs the servers' certificates (etcds://, rediss://)
+    /// [default: etcd: ETCDCTL_CACERT; else the system's trust store]
     #[arg(long, value_name = "PATH")]
     pub cacert: Option<PathBuf>,
 
-    /// PEM client certificate, for servers that verify clients [default: ETCDCTL_CERT]
+    /// PEM client certificate, for servers that verify clients (etcds://, rediss://)
+    /// [default: etcd: ETCDCTL_CERT]
     #[arg(long, value_name = "PATH")]
     pub cert: Option<PathBuf>,
 
-    /// PEM private key of the client certificate [default: ETCDCTL_KEY]
+    /// PEM private key of the client certificate [default: etcd: ETCDCTL_KEY]
     #[arg(long, value_name = "PATH")]
     pub key: Option<PathBuf>,
 }

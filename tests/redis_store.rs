@@ -728,23 +728,25 @@ fn runs_of_every_kind_leave_nothing_but_the_counters() {
     world.assert_clean();
 }
 
-#[test]
-fn rediss_checks_the_server_certificate_against_the_trusted_roots() {
-    let world = World::without_store("redis-tls");
-    let pki = crate::common::pki::TestPki::new();
-    let files = pki.write_to(&world.dir.join("pki"));
+/// A redis-server with a TLS port beside its plain one (which the test
+/// reads keys through), its certificate signed by `files.ca`; with
+/// `auth_clients`, it wants a client certificate that CA signed.
+fn tls_redis(
+    world: &World<NoStore>,
+    files: &crate::common::pki::PkiFiles,
+    auth_clients: bool,
+) -> (RedisServer, u16) {
     let tls_port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
-        .port()
-        .to_string();
+        .port();
     let path = |p: &std::path::Path| p.to_str().unwrap().to_string();
-    let _server = RedisServer::start(
+    let server = RedisServer::start(
         &world.dir.join("redis"),
         &[
             "--tls-port",
-            &tls_port,
+            &tls_port.to_string(),
             "--tls-cert-file",
             &path(&files.server),
             "--tls-key-file",
@@ -752,35 +754,187 @@ fn rediss_checks_the_server_certificate_against_the_trusted_roots() {
             "--tls-ca-cert-file",
             &path(&files.ca),
             "--tls-auth-clients",
-            "no",
+            if auth_clients { "yes" } else { "no" },
         ],
     );
-    let run = |trusted: Option<&std::path::Path>| {
-        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_consem"));
-        command
-            .args(["run", "--prefix", &world.prefix, "--limit", "1"])
-            .args(["--store", &format!("rediss://127.0.0.1:{tls_port}")])
-            .args(["--", "echo", "over tls"])
-            .env_remove("SSL_CERT_DIR")
-            .stdin(Stdio::null());
-        match trusted {
-            Some(ca) => command.env("SSL_CERT_FILE", ca),
-            None => command.env_remove("SSL_CERT_FILE"),
-        };
-        command.output().unwrap()
+    (server, tls_port)
+}
+
+/// `consem run` on `store` with `extra` options, `SSL_CERT_FILE` set to
+/// `trusted` (or unset), its command touching `ran`.
+fn tls_run(
+    world: &World<NoStore>,
+    store: &str,
+    extra: &[&str],
+    trusted: Option<&std::path::Path>,
+) -> std::process::Output {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_consem"));
+    command
+        .args(["run", "--prefix", &world.prefix, "--limit", "1"])
+        .args(["--store", store])
+        .args(extra)
+        .args(["--", "touch", &world.path("ran")])
+        .env_remove("SSL_CERT_DIR")
+        .stdin(Stdio::null());
+    match trusted {
+        Some(ca) => command.env("SSL_CERT_FILE", ca),
+        None => command.env_remove("SSL_CERT_FILE"),
     };
-    let output = run(Some(&files.ca));
+    command.output().unwrap()
+}
+
+#[test]
+fn rediss_checks_the_server_certificate_against_the_trusted_roots() {
+    let world = World::without_store("redis-tls");
+    let files = crate::common::pki::TestPki::new().write_to(&world.dir.join("pki"));
+    let (_server, tls_port) = tls_redis(&world, &files, false);
+    let store = format!("rediss://127.0.0.1:{tls_port}");
+    let output = tls_run(&world, &store, &[], Some(&files.ca));
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
-    assert_eq!(output.stdout, b"over tls\n");
+    assert!(world.exists("ran"));
+    std::fs::remove_file(world.path("ran")).unwrap();
     // A CA that did not sign the server's certificate: refused, and said so.
-    let output = run(Some(&files.other_ca));
+    let output = tls_run(&world, &store, &[], Some(&files.other_ca));
     assert_eq!(output.status.code(), Some(69), "{}", stderr(&output));
     let text = stderr(&output);
     assert_eq!(text.lines().count(), 1, "{text}");
     assert!(
-        text.contains("over TLS") && text.contains("SSL_CERT_FILE"),
+        text.contains("over TLS") && text.contains("--cacert") && text.contains("SSL_CERT_FILE"),
         "{text}"
     );
+    // --cacert replaces the system's roots: the right CA works whatever
+    // SSL_CERT_FILE says, and another is named as the culprit.
+    let ca = files.ca.to_str().unwrap();
+    let output = tls_run(&world, &store, &["--cacert", ca], Some(&files.other_ca));
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(world.exists("ran"));
+    let other_ca = files.other_ca.to_str().unwrap();
+    let output = tls_run(&world, &store, &["--cacert", other_ca], Some(&files.ca));
+    let text = stderr(&output);
+    assert_eq!(output.status.code(), Some(69), "{text}");
+    assert!(
+        text.contains("--cacert does not name the CA that signs it"),
+        "{text}"
+    );
+}
+
+/// A server that verifies clients (`tls-auth-clients yes`): `--cert` and
+/// `--key` get in; without them, or with a certificate its CA did not sign,
+/// the run exits 69 naming the options, before the command starts and
+/// with nothing written.
+#[test]
+fn rediss_presents_the_client_certificate_of_cert_and_key() {
+    let world = World::without_store("redis-mtls");
+    let files = crate::common::pki::TestPki::new().write_to(&world.dir.join("pki"));
+    let (server, tls_port) = tls_redis(&world, &files, true);
+    let store = format!("rediss://127.0.0.1:{tls_port}");
+    let path = |p: &std::path::Path| p.to_str().unwrap().to_string();
+    let (ca, cert, key) = (
+        path(&files.ca),
+        path(&files.client),
+        path(&files.client_key),
+    );
+    let (other, other_key) = (path(&files.other_client), path(&files.other_client_key));
+    for (extra, says) in [
+        (
+            vec!["--cacert", &ca],
+            "wants a client certificate (tls-auth-clients): pass --cert and --key",
+        ),
+        (
+            vec!["--cacert", &ca, "--cert", &other, "--key", &other_key],
+            "refused our client certificate (--cert)",
+        ),
+    ] {
+        let output = tls_run(&world, &store, &extra, None);
+        let text = stderr(&output);
+        assert_eq!(output.status.code(), Some(69), "{extra:?}: {text}");
+        assert_eq!(text.lines().count(), 1, "{text}");
+        assert!(text.contains(says), "{extra:?}: {text}");
+        assert!(!world.exists("ran"), "the command ran");
+    }
+    assert_eq!(server.keys(&world.prefix), Vec::<String>::new());
+    let output = tls_run(
+        &world,
+        &store,
+        &["--cacert", &ca, "--cert", &cert, "--key", &key],
+        None,
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(world.exists("ran"));
+}
+
+/// TLS files that cannot be used are usage errors (exit 2), one line
+/// naming the file, the option and the fix, found before any contact:
+/// the store named is a port nobody listens on.
+#[test]
+fn unusable_tls_files_are_usage_errors_before_any_contact() {
+    let world = World::without_store("redis-tls-files");
+    let files = crate::common::pki::TestPki::new().write_to(&world.dir.join("pki"));
+    let nobody = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let rediss = format!("rediss://127.0.0.1:{nobody}");
+    let path = |p: &std::path::Path| p.to_str().unwrap().to_string();
+    let (cert, key) = (path(&files.client), path(&files.client_key));
+    let missing = world.path("no-such.pem");
+    let not_pem = path(&files.not_pem);
+    let server_key = path(&files.server_key);
+    for (store, extra, says) in [
+        (
+            &rediss,
+            vec!["--cert", cert.as_str()],
+            "a client certificate needs its key and the other way round: set both --cert and --key",
+        ),
+        (
+            &rediss,
+            vec!["--key", key.as_str()],
+            "set both --cert and --key",
+        ),
+        (
+            &rediss,
+            vec!["--cert", missing.as_str(), "--key", key.as_str()],
+            "(--cert): No such file or directory",
+        ),
+        (
+            &rediss,
+            vec!["--cert", cert.as_str(), "--key", not_pem.as_str()],
+            "(--key) holds no PEM private key",
+        ),
+        (
+            &rediss,
+            vec!["--cert", cert.as_str(), "--key", cert.as_str()],
+            "(--key) holds no PEM private key",
+        ),
+        (
+            &rediss,
+            vec!["--cert", key.as_str(), "--key", key.as_str()],
+            "(--cert) holds no PEM certificate",
+        ),
+        (
+            &rediss,
+            vec!["--cert", cert.as_str(), "--key", server_key.as_str()],
+            "(--key) is not the private key of the certificate in",
+        ),
+        (
+            &rediss,
+            vec!["--cacert", not_pem.as_str()],
+            "(--cacert) holds no PEM certificate",
+        ),
+        (
+            &format!("redis://127.0.0.1:{nobody}"),
+            vec!["--cacert", cert.as_str()],
+            "--cacert is for TLS, and --store is redis://: write rediss://host:port",
+        ),
+    ] {
+        let output = tls_run(&world, store, &extra, None);
+        let text = stderr(&output);
+        assert_eq!(output.status.code(), Some(2), "{extra:?}: {text}");
+        assert_eq!(text.lines().count(), 1, "{text}");
+        assert!(text.contains(says), "{extra:?}: {text}");
+        assert!(!world.exists("ran"));
+    }
 }
 
 /// `rediss://` to a server without TLS: it never answers the handshake;

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use super::{OptionsError, StoreFlags};
-use crate::cli::EtcdArgs;
+use crate::cli::{EtcdArgs, TlsFileArgs};
 use crate::store::etcd::{self, client::Connection};
 use crate::store::kind::StoreSettings;
 use crate::store::tls::TlsSettings;
@@ -79,7 +79,7 @@ impl From<EtcdFlagsError> for OptionsError {
 
 pub fn configure(flags: &StoreFlags<'_>) -> Result<Box<dyn StoreSettings>, OptionsError> {
     Ok(Box::new(etcd::Settings {
-        connection: connection(flags.text, &flags.args.etcd, flags.env)?,
+        connection: connection(flags.text, &flags.args.etcd, &flags.args.tls, flags.env)?,
         ttl: flags.lease_ttl(),
         monitor_retry: flags.monitor_retry(),
     }))
@@ -91,6 +91,7 @@ pub fn configure(flags: &StoreFlags<'_>) -> Result<Box<dyn StoreSettings>, Optio
 fn connection(
     store: &str,
     args: &EtcdArgs,
+    tls: &TlsFileArgs,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Connection, EtcdFlagsError> {
     let endpoints = endpoints(store, env)?;
@@ -124,10 +125,10 @@ fn connection(
         endpoints,
         user,
         tls: TlsSettings {
-            ca_file: path(&args.cacert, "ETCDCTL_CACERT"),
+            ca_file: path(&tls.cacert, "ETCDCTL_CACERT"),
             ca_path: None,
-            client_cert: path(&args.cert, "ETCDCTL_CERT"),
-            client_key: path(&args.key, "ETCDCTL_KEY"),
+            client_cert: path(&tls.cert, "ETCDCTL_CERT"),
+            client_key: path(&tls.key, "ETCDCTL_KEY"),
             server_name: None,
             verify: true,
         },
@@ -262,9 +263,8 @@ mod tests {
             let args = EtcdArgs {
                 user: user.map(String::from),
                 password: password.map(String::from),
-                ..EtcdArgs::default()
             };
-            connection("etcd://a:1", &args, &env(vars)).map(|c| c.user)
+            connection("etcd://a:1", &args, &TlsFileArgs::default(), &env(vars)).map(|c| c.user)
         };
         assert_eq!(
             user(Some("root:pw"), None, &[]),

@@ -124,10 +124,11 @@ pub enum OptionsError {
         source: &'static str,
         shown: String,
     },
-    /// An option of `owner`'s with another store.
+    /// An option of other stores' (`owners`, one or more) with the store
+    /// chosen.
     OtherStoresOption {
         option: &'static str,
-        owner: &'static Entry,
+        owners: Vec<&'static Entry>,
         chosen: &'static Entry,
     },
     /// A run option the chosen store does not take.
@@ -176,15 +177,20 @@ impl std::fmt::Display for OptionsError {
             ),
             OptionsError::OtherStoresOption {
                 option,
-                owner,
+                owners,
                 chosen,
-            } => write!(
-                f,
-                "{option} is an option of the {} store, and --store is {}: drop it, or use --store {}",
-                owner.store.title,
-                chosen.shown(),
-                owner.written[0]
-            ),
+            } => {
+                let titles: Vec<&str> = owners.iter().map(|owner| owner.store.title).collect();
+                let stores: Vec<&str> = owners.iter().map(|owner| owner.written[0]).collect();
+                write!(
+                    f,
+                    "{option} is an option of the {} {}, and --store is {}: drop it, or use --store {}",
+                    titles.join(" and "),
+                    if owners.len() == 1 { "store" } else { "stores" },
+                    chosen.shown(),
+                    stores.join(" or ")
+                )
+            }
             OptionsError::DoesNotApply { option, store } => write!(
                 f,
                 "{option} does not apply to the {} store, which {}: drop it",
@@ -265,14 +271,21 @@ fn refuse_foreign_options(
     chosen: &'static Entry,
     given: &GivenOptions,
 ) -> Result<(), OptionsError> {
-    for owner in STORES.iter().filter(|entry| !std::ptr::eq(*entry, chosen)) {
-        if let Some(option) = owner.options.iter().find(|o| given.contains(o)) {
-            return Err(OptionsError::OtherStoresOption {
-                option,
-                owner,
-                chosen,
-            });
-        }
+    // An option several stores share (`--cert`: etcd's and Redis's) is
+    // refused only where none of them is chosen.
+    let foreign = STORES
+        .iter()
+        .flat_map(|entry| entry.options.iter())
+        .find(|option| given.contains(option) && !chosen.options.contains(option));
+    if let Some(option) = foreign {
+        return Err(OptionsError::OtherStoresOption {
+            option,
+            owners: STORES
+                .iter()
+                .filter(|entry| entry.options.contains(option))
+                .collect(),
+            chosen,
+        });
     }
     match chosen.refuses.iter().find(|o| given.contains(o)) {
         Some(option) => Err(OptionsError::DoesNotApply {
@@ -630,6 +643,19 @@ mod tests {
         assert_eq!(
             etcd.unwrap_err(),
             "--token is an option of the Consul store, and --store is etcd://: drop it, or use --store consul"
+        );
+        // Shared by etcd and Redis: refused by the others, naming both.
+        assert_eq!(
+            local(&["--cert", "c.pem"]).unwrap_err(),
+            "--cert is an option of the Redis and etcd stores, and --store is local: drop it, or use --store redis://host:port or etcd://host:port"
+        );
+        assert_eq!(
+            parse(
+                &["--prefix", "p", "--store", "etcd", "--cacert", "ca.pem"],
+                &[]
+            )
+            .map(|_| ()),
+            Ok(())
         );
         assert_eq!(
             parse(&["--prefix", "p", "--redis-allow-eviction"], &[]).unwrap_err(),

@@ -1,5 +1,7 @@
 //! The Redis store's settings: the URL of `--store` (its password also
-//! from `REDISCLI_AUTH`, as redis-cli reads it) and `--redis-allow-eviction`.
+//! from `REDISCLI_AUTH`, as redis-cli reads it), the TLS files of
+//! `--cacert`, `--cert` and `--key` (redis-cli's names; it reads no
+//! variable for them, nor does consem) and `--redis-allow-eviction`.
 
 use super::{OptionsError, StoreFlags};
 use crate::store::kind::StoreSettings;
@@ -12,6 +14,7 @@ enum RedisFlagsError {
         shown: String,
         detail: String,
     },
+    Tls(redis::ClientTlsError),
 }
 
 impl std::fmt::Display for RedisFlagsError {
@@ -25,6 +28,7 @@ impl std::fmt::Display for RedisFlagsError {
                 f,
                 "{source}: {shown} is not a Redis URL ({detail}); write redis://[user[:password]@]host[:port][/db]"
             ),
+            RedisFlagsError::Tls(error) => error.fmt(f),
         }
     }
 }
@@ -55,10 +59,19 @@ pub fn configure(flags: &StoreFlags<'_>) -> Result<Box<dyn StoreSettings>, Optio
             connection = connection.set_redis_settings(settings);
         }
     }
+    let tls_args = &flags.args.tls;
+    let files = redis::TlsFiles {
+        cacert: tls_args.cacert.as_deref(),
+        cert: tls_args.cert.as_deref(),
+        key: tls_args.key.as_deref(),
+    };
+    let rediss = matches!(connection.addr(), ::redis::ConnectionAddr::TcpTls { .. });
+    let tls = redis::ClientTls::load(&files, rediss).map_err(RedisFlagsError::Tls)?;
     Ok(Box::new(redis::Settings::new(
         connection,
         flags.lease_ttl(),
         flags.monitor_retry(),
         flags.run.is_some_and(|run| run.redis_allow_eviction),
+        tls,
     )))
 }

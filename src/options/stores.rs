@@ -68,7 +68,7 @@ pub static STORES: &[Entry] = &[
     Entry {
         store: &redis::STORE,
         written: &["redis://host:port"],
-        options: &["--redis-allow-eviction"],
+        options: &["--redis-allow-eviction", "--cacert", "--cert", "--key"],
         refuses: &["--name"],
         because: "keeps no sessions",
         limit_bound_by: "the Redis store keeps",

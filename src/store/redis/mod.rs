@@ -10,6 +10,8 @@
 //! in `BLPOP` on their own list, pushed by the departure that may serve
 //! them, with a look again every TTL/3 that also keeps their place alive.
 
+mod tls;
+
 use std::sync::{Arc, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -25,6 +27,7 @@ use super::{
     ReleaseError, Released, ResetOutcome, SlotBackend, SlotEvent, Status, StoreError, Unfinished,
 };
 use crate::report;
+pub use tls::{ClientTls, ClientTlsError, TlsFiles};
 
 /// Permits may have TTLs of 2 s to 24 h.
 pub const STORE: Store = Store {
@@ -62,6 +65,9 @@ pub struct Settings {
     /// Run even on a server whose eviction policy may evict the
     /// semaphore's keys.
     pub allow_eviction: bool,
+    /// Client certificate and CA for `rediss://` (`--cert`, `--key`,
+    /// `--cacert`), read already, for whichever way we connect.
+    pub tls: Option<ClientTls>,
 }
 
 impl Settings {
@@ -70,11 +76,21 @@ impl Settings {
         matches!(self.connection.addr(), redis::ConnectionAddr::TcpTls { .. })
     }
 
+    /// The host the URL names, which the server's certificate must be for.
+    fn host(&self) -> String {
+        match self.connection.addr() {
+            redis::ConnectionAddr::Tcp(host, _) => host.clone(),
+            redis::ConnectionAddr::TcpTls { host, .. } => host.clone(),
+            other => other.to_string(),
+        }
+    }
+
     pub fn new(
         connection: redis::ConnectionInfo,
         ttl: Duration,
         monitor_retry: Option<u32>,
         allow_eviction: bool,
+        tls: Option<ClientTls>,
     ) -> Settings {
         let shown = format!("{}/{}", connection.addr(), connection.redis_settings().db());
         Settings {
@@ -83,6 +99,15 @@ impl Settings {
             ttl,
             monitor_retry,
             allow_eviction,
+            tls,
+        }
+    }
+
+    /// A client for the server, with the TLS files given.
+    fn client(&self) -> Result<redis::Client, RedisError> {
+        match &self.tls {
+            Some(tls) => redis::Client::build_with_tls(self.connection.clone(), tls.certificates()),
+            None => redis::Client::open(self.connection.clone()),
         }
     }
 }
@@ -189,6 +214,11 @@ impl Failure {
 
 fn classify(error: RedisError, settings: &Settings) -> Failure {
     let shown = &settings.shown;
+    if let Some(why) = tls::explain(&error, shown, &settings.host(), settings.tls.as_ref()) {
+        return Failure::Final(StoreError::unavailable(format!(
+            "cannot talk to Redis at {shown} over TLS: {why}"
+        )));
+    }
     let code = error.code().map(str::to_string);
     let detail = error.detail().unwrap_or_default().to_string();
     match code.as_deref() {
@@ -213,11 +243,6 @@ fn classify(error: RedisError, settings: &Settings) -> Failure {
                 "permission denied: Redis at {shown} refused the credentials: give the password in the URL or in REDISCLI_AUTH"
             )))
         }
-        _ if error.to_string().contains("certificate") => {
-            Failure::Final(StoreError::unavailable(format!(
-                "cannot talk to Redis at {shown} over TLS: {error} (point SSL_CERT_FILE at the CA that signs the server's certificate)"
-            )))
-        }
         _ if error.is_io_error() || error.is_timeout() || error.is_connection_refusal() => {
             let hint = if settings.tls() {
                 "is redis-server running, with TLS on that port? for one without TLS, use redis://"
@@ -238,7 +263,7 @@ fn classify(error: RedisError, settings: &Settings) -> Failure {
 /// Connects, and says PING, so that a server that wants a password says
 /// so (NOAUTH) before anything else is sent.
 fn connect(settings: &Settings, read_timeout: Duration) -> Result<Connection, RedisError> {
-    let client = redis::Client::open(settings.connection.clone())?;
+    let client = settings.client()?;
     let mut connection = client.get_connection_with_timeout(CONNECT_TIMEOUT)?;
     connection.set_read_timeout(Some(read_timeout))?;
     connection.set_write_timeout(Some(CALL_TIMEOUT))?;
