@@ -1,10 +1,14 @@
 //! Benchmark of the Redis store, side by side with the basic sorted-set
 //! semaphore that applications copy (`benches/redis_semaphore.py`: expire,
 //! count, add, else sleep 100 ms; Python's `redis` package), on one
-//! redis-server the harness starts on a free loopback port. Prints:
+//! redis-server the harness starts on a free loopback port, with one
+//! replica (`--replicaof`) so that `--redis-wait-replicas 1` can be
+//! measured on the same primary. Prints:
 //!
 //! - uncontended: wall time (median) and peak RSS of a run of `true`;
 //! - handoff gap at limit 1 with 12 waiters queued, median and p90;
+//! - both again with `--redis-wait-replicas 1` (a `WAIT` for the replica
+//!   after each grant and renewal): the option's cost;
 //! - overhead per round at N=100 contenders on limit 5 (each runs 200 ms);
 //! - a waiter's CPU over 5 s of waiting;
 //! - Redis commands per contender (from `INFO commandstats`, scripts' own
@@ -30,6 +34,8 @@ const CLIENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/redis_semapho
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Tool {
     Consem,
+    /// consem with `--redis-wait-replicas 1`.
+    ConsemWaiting,
     Python,
 }
 
@@ -37,6 +43,7 @@ impl Tool {
     fn name(self) -> &'static str {
         match self {
             Tool::Consem => "consem --store redis://",
+            Tool::ConsemWaiting => "consem --store redis:// --redis-wait-replicas 1",
             Tool::Python => "basic client, polling 100 ms",
         }
     }
@@ -48,7 +55,7 @@ struct Server {
 }
 
 impl Server {
-    fn start(dir: &Path) -> Server {
+    fn start(dir: &Path, extra: &[&str]) -> Server {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -67,6 +74,7 @@ impl Server {
             ])
             .arg("--dir")
             .arg(dir)
+            .args(extra)
             .stdout(Stdio::null())
             .spawn()
             .expect("redis-server is needed (apt-get install redis-server)");
@@ -77,6 +85,17 @@ impl Server {
             std::thread::sleep(Duration::from_millis(20));
         }
         server
+    }
+
+    /// A replica of this server, once this server counts it acknowledged.
+    fn replica(&self, dir: &Path) -> Server {
+        std::fs::create_dir_all(dir).unwrap();
+        let replica = Server::start(dir, &["--replicaof", "127.0.0.1", &self.port.to_string()]);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.redis(&["WAIT", "1", "100"]).as_deref().map(str::trim) != Some("1") {
+            assert!(Instant::now() < deadline, "the replica did not connect");
+        }
+        replica
     }
 
     fn url(&self) -> String {
@@ -121,7 +140,7 @@ impl Drop for Server {
 
 fn command(server: &Server, tool: Tool, name: &str, limit: usize, run: &[String]) -> Command {
     match tool {
-        Tool::Consem => {
+        Tool::Consem | Tool::ConsemWaiting => {
             let mut cmd = Command::new(consem_bin());
             cmd.args([
                 "run",
@@ -131,9 +150,11 @@ fn command(server: &Server, tool: Tool, name: &str, limit: usize, run: &[String]
                 name,
                 "--limit",
                 &limit.to_string(),
-                "--",
-            ])
-            .args(run);
+            ]);
+            if tool == Tool::ConsemWaiting {
+                cmd.args(["--redis-wait-replicas", "1"]);
+            }
+            cmd.arg("--").args(run);
             cmd
         }
         Tool::Python => {
@@ -179,8 +200,9 @@ fn main() {
     let dir: PathBuf =
         std::env::temp_dir().join(format!("consem-bench-redis-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let server = Server::start(&dir);
-    let mut tools = vec![Tool::Consem];
+    let server = Server::start(&dir, &[]);
+    let replica = server.replica(&dir.join("replica"));
+    let mut tools = vec![Tool::Consem, Tool::ConsemWaiting];
     println!(
         "# Redis store benchmark{}",
         if quick {
@@ -190,8 +212,8 @@ fn main() {
         }
     );
     println!(
-        "(redis-server on 127.0.0.1:{}, started by the harness)",
-        server.port
+        "(redis-server on 127.0.0.1:{}, with a replica on 127.0.0.1:{}, started by the harness)",
+        server.port, replica.port
     );
     if python_available() {
         tools.push(Tool::Python);
@@ -247,7 +269,8 @@ fn main() {
     );
     println!("| tool | CPU |");
     println!("|---|---|");
-    for &tool in &tools {
+    // A waiter sends no WAIT: the option changes nothing here.
+    for &tool in tools.iter().filter(|&&tool| tool != Tool::ConsemWaiting) {
         let make =
             |name: &str, limit: usize, run: &[String]| command(&server, tool, name, limit, run);
         let cpu = common::waiter_cpu(&make, &format!("cpu-{}", tool.name().len()), waiting);
@@ -299,6 +322,7 @@ fn main() {
     if quick {
         println!("(quick mode: sizes too small to judge)");
     }
+    drop(replica);
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }

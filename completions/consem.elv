@@ -38,6 +38,7 @@ set edit:completion:arg-completer[consem] = {|@words|
             cand --ttl 'Consul, Redis and etcd: the lease of a slot, renewed every TTL/3 (Consul''s session TTL, 10s to 24h; a Redis permit''s or an etcd lease''s, 2s to 24h; default 15s)'
             cand --kill-grace 'Time between SIGTERM and SIGKILL when consem must stop the command (default 5s; on Consul, Redis and etcd, at most what fits in the lease of --ttl)'
             cand --monitor-retry 'Consul, Redis and etcd: give a held slot up after N failed attempts in a row to reach the store (default: keep trying while the slot''s lease lasts)'
+            cand --redis-wait-replicas 'Redis: use a slot, and count each renewal, only once N replicas have acknowledged it (WAIT N, for a second or TTL/6); an unconfirmed slot is given back and asked for again for up to one TTL, then exit 69. Narrows, does not close, what a failover can lose (README, "Grants that survive a failover")'
             cand --name 'Consul: session name (default: "consem: <command> at <prefix>")'
             cand --log-format 'Format of what consem writes on stderr'
             cand --store 'Where the semaphore lives: consul, local (this host only, no server), local:DIR, redis://[user[:password]@]host[:port][/db] or rediss://... (TLS; the password also from REDISCLI_AUTH), etcd://host:port[,host:port...] or etcds://... (TLS; etcd alone: ETCDCTL_ENDPOINTS) [default: CONSEM_STORE, else consul]'

@@ -204,6 +204,13 @@ pub struct RunArgs {
     #[arg(long)]
     pub redis_allow_eviction: bool,
 
+    /// Redis: use a slot, and count each renewal, only once N replicas have acknowledged
+    /// it (WAIT N, for a second or TTL/6); an unconfirmed slot is given back and asked for
+    /// again for up to one TTL, then exit 69. Narrows, does not close, what a failover can
+    /// lose (README, "Grants that survive a failover")
+    #[arg(long, value_name = "N")]
+    pub redis_wait_replicas: Option<u32>,
+
     /// Consul: session name (default: "consem: <command> at <prefix>")
     #[arg(long, value_name = "NAME")]
     pub name: Option<String>,

@@ -1331,3 +1331,110 @@ fn answers_that_come_late_shorten_the_lease_to_nothing() {
     });
     world.assert_clean();
 }
+
+/// A world on a primary with one replica of its own.
+fn replicated(name: &str) -> (World<RedisServer>, RedisServer) {
+    let world = World::redis(name);
+    let replica = RedisServer::replica_of(&world.store, &world.dir.join("replica"));
+    (world, replica)
+}
+
+/// `--redis-wait-replicas 1`: with the replica acknowledging, runs go as
+/// ever; with it frozen, a granted slot is given back, never used: the
+/// command does not start, the run retries for one TTL and exits 69 naming
+/// the replicas, and nothing is left; with the replica back, runs go again.
+#[test]
+fn a_grant_the_replicas_do_not_confirm_is_given_back_and_not_used() {
+    let (world, replica) = replicated("wait-grant");
+    let wait = ["--redis-wait-replicas", "1", "--ttl", "2s"];
+    let ran = output(&world, 1, &wait, &["touch", &world.path("ran")]);
+    assert_eq!(ran.status.code(), Some(0), "{}", stderr(&ran));
+    assert!(world.exists("ran"));
+    std::fs::remove_file(world.path("ran")).unwrap();
+
+    replica.freeze();
+    let started = Instant::now();
+    let mut extra = vec!["-v"];
+    extra.extend_from_slice(&wait);
+    let refused = output(&world, 1, &extra, &["touch", &world.path("ran")]);
+    let text = stderr(&refused);
+    assert_eq!(refused.status.code(), Some(69), "{text}");
+    assert!(
+        !world.exists("ran"),
+        "the command ran on an unconfirmed slot"
+    );
+    let last = text.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("0 replicas of Redis at")
+            && last.contains("acknowledged our slot within 333ms")
+            && last.contains("asks for 1, so it was given back unused")
+            && last.contains("lower --redis-wait-replicas"),
+        "{text}"
+    );
+    assert!(text.contains(" retry "), "it tried again: {text}");
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "gave up after {:?}, before a TTL of retrying",
+        started.elapsed()
+    );
+    world.assert_clean();
+
+    // The same run without the option does not wait for the replica.
+    let ran = output(&world, 1, &wait[2..], &["touch", &world.path("ran")]);
+    assert_eq!(ran.status.code(), Some(0), "{}", stderr(&ran));
+    std::fs::remove_file(world.path("ran")).unwrap();
+
+    replica.thaw();
+    world.store.wait_for_replicas(1);
+    let ran = output(&world, 1, &wait, &["touch", &world.path("ran")]);
+    assert_eq!(ran.status.code(), Some(0), "{}", stderr(&ran));
+    assert!(world.exists("ran"));
+    world.assert_clean();
+}
+
+/// A holder whose renewals the replica stops acknowledging counts them as
+/// failed: its lease runs out from the last confirmed one, its command is
+/// stopped and it exits 76, `-v` showing why.
+#[test]
+fn a_holder_whose_renewals_are_not_confirmed_loses_its_slot_with_its_lease() {
+    let (world, replica) = replicated("wait-renew");
+    let wait = [
+        "--redis-wait-replicas",
+        "1",
+        "--ttl",
+        "3s",
+        "--kill-grace",
+        "500ms",
+    ];
+    let mut extra = vec!["-v"];
+    extra.extend_from_slice(&wait);
+    let holder = world.spawn(1, &extra, &strs(&world.held_until("ready", "go", 0)));
+    wait_until(PROMPT, "the holder's command to start", || {
+        world.exists("ready")
+    });
+    replica.freeze();
+    let frozen = Instant::now();
+    let mut holder = holder;
+    wait_with_deadline(&mut holder, Duration::from_secs(20), "the holder to stop");
+    let stopped = frozen.elapsed();
+    let output = finish(holder);
+    let text = stderr(&output);
+    assert_eq!(output.status.code(), Some(76), "{text}");
+    assert!(
+        text.contains("slot lost: no renewal of its lease was confirmed in time"),
+        "{text}"
+    );
+    assert!(
+        text.contains("watch-retry") && text.contains("acknowledged our renewal within 500ms"),
+        "-v shows why: {text}"
+    );
+    // The lease (5/6 of 3 s from the last confirmed renewal, at most a
+    // second before the freeze) ends it; the permit on the primary would
+    // have lasted longer.
+    assert!(
+        stopped < Duration::from_secs(3) + Duration::from_millis(1500),
+        "stopped {stopped:?} after the freeze"
+    );
+    world.assert_clean();
+    replica.thaw();
+}

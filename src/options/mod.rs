@@ -507,9 +507,15 @@ mod tests {
         assert_eq!(options.kill_grace, Duration::from_secs(5));
         let redis: &redis::Settings = settings(&options);
         assert_eq!(
-            (redis.ttl, redis.monitor_retry, redis.allow_eviction),
-            (Duration::from_secs(15), None, false)
+            (
+                redis.ttl,
+                redis.monitor_retry,
+                redis.allow_eviction,
+                redis.wait_replicas
+            ),
+            (Duration::from_secs(15), None, false, None)
         );
+        assert!(redis.tls.is_none());
         let options = parse(&["--prefix", "p", "--store", "etcd://h:1"], &[]).unwrap();
         assert_eq!(options.kill_grace, Duration::from_secs(5));
         let etcd: &etcd::Settings = settings(&options);
@@ -643,6 +649,18 @@ mod tests {
         assert_eq!(
             etcd.unwrap_err(),
             "--token is an option of the Consul store, and --store is etcd://: drop it, or use --store consul"
+        );
+        assert_eq!(
+            local(&["--redis-wait-replicas", "1"]).unwrap_err(),
+            "--redis-wait-replicas is an option of the Redis store, and --store is local: drop it, or use --store redis://host:port"
+        );
+        assert_eq!(
+            parse(
+                &["--prefix", "p", "--store", "redis://h", "--redis-wait-replicas", "0"],
+                &[]
+            )
+            .unwrap_err(),
+            "--redis-wait-replicas 0 waits for no replica: give how many replicas must acknowledge a slot (1 or more), or drop it"
         );
         // Shared by etcd and Redis: refused by the others, naming both.
         assert_eq!(

@@ -1,7 +1,8 @@
 //! The Redis store's settings: the URL of `--store` (its password also
 //! from `REDISCLI_AUTH`, as redis-cli reads it), the TLS files of
 //! `--cacert`, `--cert` and `--key` (redis-cli's names; it reads no
-//! variable for them, nor does consem) and `--redis-allow-eviction`.
+//! variable for them, nor does consem), `--redis-allow-eviction` and
+//! `--redis-wait-replicas`.
 
 use super::{OptionsError, StoreFlags};
 use crate::store::kind::StoreSettings;
@@ -15,6 +16,7 @@ enum RedisFlagsError {
         detail: String,
     },
     Tls(redis::ClientTlsError),
+    NoReplicas,
 }
 
 impl std::fmt::Display for RedisFlagsError {
@@ -29,6 +31,9 @@ impl std::fmt::Display for RedisFlagsError {
                 "{source}: {shown} is not a Redis URL ({detail}); write redis://[user[:password]@]host[:port][/db]"
             ),
             RedisFlagsError::Tls(error) => error.fmt(f),
+            RedisFlagsError::NoReplicas => f.write_str(
+                "--redis-wait-replicas 0 waits for no replica: give how many replicas must acknowledge a slot (1 or more), or drop it",
+            ),
         }
     }
 }
@@ -59,6 +64,10 @@ pub fn configure(flags: &StoreFlags<'_>) -> Result<Box<dyn StoreSettings>, Optio
             connection = connection.set_redis_settings(settings);
         }
     }
+    let wait_replicas = flags.run.and_then(|run| run.redis_wait_replicas);
+    if wait_replicas == Some(0) {
+        return Err(RedisFlagsError::NoReplicas.into());
+    }
     let tls_args = &flags.args.tls;
     let files = redis::TlsFiles {
         cacert: tls_args.cacert.as_deref(),
@@ -72,6 +81,7 @@ pub fn configure(flags: &StoreFlags<'_>) -> Result<Box<dyn StoreSettings>, Optio
         flags.lease_ttl(),
         flags.monitor_retry(),
         flags.run.is_some_and(|run| run.redis_allow_eviction),
+        wait_replicas,
         tls,
     )))
 }

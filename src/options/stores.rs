@@ -68,7 +68,13 @@ pub static STORES: &[Entry] = &[
     Entry {
         store: &redis::STORE,
         written: &["redis://host:port"],
-        options: &["--redis-allow-eviction", "--cacert", "--cert", "--key"],
+        options: &[
+            "--redis-allow-eviction",
+            "--redis-wait-replicas",
+            "--cacert",
+            "--cert",
+            "--key",
+        ],
         refuses: &["--name"],
         because: "keeps no sessions",
         limit_bound_by: "the Redis store keeps",

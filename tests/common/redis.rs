@@ -137,6 +137,40 @@ impl RedisServer {
         std::mem::forget(old);
     }
 
+    /// A replica of `primary` (`--replicaof`), in `dir`, once `primary`
+    /// counts it among its connected replicas.
+    pub fn replica_of(primary: &RedisServer, dir: &Path) -> RedisServer {
+        let port = primary.port.to_string();
+        let replica = RedisServer::start(dir, &["--replicaof", "127.0.0.1", &port]);
+        primary.wait_for_replicas(1);
+        replica
+    }
+
+    /// Waits until `count` replicas are connected and have acknowledged
+    /// every write so far (`WAIT` answers at once with `count`).
+    pub fn wait_for_replicas(&self, count: i64) {
+        let mut connection = self.connection().unwrap();
+        super::wait_until(Duration::from_secs(20), "the replicas to connect", || {
+            redis::cmd("WAIT")
+                .arg(count)
+                .arg(100)
+                .query::<i64>(&mut connection)
+                .unwrap()
+                >= count
+        });
+    }
+
+    /// Freezes the server (SIGSTOP): it neither answers nor acknowledges,
+    /// and its connections stay open.
+    pub fn freeze(&self) {
+        super::world::signal(&self.process, libc::SIGSTOP);
+    }
+
+    /// Lets a frozen server run again (SIGCONT).
+    pub fn thaw(&self) {
+        super::world::signal(&self.process, libc::SIGCONT);
+    }
+
     /// Stops the server now (as a crash: no save).
     pub fn stop(&mut self) {
         let _ = self.process.kill();

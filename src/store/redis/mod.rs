@@ -52,6 +52,14 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// allows, and the lease stays fresh for outages. One script call.
 const RENEW_EVERY: Duration = Duration::from_secs(1);
 
+/// How long `WAIT` may wait for the replicas to acknowledge a grant or a
+/// renewal (`--redis-wait-replicas`): a second, or TTL/6 if that is
+/// shorter, so that an unconfirmed renewal leaves the lease room for
+/// retries, and a grant confirmed late still leaves the command most of it.
+fn wait_timeout(ttl: Duration) -> Duration {
+    Duration::from_millis(RENEW_EVERY.min(ttl / 6).as_millis() as u64)
+}
+
 /// What a run on Redis needs beyond the store-neutral options.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -65,6 +73,9 @@ pub struct Settings {
     /// Run even on a server whose eviction policy may evict the
     /// semaphore's keys.
     pub allow_eviction: bool,
+    /// Use a grant, and count a renewal, only once this many replicas
+    /// acknowledged it (`WAIT`).
+    pub wait_replicas: Option<u32>,
     /// Client certificate and CA for `rediss://` (`--cert`, `--key`,
     /// `--cacert`), read already, for whichever way we connect.
     pub tls: Option<ClientTls>,
@@ -90,6 +101,7 @@ impl Settings {
         ttl: Duration,
         monitor_retry: Option<u32>,
         allow_eviction: bool,
+        wait_replicas: Option<u32>,
         tls: Option<ClientTls>,
     ) -> Settings {
         let shown = format!("{}/{}", connection.addr(), connection.redis_settings().db());
@@ -99,6 +111,7 @@ impl Settings {
             ttl,
             monitor_retry,
             allow_eviction,
+            wait_replicas,
             tls,
         }
     }
@@ -226,7 +239,7 @@ fn classify(error: RedisError, settings: &Settings) -> Failure {
             "permission denied: Redis at {shown} refused the credentials ({detail}): give the password in the URL or in REDISCLI_AUTH"
         ))),
         Some("NOPERM") => Failure::Final(StoreError::denied(format!(
-            "permission denied: the Redis user may not do what consem needs ({detail}); it needs INFO, EVAL, EVALSHA, SCRIPT, BLPOP, GET, ZRANGE on the keys semaphore:<prefix>*"
+            "permission denied: the Redis user may not do what consem needs ({detail}); it needs INFO, EVAL, EVALSHA, SCRIPT, BLPOP, GET, ZRANGE on the keys semaphore:<prefix>*, and WAIT with --redis-wait-replicas"
         ))),
         Some("READONLY") => Failure::Final(StoreError::unavailable(format!(
             "Redis at {shown} is a read-only replica: point --store at the primary"
@@ -492,13 +505,9 @@ impl RedisSemaphore {
                 return Err(Stop::Closing);
             };
             let answer = match answer {
-                Ok(value) => {
-                    outage.recovered();
-                    read_answer(value).map_err(|why| {
-                        StoreError::unavailable(format!("Redis at {shown} gave {why}"))
-                            .caused_by(why)
-                    })?
-                }
+                Ok(value) => read_answer(value).map_err(|why| {
+                    StoreError::unavailable(format!("Redis at {shown} gave {why}")).caused_by(why)
+                })?,
                 Err(error) => match classify(error, &self.settings) {
                     Failure::Final(error) => {
                         // A script refused for want of permission never
@@ -509,23 +518,40 @@ impl RedisSemaphore {
                         return Err(error.into());
                     }
                     Failure::Transient(why) => {
-                        let Some(pause) = outage.retry_after() else {
-                            return Err(StoreError::unavailable(why).into());
-                        };
-                        report::event("retry", &[("error", &why)]);
-                        thread::sleep(pause);
-                        if let Ok(fresh) = connect(&self.settings, period + CALL_TIMEOUT) {
-                            connection = fresh;
-                        }
+                        self.pause_to_retry(&mut outage, why, &mut connection, false)?;
                         continue;
                     }
                 },
             };
+            if !matches!(answer, Answer::Acquired { .. }) {
+                outage.recovered();
+            }
             match answer {
                 Answer::Acquired { fence, epoch } => {
                     self.note_epoch(epoch);
-                    self.gate.lock().fence = Some(fence);
-                    return Ok((fence, sent));
+                    match self.replicated(&mut connection, "our slot", "it was given back unused") {
+                        Ok(()) => {
+                            outage.recovered();
+                            self.gate.lock().fence = Some(fence);
+                            return Ok((fence, sent));
+                        }
+                        // Not used: given back at once, so that it holds
+                        // nobody back, then asked for again as after an
+                        // outage (the replicas may be catching up).
+                        Err(failure) => {
+                            let _ = self.give_back(&mut connection);
+                            if self.gate.closing() {
+                                return Err(Stop::Closing);
+                            }
+                            match failure {
+                                Failure::Final(error) => return Err(error.into()),
+                                Failure::Transient(why) => {
+                                    self.pause_to_retry(&mut outage, why, &mut connection, true)?;
+                                    continue;
+                                }
+                            }
+                        }
+                    }
                 }
                 Answer::Foreign(key, what) => {
                     // Refused before anything was written.
@@ -576,6 +602,78 @@ impl RedisSemaphore {
                 }
             }
         }
+    }
+
+    /// Pauses before the next attempt to take a slot after a failure
+    /// worth retrying, and connects afresh; gives up once retrying is over
+    /// (`took`: Redis took the call, and may be retried for a TTL even
+    /// before it ever answered, see [`Outage::retry_slow`]).
+    fn pause_to_retry(
+        &self,
+        outage: &mut Outage,
+        why: String,
+        connection: &mut Connection,
+        took: bool,
+    ) -> Result<(), Stop> {
+        let pause = if took {
+            outage.retry_slow()
+        } else {
+            outage.retry_after()
+        };
+        let Some(pause) = pause else {
+            return Err(StoreError::unavailable(why).into());
+        };
+        report::event("retry", &[("error", &why)]);
+        thread::sleep(pause);
+        let period = lease::renew_period(self.settings.ttl);
+        if let Ok(fresh) = connect(&self.settings, period + CALL_TIMEOUT) {
+            *connection = fresh;
+        }
+        Ok(())
+    }
+
+    /// Leaves: our permit, our place in the queue and our keys go, and the
+    /// waiter first in line is woken.
+    fn give_back(&self, connection: &mut Connection) -> Result<(), RedisError> {
+        release_script()
+            .key(&self.keys.holders)
+            .key(&self.keys.queue)
+            .key(&self.keys.limit)
+            .key(&self.keys.alive)
+            .arg(&self.id)
+            .arg(&self.keys.base)
+            .invoke::<i64>(connection)
+            .map(drop)
+    }
+
+    /// With `--redis-wait-replicas N`: whether N replicas acknowledged
+    /// every write sent on `connection` so far (`WAIT N timeout`), `what`
+    /// (our slot, our renewal) with them; `unconfirmed` says what becomes
+    /// of it otherwise. Unconfirmed is worth trying again: a replica may
+    /// be catching up or restarting.
+    fn replicated(
+        &self,
+        connection: &mut Connection,
+        what: &str,
+        unconfirmed: &str,
+    ) -> Result<(), Failure> {
+        let Some(wanted) = self.settings.wait_replicas else {
+            return Ok(());
+        };
+        let timeout = wait_timeout(self.settings.ttl);
+        let acknowledged: i64 = redis::cmd("WAIT")
+            .arg(wanted)
+            .arg(timeout.as_millis() as u64)
+            .query(connection)
+            .map_err(|error| classify(error, &self.settings))?;
+        if acknowledged >= i64::from(wanted) {
+            return Ok(());
+        }
+        Err(Failure::Transient(format!(
+            "{acknowledged} replicas of Redis at {} acknowledged {what} within {}, and --redis-wait-replicas asks for {wanted}, so {unconfirmed}: start or reconnect its replicas (INFO replication lists them), or lower --redis-wait-replicas",
+            self.settings.shown,
+            crate::duration::human(timeout)
+        )))
     }
 
     /// Learns the semaphore's epoch from an answer; another than the one
@@ -685,8 +783,23 @@ impl RedisSemaphore {
             let why = match result {
                 Ok((answer, sent)) => match read_renewal(answer) {
                     Ok((Renewal::Held, epoch)) => {
-                        failures.reset();
                         self.note_epoch(epoch);
+                        let con = connection.as_mut().expect("a renewal answered on it");
+                        // Unconfirmed, it is a failed renewal: the lease
+                        // stays as the last confirmed one left it.
+                        match self.replicated(con, "our renewal", "it does not count") {
+                            Ok(()) => {}
+                            Err(Failure::Final(error)) => return Some(error.to_string()),
+                            Err(Failure::Transient(why)) => {
+                                connection = None;
+                                renewed = None;
+                                if let Err(end) = failures.retry(&self.gate, lease_end, "", &why) {
+                                    return end;
+                                }
+                                continue;
+                            }
+                        }
+                        failures.reset();
                         renewed = Some(sent);
                         lease_end = lease::lease_end(sent, ttl);
                         self.gate.notify(SlotEvent::Leased { until: lease_end });
@@ -765,16 +878,8 @@ impl SlotBackend for RedisSemaphore {
         let left = deadline
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(100));
-        let released = connect(&self.settings, left).and_then(|mut connection| {
-            release_script()
-                .key(&self.keys.holders)
-                .key(&self.keys.queue)
-                .key(&self.keys.limit)
-                .key(&self.keys.alive)
-                .arg(&self.id)
-                .arg(&self.keys.base)
-                .invoke::<i64>(&mut connection)
-        });
+        let released = connect(&self.settings, left)
+            .and_then(|mut connection| self.give_back(&mut connection));
         report::event("released", &[("prefix", &self.prefix)]);
         released.map(|_| Released::Left).map_err(|error| {
             ReleaseError(vec![Unfinished::step(format!(
