@@ -736,6 +736,19 @@ fn tls_redis(
     files: &crate::common::pki::PkiFiles,
     auth_clients: bool,
 ) -> (RedisServer, u16) {
+    let server = (files.server.as_path(), files.server_key.as_path());
+    tls_redis_with(world, "redis", files, server, auth_clients)
+}
+
+/// [`tls_redis`] in `world.dir/<name>`, with the certificate and key
+/// `server`.
+fn tls_redis_with(
+    world: &World<NoStore>,
+    name: &str,
+    files: &crate::common::pki::PkiFiles,
+    server: (&std::path::Path, &std::path::Path),
+    auth_clients: bool,
+) -> (RedisServer, u16) {
     let tls_port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -743,14 +756,14 @@ fn tls_redis(
         .port();
     let path = |p: &std::path::Path| p.to_str().unwrap().to_string();
     let server = RedisServer::start(
-        &world.dir.join("redis"),
+        &world.dir.join(name),
         &[
             "--tls-port",
             &tls_port.to_string(),
             "--tls-cert-file",
-            &path(&files.server),
+            &path(server.0),
             "--tls-key-file",
-            &path(&files.server_key),
+            &path(server.1),
             "--tls-ca-cert-file",
             &path(&files.ca),
             "--tls-auth-clients",
@@ -816,6 +829,36 @@ fn rediss_checks_the_server_certificate_against_the_trusted_roots() {
         text.contains("--cacert does not name the CA that signs it"),
         "{text}"
     );
+}
+
+/// A server certificate that has expired, or that was issued for another
+/// name: 69, saying which, and what to do.
+#[test]
+fn rediss_names_an_expired_certificate_and_one_for_another_name() {
+    let world = World::without_store("redis-tls-names");
+    let files = crate::common::pki::TestPki::new().write_to(&world.dir.join("pki"));
+    let ca = files.ca.to_str().unwrap();
+    for (name, server, says) in [
+        (
+            "expired",
+            (files.expired.as_path(), files.expired_key.as_path()),
+            "has expired: renew it on the server",
+        ),
+        (
+            "elsewhere",
+            (files.elsewhere.as_path(), files.elsewhere_key.as_path()),
+            "is not valid for '127.0.0.1': use a name it was issued for in --store",
+        ),
+    ] {
+        let (_server, tls_port) = tls_redis_with(&world, name, &files, server, false);
+        let store = format!("rediss://127.0.0.1:{tls_port}");
+        let output = tls_run(&world, &store, &["--cacert", ca], None);
+        let text = stderr(&output);
+        assert_eq!(output.status.code(), Some(69), "{name}: {text}");
+        assert_eq!(text.lines().count(), 1, "{text}");
+        assert!(text.contains(says), "{name}: {text}");
+        assert!(!world.exists("ran"));
+    }
 }
 
 /// A server that verifies clients (`tls-auth-clients yes`): `--cert` and
@@ -1437,4 +1480,87 @@ fn a_holder_whose_renewals_are_not_confirmed_loses_its_slot_with_its_lease() {
     );
     world.assert_clean();
     replica.thaw();
+}
+
+/// Makes `user` (password `pw`) with every permission consem needs, and
+/// WAIT only if `wait`.
+fn acl_user(redis: &RedisServer, user: &str, wait: bool) {
+    let mut connection = redis.connection().unwrap();
+    let mut rule = vec![
+        "SETUSER",
+        user,
+        "on",
+        ">pw",
+        "~semaphore:*",
+        "+@read",
+        "+@write",
+        "+@scripting",
+        "+blpop",
+        "+time",
+        "+ping",
+        "+type",
+        "+info",
+    ];
+    rule.push(if wait { "+wait" } else { "-wait" });
+    let _: () = redis::cmd("ACL")
+        .arg(&rule[..])
+        .query(&mut connection)
+        .unwrap();
+}
+
+/// A user who may not send WAIT: with `--redis-wait-replicas`, the slot
+/// granted is given back and the run exits 77 naming WAIT; a holder whose
+/// user loses the permission loses its slot (76) saying so.
+#[test]
+fn wait_refused_by_the_acl_is_a_permission_error() {
+    let (world, _replica) = replicated("wait-acl");
+    let redis = &world.store;
+    acl_user(redis, "nowait", false);
+    let as_user = |user: &str, extra: &[&str], command: &[&str]| {
+        let addr = format!("{user}:pw@127.0.0.1:{}", redis.port);
+        let mut command = world.consem_via(&addr, 1, extra, command);
+        command.stdout(Stdio::piped()).stderr(Stdio::piped());
+        command.spawn().unwrap()
+    };
+    let mut refused = as_user(
+        "nowait",
+        &["--redis-wait-replicas", "1"],
+        &["touch", &world.path("ran")],
+    );
+    wait_with_deadline(&mut refused, Duration::from_secs(20), "consem to exit");
+    let refused = finish(refused);
+    let text = stderr(&refused);
+    assert_eq!(refused.status.code(), Some(77), "{text}");
+    assert_eq!(text.lines().count(), 1, "{text}");
+    assert!(
+        text.contains("may not do what consem needs")
+            && text.contains("WAIT with --redis-wait-replicas"),
+        "{text}"
+    );
+    assert!(!world.exists("ran"));
+    world.assert_clean();
+
+    acl_user(redis, "waits", true);
+    let mut holder = as_user(
+        "waits",
+        &[
+            "--redis-wait-replicas",
+            "1",
+            "--ttl",
+            "3s",
+            "--kill-grace",
+            "500ms",
+        ],
+        &strs(&world.held_until("ready", "go", 0)),
+    );
+    wait_until(PROMPT, "the holder's command to start", || {
+        world.exists("ready")
+    });
+    acl_user(redis, "waits", false);
+    wait_with_deadline(&mut holder, Duration::from_secs(20), "the holder to stop");
+    let output = finish(holder);
+    let text = stderr(&output);
+    assert_eq!(output.status.code(), Some(76), "{text}");
+    assert!(text.contains("may not do what consem needs"), "{text}");
+    world.assert_clean();
 }
