@@ -3,7 +3,9 @@
 //! double, or a real agent with CONSEM_TEST_CONSUL_ADDR; `local::<test>`
 //! against the local store in a scratch directory; `redis::<test>` against
 //! a redis-server of the test's own; `etcd::<test>` against an etcd of the
-//! test's own). The real binary runs in each. Store-specific behaviour is
+//! test's own; `redis_cluster::<test>` and `redis_sentinel::<test>` the
+//! core of it on a Redis Cluster, or a primary, replica and Sentinels, of
+//! the test's own). The real binary runs in each. Store-specific behaviour is
 //! tested beside its store.
 
 use std::io::Read as _;
@@ -125,6 +127,46 @@ macro_rules! on_every_store_with_a_short_lease {
 }
 
 on_every_store_with_a_short_lease!(a_killed_holder_s_slot_comes_back_within_its_ttl_after_renewals);
+
+/// The core behaviours again on Redis Cluster (three primaries), consem
+/// pointed at a node that does not serve the prefix's slot.
+macro_rules! on_redis_cluster {
+    ($($test:ident),* $(,)?) => {
+        mod redis_cluster {
+            $( #[test] fn $test() { super::$test(super::World::redis_cluster) } )*
+        }
+    };
+}
+
+on_redis_cluster!(
+    uncontended_run_leaves_stdout_to_the_child_and_cleans_up,
+    fence_grows_from_one_acquisition_to_the_next,
+    eight_contenders_never_exceed_the_limit,
+    waiters_get_their_slot_in_order_of_arrival,
+    timeout_0_exits_75_at_once_when_full,
+    a_signal_while_waiting_ends_the_wait_promptly,
+    a_lost_slot_stops_the_command_and_its_background_jobs_with_76,
+    status_shows_holders_and_waiters,
+    reset_refuses_while_held_and_force_evicts_first,
+    a_freed_slot_wakes_its_waiter_at_once_all_down_the_queue,
+);
+
+/// The core behaviours again on the primary that Redis Sentinel names.
+macro_rules! on_redis_sentinel {
+    ($($test:ident),* $(,)?) => {
+        mod redis_sentinel {
+            $( #[test] fn $test() { super::$test(super::World::redis_sentinel) } )*
+        }
+    };
+}
+
+on_redis_sentinel!(
+    uncontended_run_leaves_stdout_to_the_child_and_cleans_up,
+    eight_contenders_never_exceed_the_limit,
+    waiters_get_their_slot_in_order_of_arrival,
+    a_lost_slot_stops_the_command_and_its_background_jobs_with_76,
+    status_shows_holders_and_waiters,
+);
 
 fn output<S: TestStore>(world: &World<S>, limit: u32, extra: &[&str], command: &[&str]) -> Output {
     let child = world.spawn(limit, extra, command);

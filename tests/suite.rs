@@ -22,6 +22,8 @@ mod local_store;
 mod manifest;
 mod progress;
 mod properties;
+mod redis_cluster;
+mod redis_sentinel;
 mod redis_store;
 mod run;
 mod security;

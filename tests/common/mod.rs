@@ -10,6 +10,8 @@ pub mod pki;
 pub mod proxy;
 pub mod pty;
 pub mod redis;
+pub mod redis_cluster;
+pub mod redis_sentinel;
 pub mod world;
 
 use std::sync::atomic::{AtomicU64, Ordering};

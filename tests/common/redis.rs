@@ -31,6 +31,20 @@ impl RedisServer {
         RedisServer::start_on(free_port(), dir, extra)
     }
 
+    /// Starts one on `port` (which the caller found free).
+    pub fn start_on_port(port: u16, dir: &Path, extra: &[&str]) -> RedisServer {
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        RedisServer::start_on(port, dir, extra)
+    }
+
+    /// Sends `command` on a connection of its own.
+    pub fn query<T: redis::FromRedisValue>(
+        &self,
+        command: &mut redis::Cmd,
+    ) -> redis::RedisResult<T> {
+        command.query(&mut self.connection()?)
+    }
+
     fn start_on(port: u16, dir: &Path, extra: Vec<String>) -> RedisServer {
         std::fs::create_dir_all(dir).unwrap();
         let process = Command::new("redis-server")
@@ -200,17 +214,19 @@ impl TestStore for RedisServer {
     }
 
     fn assert_clean(&self, prefix: &str) {
-        // The fence and ticket counters stay, so that they keep growing,
-        // and the epoch, by which contenders tell that the keys were lost.
         let keys = self.keys(prefix);
-        let left: Vec<&String> = keys
-            .iter()
-            .filter(|k| {
-                !k.ends_with(":fence") && !k.ends_with(":tickets") && !k.ends_with(":epoch")
-            })
-            .collect();
+        let left = leftover(&keys);
         assert!(left.is_empty(), "keys left on Redis: {left:?}");
     }
+}
+
+/// The semaphore's keys that should be gone once everyone left: the fence
+/// and ticket counters stay, so that they keep growing, and the epoch, by
+/// which contenders tell that the keys were lost.
+pub fn leftover(keys: &[String]) -> Vec<&String> {
+    keys.iter()
+        .filter(|k| !k.ends_with(":fence") && !k.ends_with(":tickets") && !k.ends_with(":epoch"))
+        .collect()
 }
 
 impl ServerStore for RedisServer {

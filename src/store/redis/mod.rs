@@ -16,7 +16,7 @@ use std::sync::{Arc, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use redis::{Connection, RedisError, Script, Value};
+use redis::{RedisError, Script, Value};
 
 use super::driver::{self, Failures, Gate, Grant, Recipe, Stop};
 use super::kind::{Lease, Store, StoreSettings};
@@ -27,13 +27,22 @@ use super::{
     ReleaseError, Released, ResetOutcome, SlotBackend, SlotEvent, Status, StoreError, Unfinished,
 };
 use crate::report;
+pub use link::CrossSlot;
+use link::Link;
 pub use tls::{ClientTls, ClientTlsError, TlsFiles};
+
+mod link;
 
 /// Permits may have TTLs of 2 s to 24 h.
 pub const STORE: Store = Store {
     name: "redis",
     title: "Redis",
-    schemes: &["redis://", "rediss://"],
+    schemes: &[
+        "redis://",
+        "rediss://",
+        "redis+sentinel://",
+        "rediss+sentinel://",
+    ],
     largest_limit: 1024,
     lease: Some(Lease {
         shortest: Duration::from_secs(2),
@@ -43,7 +52,6 @@ pub const STORE: Store = Store {
     frees_slot_at_death: false,
 };
 
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// Budget of one command (a `BLPOP` gets its own wait on top).
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often a holder renews its permit (or every TTL/3 if that is
@@ -63,8 +71,10 @@ fn wait_timeout(ttl: Duration) -> Duration {
 /// What a run on Redis needs beyond the store-neutral options.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    pub connection: redis::ConnectionInfo,
-    /// `host:port/db`, for messages: never the password.
+    pub servers: Servers,
+    /// `host:port/db`, `host:port,host:port` for a cluster's nodes, or
+    /// `<primary> via Sentinel host:port,...`, for messages: never the
+    /// password.
     pub shown: String,
     pub ttl: Duration,
     /// Failed attempts in a row a holder bears; `None`: as many as fit in
@@ -81,15 +91,46 @@ pub struct Settings {
     pub tls: Option<ClientTls>,
 }
 
-impl Settings {
-    /// Whether the store was given as `rediss://`.
-    fn tls(&self) -> bool {
-        matches!(self.connection.addr(), redis::ConnectionAddr::TcpTls { .. })
+/// Where the semaphore's Redis is.
+#[derive(Debug, Clone)]
+pub enum Servers {
+    /// One server, or the nodes of a Redis Cluster (at least one), the
+    /// first of which the rest is learnt from.
+    Nodes(Vec<redis::ConnectionInfo>),
+    /// The primary that these Sentinels monitor under the name `primary`,
+    /// reached with `connection`'s credentials and database.
+    Sentinel {
+        sentinels: Vec<redis::ConnectionInfo>,
+        primary: String,
+        connection: redis::RedisConnectionInfo,
+    },
+}
+
+impl Servers {
+    /// The first server the URL names: a node, or a Sentinel.
+    fn first(&self) -> &redis::ConnectionInfo {
+        match self {
+            Servers::Nodes(nodes) => &nodes[0],
+            Servers::Sentinel { sentinels, .. } => &sentinels[0],
+        }
     }
 
-    /// The host the URL names, which the server's certificate must be for.
+    /// Whether the URL says TLS (`rediss://`, `rediss+sentinel://`).
+    pub fn tls(&self) -> bool {
+        matches!(self.first().addr(), redis::ConnectionAddr::TcpTls { .. })
+    }
+}
+
+impl Settings {
+    /// Whether Sentinels say which server is the primary.
+    fn sentinel(&self) -> bool {
+        matches!(self.servers, Servers::Sentinel { .. })
+    }
+
+    /// The host the URL names first, which the server's certificate must
+    /// be for.
     fn host(&self) -> String {
-        match self.connection.addr() {
+        match self.servers.first().addr() {
             redis::ConnectionAddr::Tcp(host, _) => host.clone(),
             redis::ConnectionAddr::TcpTls { host, .. } => host.clone(),
             other => other.to_string(),
@@ -97,30 +138,43 @@ impl Settings {
     }
 
     pub fn new(
-        connection: redis::ConnectionInfo,
+        servers: Servers,
         ttl: Duration,
         monitor_retry: Option<u32>,
         allow_eviction: bool,
         wait_replicas: Option<u32>,
         tls: Option<ClientTls>,
     ) -> Settings {
-        let shown = format!("{}/{}", connection.addr(), connection.redis_settings().db());
+        let addresses = |nodes: &[redis::ConnectionInfo]| {
+            nodes
+                .iter()
+                .map(|node| node.addr().to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let shown = match &servers {
+            Servers::Nodes(nodes) => match nodes.as_slice() {
+                [one] => format!("{}/{}", one.addr(), one.redis_settings().db()),
+                many => addresses(many),
+            },
+            Servers::Sentinel {
+                sentinels,
+                primary,
+                connection,
+            } => format!(
+                "{primary}/{} via Sentinel {}",
+                connection.db(),
+                addresses(sentinels)
+            ),
+        };
         Settings {
-            connection,
+            servers,
             shown,
             ttl,
             monitor_retry,
             allow_eviction,
             wait_replicas,
             tls,
-        }
-    }
-
-    /// A client for the server, with the TLS files given.
-    fn client(&self) -> Result<redis::Client, RedisError> {
-        match &self.tls {
-            Some(tls) => redis::Client::build_with_tls(self.connection.clone(), tls.certificates()),
-            None => redis::Client::open(self.connection.clone()),
         }
     }
 }
@@ -146,7 +200,7 @@ impl StoreSettings for Settings {
 }
 
 /// The keys of one prefix. On Redis Cluster they must hash to one slot:
-/// put the prefix in braces (`--prefix '{jobs/nightly}'`).
+/// the prefix in braces (`--prefix '{jobs/nightly}'`), [`link::hash_tag`].
 #[derive(Debug, Clone)]
 struct Keys {
     holders: String,
@@ -225,7 +279,7 @@ impl Failure {
     }
 }
 
-fn classify(error: RedisError, settings: &Settings) -> Failure {
+fn classify(error: RedisError, settings: &Settings, prefix: &str) -> Failure {
     let shown = &settings.shown;
     if let Some(why) = tls::explain(&error, shown, &settings.host(), settings.tls.as_ref()) {
         return Failure::Final(StoreError::unavailable(format!(
@@ -235,29 +289,60 @@ fn classify(error: RedisError, settings: &Settings) -> Failure {
     let code = error.code().map(str::to_string);
     let detail = error.detail().unwrap_or_default().to_string();
     match code.as_deref() {
+        Some("CROSSSLOT") => Failure::Final(cross_slot(prefix)),
+        Some("CLUSTERDOWN") => Failure::Transient(format!(
+            "the Redis Cluster at {shown} is down ({detail}): it serves again once its nodes cover every slot"
+        )),
         Some("NOAUTH") | Some("WRONGPASS") => Failure::Final(StoreError::denied(format!(
             "permission denied: Redis at {shown} refused the credentials ({detail}): give the password in the URL or in REDISCLI_AUTH"
         ))),
         Some("NOPERM") => Failure::Final(StoreError::denied(format!(
             "permission denied: the Redis user may not do what consem needs ({detail}); it needs INFO, EVAL, EVALSHA, SCRIPT, BLPOP, GET, ZRANGE on the keys semaphore:<prefix>*, and WAIT with --redis-wait-replicas"
         ))),
+        // The primary the Sentinels named has become a replica since: the
+        // next connection asks them again.
+        Some("READONLY") if settings.sentinel() => Failure::Transient(format!(
+            "Redis at {shown} has become a replica ({detail})"
+        )),
         Some("READONLY") => Failure::Final(StoreError::unavailable(format!(
             "Redis at {shown} is a read-only replica: point --store at the primary"
         ))),
         Some("LOADING") | Some("BUSY") | Some("TRYAGAIN") | Some("MASTERDOWN") => {
             Failure::Transient(format!("Redis at {shown} is not ready ({detail})"))
         }
+        // A primary that became a replica ends its blocked commands: the
+        // next call finds the new primary.
+        Some("UNBLOCKED") => Failure::Transient(format!(
+            "Redis at {shown} stopped being the primary ({detail})"
+        )),
         // Full with noeviction: a write is refused until memory is freed.
         Some("OOM") => Failure::Transient(format!(
             "Redis at {shown} is out of memory and refuses writes (used memory over maxmemory, with noeviction): free memory or raise maxmemory"
         )),
+        // Also while a failover is under way: the server the Sentinels
+        // name does not say it is the primary yet.
+        _ if error.kind() == redis::ErrorKind::MasterNameNotFoundBySentinel => {
+            Failure::Transient(match &settings.servers {
+                Servers::Sentinel {
+                    sentinels, primary, ..
+                } => format!(
+                    "the Sentinels at {} name no primary named '{primary}' that answers as one (the name in the URL, or a failover under way)",
+                    sentinels
+                        .iter()
+                        .map(|s| s.addr().to_string())
+                        .collect::<Vec<_>>()
+                        .join(",")
+                ),
+                Servers::Nodes(_) => error.to_string(),
+            })
+        }
         _ if error.kind() == redis::ErrorKind::AuthenticationFailed => {
             Failure::Final(StoreError::denied(format!(
                 "permission denied: Redis at {shown} refused the credentials: give the password in the URL or in REDISCLI_AUTH"
             )))
         }
         _ if error.is_io_error() || error.is_timeout() || error.is_connection_refusal() => {
-            let hint = if settings.tls() {
+            let hint = if settings.servers.tls() {
                 "is redis-server running, with TLS on that port? for one without TLS, use redis://"
             } else {
                 "is redis-server running? check --store"
@@ -273,15 +358,29 @@ fn classify(error: RedisError, settings: &Settings) -> Failure {
     }
 }
 
-/// Connects, and says PING, so that a server that wants a password says
-/// so (NOAUTH) before anything else is sent.
-fn connect(settings: &Settings, read_timeout: Duration) -> Result<Connection, RedisError> {
-    let client = settings.client()?;
-    let mut connection = client.get_connection_with_timeout(CONNECT_TIMEOUT)?;
-    connection.set_read_timeout(Some(read_timeout))?;
-    connection.set_write_timeout(Some(CALL_TIMEOUT))?;
-    redis::cmd("PING").query::<String>(&mut connection)?;
-    Ok(connection)
+/// The usage error of a prefix whose keys would not share a slot of Redis
+/// Cluster.
+fn cross_slot(prefix: &str) -> StoreError {
+    let why = CrossSlot {
+        prefix: prefix.to_string(),
+    };
+    StoreError::usage(why.to_string()).caused_by(why)
+}
+
+/// Connects, and on one server says PING, so that a server that wants a
+/// password says so (NOAUTH) before anything else is sent (a cluster
+/// client has asked a node for the slot map by then).
+fn connect(settings: &Settings, read_timeout: Duration) -> Result<Link, RedisError> {
+    let mut link = Link::open(
+        &settings.servers,
+        settings.tls.as_ref(),
+        read_timeout,
+        CALL_TIMEOUT,
+    )?;
+    if !link.is_cluster() {
+        redis::cmd("PING").query::<String>(&mut link)?;
+    }
+    Ok(link)
 }
 
 /// What a script says of the semaphore's keys as a whole.
@@ -458,7 +557,7 @@ impl RedisSemaphore {
     /// under way, so that release waits for it and then undoes it).
     fn acquire_once(
         &self,
-        connection: &mut Connection,
+        connection: &mut Link,
         mode: Contend,
     ) -> Option<Result<Value, RedisError>> {
         let ttl_ms = self.settings.ttl.as_millis() as u64;
@@ -495,7 +594,7 @@ impl RedisSemaphore {
         let period = lease::renew_period(ttl);
         // The list we are woken through; a BLPOP waits at most a period.
         let mut connection = connect(&self.settings, period + CALL_TIMEOUT)
-            .map_err(|e| classify(e, &self.settings).into_error())?;
+            .map_err(|e| classify(e, &self.settings, &self.prefix).into_error())?;
         self.refuse_eviction(&mut connection)?;
         let mut outage = Outage::new(ttl);
         let mut last_picture: Option<Progress> = None;
@@ -508,11 +607,12 @@ impl RedisSemaphore {
                 Ok(value) => read_answer(value).map_err(|why| {
                     StoreError::unavailable(format!("Redis at {shown} gave {why}")).caused_by(why)
                 })?,
-                Err(error) => match classify(error, &self.settings) {
+                Err(error) => match classify(error, &self.settings, &self.prefix) {
                     Failure::Final(error) => {
-                        // A script refused for want of permission never
+                        // A script refused for want of permission, or
+                        // for keys in several slots of a cluster, never
                         // ran: release has nothing to undo.
-                        if error.kind == ErrorKind::Denied {
+                        if matches!(error.kind, ErrorKind::Denied | ErrorKind::Usage) {
                             self.gate.lock().written = false;
                         }
                         return Err(error.into());
@@ -612,7 +712,7 @@ impl RedisSemaphore {
         &self,
         outage: &mut Outage,
         why: String,
-        connection: &mut Connection,
+        connection: &mut Link,
         took: bool,
     ) -> Result<(), Stop> {
         let pause = if took {
@@ -634,7 +734,7 @@ impl RedisSemaphore {
 
     /// Leaves: our permit, our place in the queue and our keys go, and the
     /// waiter first in line is woken.
-    fn give_back(&self, connection: &mut Connection) -> Result<(), RedisError> {
+    fn give_back(&self, connection: &mut Link) -> Result<(), RedisError> {
         release_script()
             .key(&self.keys.holders)
             .key(&self.keys.queue)
@@ -653,7 +753,7 @@ impl RedisSemaphore {
     /// be catching up or restarting.
     fn replicated(
         &self,
-        connection: &mut Connection,
+        connection: &mut Link,
         what: &str,
         unconfirmed: &str,
     ) -> Result<(), Failure> {
@@ -661,11 +761,13 @@ impl RedisSemaphore {
             return Ok(());
         };
         let timeout = wait_timeout(self.settings.ttl);
-        let acknowledged: i64 = redis::cmd("WAIT")
-            .arg(wanted)
-            .arg(timeout.as_millis() as u64)
-            .query(connection)
-            .map_err(|error| classify(error, &self.settings))?;
+        // To the server that took the writes: on a cluster, the primary of
+        // the prefix's slot (the cluster client would ask every node).
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(wanted).arg(timeout.as_millis() as u64);
+        let acknowledged: i64 = connection
+            .query_beside(&wait, &self.keys.holders)
+            .map_err(|error| classify(error, &self.settings, &self.prefix))?;
         if acknowledged >= i64::from(wanted) {
             return Ok(());
         }
@@ -703,14 +805,15 @@ impl RedisSemaphore {
 
     /// Refuses a server whose eviction policy may evict the permits, unless
     /// told to run there all the same.
-    fn refuse_eviction(&self, connection: &mut Connection) -> Result<(), StoreError> {
+    fn refuse_eviction(&self, connection: &mut Link) -> Result<(), StoreError> {
         if self.settings.allow_eviction {
             return Ok(());
         }
-        let info: String = redis::cmd("INFO")
-            .arg("memory")
-            .query(connection)
-            .map_err(|error| match classify(error, &self.settings).into_error() {
+        let mut info = redis::cmd("INFO");
+        info.arg("memory");
+        let info: String = connection
+            .query_beside(&info, &self.keys.holders)
+            .map_err(|error| match classify(error, &self.settings, &self.prefix).into_error() {
                 denied if denied.kind == ErrorKind::Denied => StoreError::denied(
                     "permission denied: the Redis user may not do what consem needs (INFO, which tells whether Redis may evict the semaphore's keys): allow it +info, or pass --redis-allow-eviction if this server never evicts",
                 ),
@@ -737,7 +840,7 @@ impl RedisSemaphore {
         let every = RENEW_EVERY.min(lease::renew_period(ttl));
         let fence = self.gate.lock().fence.unwrap_or_default();
         let mut failures = Failures::new(self.settings.monitor_retry);
-        let mut connection: Option<Connection> = None;
+        let mut connection: Option<Link> = None;
         // When the last confirmed renewal was sent; `None` renews at once
         // (the first round, and after a failure).
         let mut renewed: Option<Instant> = None;
@@ -819,7 +922,7 @@ impl RedisSemaphore {
                     }
                     Err(why) => format!("Redis at {} gave {why}", self.settings.shown),
                 },
-                Err(error) => match classify(error, &self.settings) {
+                Err(error) => match classify(error, &self.settings, &self.prefix) {
                     Failure::Final(error) => return Some(error.to_string()),
                     Failure::Transient(why) => why,
                 },
@@ -942,15 +1045,15 @@ impl RedisAdmin {
         }
     }
 
-    fn connection(&self) -> Result<Connection, StoreError> {
+    fn connection(&self) -> Result<Link, StoreError> {
         connect(&self.settings, CALL_TIMEOUT).map_err(|e| self.failure(e))
     }
 
     fn failure(&self, error: RedisError) -> StoreError {
-        classify(error, &self.settings).into_error()
+        classify(error, &self.settings, &self.prefix).into_error()
     }
 
-    fn now(&self, connection: &mut Connection) -> Result<f64, StoreError> {
+    fn now(&self, connection: &mut Link) -> Result<f64, StoreError> {
         let (seconds, micros): (u64, u64) = redis::cmd("TIME")
             .query(connection)
             .map_err(|e| self.failure(e))?;
@@ -958,7 +1061,7 @@ impl RedisAdmin {
     }
 
     /// The limit record; one that is not a limit is reported, not read.
-    fn limit(&self, connection: &mut Connection) -> Result<Option<u32>, StoreError> {
+    fn limit(&self, connection: &mut Link) -> Result<Option<u32>, StoreError> {
         let kind: String = redis::cmd("TYPE")
             .arg(&self.keys.limit)
             .query(connection)
@@ -985,10 +1088,7 @@ impl RedisAdmin {
     }
 
     /// Live holders (expiry still ahead) and dead ones, in expiry order.
-    fn holders(
-        &self,
-        connection: &mut Connection,
-    ) -> Result<(Vec<String>, Vec<String>), StoreError> {
+    fn holders(&self, connection: &mut Link) -> Result<(Vec<String>, Vec<String>), StoreError> {
         let kind: String = redis::cmd("TYPE")
             .arg(&self.keys.holders)
             .query(connection)
@@ -1022,7 +1122,7 @@ impl RedisAdmin {
 
     fn describe(
         &self,
-        connection: &mut Connection,
+        connection: &mut Link,
         id: &str,
         index: u64,
     ) -> Result<ContenderStatus, StoreError> {
@@ -1036,7 +1136,7 @@ impl RedisAdmin {
         Ok(ContenderStatus::new(id.to_string(), info, index))
     }
 
-    fn wake(&self, connection: &mut Connection, id: &str) -> Result<(), StoreError> {
+    fn wake(&self, connection: &mut Link, id: &str) -> Result<(), StoreError> {
         let key = self.keys.wake(id);
         redis::pipe()
             .cmd("LPUSH")

@@ -1,0 +1,371 @@
+//! A connection to the semaphore's Redis: one server, Redis Cluster, or
+//! the primary that Redis Sentinel names.
+//!
+//! Given several nodes, consem talks to a cluster from the start (the
+//! `redis` crate's cluster client: it reads the slot map, follows `MOVED`
+//! and `ASK`, and reads the map again after a failover). Given one node,
+//! it talks to that server alone, and becomes a cluster client the first
+//! time the server redirects a command: a Redis that is not a cluster
+//! costs nothing more, and a cluster node named alone works for every
+//! prefix, whichever node its slot lives on.
+
+use std::time::Duration;
+
+use redis::cluster::{ClusterClientBuilder, ClusterConnection};
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
+use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
+use redis::{
+    Cmd, Connection, ConnectionInfo, ConnectionLike, ErrorKind, RedisError, RedisResult,
+    ServerErrorKind, TlsMode, Value,
+};
+
+use super::{ClientTls, Servers};
+
+/// How long a connection may take to be made.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The cluster client's own retries of a redirected or refused command
+/// before the error reaches the store, which retries within the lease.
+const CLUSTER_RETRIES: u32 = 3;
+
+pub enum Link {
+    /// One server: one named alone, which may yet turn out to be a
+    /// cluster's node, or the primary that Sentinels named.
+    Single {
+        connection: Connection,
+        /// The node named alone, which becomes the cluster client's first
+        /// node if it redirects; `None` for a Sentinel's primary.
+        node: Option<ConnectionInfo>,
+        tls: Option<ClientTls>,
+        read_timeout: Duration,
+        write_timeout: Duration,
+    },
+    Cluster(ClusterConnection),
+}
+
+impl Link {
+    /// Connects to `servers`: one server, a cluster given several nodes,
+    /// or the primary that the Sentinels name now (which they have checked
+    /// says it is a primary).
+    pub fn open(
+        servers: &Servers,
+        tls: Option<&ClientTls>,
+        read_timeout: Duration,
+        write_timeout: Duration,
+    ) -> RedisResult<Link> {
+        let (connection, node) = match servers {
+            Servers::Nodes(nodes) if nodes.len() > 1 => {
+                return cluster(nodes.to_vec(), tls, read_timeout, write_timeout)
+                    .map(Link::Cluster);
+            }
+            Servers::Nodes(nodes) => {
+                let client = match tls {
+                    Some(tls) => {
+                        redis::Client::build_with_tls(nodes[0].clone(), tls.certificates())?
+                    }
+                    None => redis::Client::open(nodes[0].clone())?,
+                };
+                let connection = client.get_connection_with_timeout(CONNECT_TIMEOUT)?;
+                (connection, Some(nodes[0].clone()))
+            }
+            Servers::Sentinel {
+                sentinels,
+                primary,
+                connection,
+            } => {
+                let mut builder = SentinelClientBuilder::new(
+                    sentinels.iter().map(|s| s.addr().clone()),
+                    primary,
+                    SentinelServerType::Master,
+                )?
+                .set_client_to_redis_db(connection.db());
+                if let Some(username) = connection.username() {
+                    builder = builder.set_client_to_redis_username(username);
+                }
+                if let Some(password) = connection.password() {
+                    builder = builder.set_client_to_redis_password(password);
+                }
+                if let redis::ConnectionAddr::TcpTls { insecure, .. } = sentinels[0].addr() {
+                    let mode = if *insecure {
+                        TlsMode::Insecure
+                    } else {
+                        TlsMode::Secure
+                    };
+                    builder = builder
+                        .set_client_to_redis_tls_mode(mode)
+                        .set_client_to_sentinel_tls_mode(mode);
+                }
+                if let Some(tls) = tls {
+                    builder = builder
+                        .set_client_to_redis_certificates(tls.certificates())
+                        .set_client_to_sentinel_certificates(tls.certificates());
+                }
+                // The Sentinels' client checks that the server they name
+                // says it is the primary before it is returned.
+                let connection = builder
+                    .build()?
+                    .get_client()?
+                    .get_connection_with_timeout(CONNECT_TIMEOUT)?;
+                (connection, None)
+            }
+        };
+        connection.set_read_timeout(Some(read_timeout))?;
+        connection.set_write_timeout(Some(write_timeout))?;
+        Ok(Link::Single {
+            connection,
+            node,
+            tls: tls.cloned(),
+            read_timeout,
+            write_timeout,
+        })
+    }
+
+    /// Whether this link talks to a cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self, Link::Cluster(_))
+    }
+
+    /// Sends a command that names no key to the server that serves `key`:
+    /// on a cluster the cluster client would send it to every node.
+    pub fn query_beside<T: redis::FromRedisValue>(
+        &mut self,
+        cmd: &Cmd,
+        key: &str,
+    ) -> RedisResult<T> {
+        match self {
+            Link::Single { connection, .. } => cmd.query(connection),
+            Link::Cluster(cluster) => {
+                let route = Route::with_slot(Slot::for_key(key), SlotAddr::Master);
+                let value = cluster.route_command(
+                    cmd,
+                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+                )?;
+                Ok(redis::from_redis_value(value)?)
+            }
+        }
+    }
+
+    /// Becomes a cluster client seeded with the server it talked to.
+    fn become_cluster(&mut self) -> RedisResult<&mut ClusterConnection> {
+        if let Link::Single {
+            node,
+            tls,
+            read_timeout,
+            write_timeout,
+            ..
+        } = self
+        {
+            let Some(node) = node else {
+                return Err(RedisError::from((
+                    ErrorKind::InvalidClientConfig,
+                    "the primary that the Sentinels named redirects like a Redis Cluster node; name the cluster's nodes instead",
+                )));
+            };
+            *self = Link::Cluster(cluster(
+                vec![node.clone()],
+                tls.as_ref(),
+                *read_timeout,
+                *write_timeout,
+            )?);
+        }
+        match self {
+            Link::Cluster(cluster) => Ok(cluster),
+            Link::Single { .. } => unreachable!("a single link was just replaced"),
+        }
+    }
+}
+
+fn cluster(
+    nodes: Vec<ConnectionInfo>,
+    tls: Option<&ClientTls>,
+    read_timeout: Duration,
+    write_timeout: Duration,
+) -> RedisResult<ClusterConnection> {
+    let mut builder = ClusterClientBuilder::new(nodes)
+        .connection_timeout(CONNECT_TIMEOUT)
+        .retries(CLUSTER_RETRIES);
+    if let Some(tls) = tls {
+        builder = builder.certs(tls.certificates());
+    }
+    let client = builder.build()?;
+    let connection = client.get_connection()?;
+    connection.set_read_timeout(Some(read_timeout))?;
+    connection.set_write_timeout(Some(write_timeout))?;
+    Ok(connection)
+}
+
+/// Whether a server answered that the key lives on another node.
+fn redirects(value: &Value) -> bool {
+    matches!(
+        value,
+        Value::ServerError(error)
+            if matches!(error.kind(), Some(ServerErrorKind::Moved | ServerErrorKind::Ask))
+    )
+}
+
+impl ConnectionLike for Link {
+    fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
+        if let Link::Single { connection, .. } = self {
+            let value = connection.req_packed_command(cmd)?;
+            if !redirects(&value) {
+                return Ok(value);
+            }
+        }
+        self.become_cluster()?.req_packed_command(cmd)
+    }
+
+    fn req_command(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+        if let Link::Single { connection, .. } = self {
+            let value = connection.req_command(cmd)?;
+            if !redirects(&value) {
+                return Ok(value);
+            }
+        }
+        self.become_cluster()?.req_command(cmd)
+    }
+
+    fn req_packed_commands(
+        &mut self,
+        cmd: &[u8],
+        offset: usize,
+        count: usize,
+    ) -> RedisResult<Vec<Value>> {
+        if let Link::Single { connection, .. } = self {
+            match connection.req_packed_commands(cmd, offset, count) {
+                Ok(values) if !values.iter().any(redirects) => return Ok(values),
+                Ok(_) => {}
+                // A transaction whose commands were redirected is aborted.
+                Err(error) if error.redirect_node().is_some() => {}
+                Err(error) => return Err(error),
+            }
+        }
+        self.become_cluster()?
+            .req_packed_commands(cmd, offset, count)
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Link::Single { connection, .. } => connection.get_db(),
+            Link::Cluster(cluster) => cluster.get_db(),
+        }
+    }
+
+    /// On a cluster too: the cluster client sends a pipeline to the node
+    /// of its first key, and every pipeline consem sends names the keys of
+    /// one prefix, which share a slot.
+    fn supports_pipelining(&self) -> bool {
+        true
+    }
+
+    fn check_connection(&mut self) -> bool {
+        match self {
+            Link::Single { connection, .. } => connection.check_connection(),
+            Link::Cluster(cluster) => cluster.check_connection(),
+        }
+    }
+
+    fn is_open(&self) -> bool {
+        match self {
+            Link::Single { connection, .. } => connection.is_open(),
+            Link::Cluster(cluster) => cluster.is_open(),
+        }
+    }
+}
+
+/// The hash tag of a Redis Cluster key: the text between its first `{` and
+/// the first `}` after it, when not empty. Keys with the same tag share a
+/// slot; a key without one is placed by all of it.
+pub fn hash_tag(key: &str) -> Option<&str> {
+    let open = key.find('{')?;
+    let rest = &key[open + 1..];
+    let close = rest.find('}')?;
+    (close > 0).then(|| &rest[..close])
+}
+
+/// Whether every key of `prefix` (`semaphore:<prefix>`, with or without a
+/// suffix) shares one slot of Redis Cluster: the prefix has a hash tag of
+/// its own.
+pub fn keys_share_a_slot(prefix: &str) -> bool {
+    hash_tag(prefix).is_some()
+}
+
+/// The `--prefix` to give instead of `prefix` on Redis Cluster: the same
+/// name in braces, without braces of its own.
+pub fn prefix_for_cluster(prefix: &str) -> String {
+    let bare: String = prefix.chars().filter(|c| *c != '{' && *c != '}').collect();
+    format!("{{{bare}}}")
+}
+
+/// A prefix whose keys would fall in several slots of Redis Cluster, where
+/// a script may only touch the keys of one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CrossSlot {
+    pub prefix: String,
+}
+
+impl CrossSlot {
+    /// `Err` for a prefix whose keys would not share a slot.
+    pub fn check(prefix: &str) -> Result<(), CrossSlot> {
+        if keys_share_a_slot(prefix) {
+            Ok(())
+        } else {
+            Err(CrossSlot {
+                prefix: prefix.to_string(),
+            })
+        }
+    }
+}
+
+impl std::fmt::Display for CrossSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "on Redis Cluster every key of a semaphore must hash to one slot, and the keys of --prefix '{}' do not: put the prefix in braces, --prefix '{}'",
+            self.prefix,
+            prefix_for_cluster(&self.prefix)
+        )
+    }
+}
+
+impl std::error::Error for CrossSlot {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn a_tag_is_the_first_braced_text_that_is_not_empty() {
+        assert_eq!(hash_tag("semaphore:{jobs/a}:queue"), Some("jobs/a"));
+        assert_eq!(hash_tag("semaphore:jobs/a"), None);
+        assert_eq!(hash_tag("semaphore:{}jobs{a}"), None);
+        assert_eq!(hash_tag("semaphore:{a{b}c}"), Some("a{b"));
+        assert_eq!(hash_tag("semaphore:{open"), None);
+        assert_eq!(hash_tag("semaphore:}x{y}"), Some("y"));
+    }
+
+    #[test]
+    fn the_suggested_prefix_is_the_name_in_braces() {
+        assert_eq!(prefix_for_cluster("jobs/a"), "{jobs/a}");
+        assert_eq!(prefix_for_cluster("{}jobs"), "{jobs}");
+        assert!(keys_share_a_slot(&prefix_for_cluster("a{}b")));
+        assert!(!keys_share_a_slot("jobs/a"));
+    }
+
+    proptest! {
+        /// A prefix judged to share a slot gives every key of the
+        /// semaphore the same tag, the one inside the prefix.
+        #[test]
+        fn a_shared_slot_is_the_same_tag_on_every_key(prefix in "[a-z{}/]{0,12}") {
+            prop_assume!(prefix.chars().any(|c| c != '{' && c != '}'));
+            let keys = ["", ":queue", ":tickets", ":info:0a1b"].map(|s| format!("semaphore:{prefix}{s}"));
+            if keys_share_a_slot(&prefix) {
+                let tag = hash_tag(&prefix);
+                for key in &keys {
+                    prop_assert_eq!(hash_tag(key), tag);
+                }
+            }
+            prop_assert!(keys_share_a_slot(&prefix_for_cluster(&prefix)));
+        }
+    }
+}

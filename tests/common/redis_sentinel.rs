@@ -1,0 +1,202 @@
+//! Redis Sentinel of the test's own: a primary, one replica, and three
+//! Sentinels on free loopback ports that agree on them, stopped when
+//! dropped.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use super::redis::{leftover, RedisServer};
+use super::wait_until;
+use super::world::{TestStore, World, PROMPT};
+
+/// The name the Sentinels monitor the primary by.
+pub const PRIMARY_NAME: &str = "jobs-primary";
+
+/// How long a failover may take on loopback with the timeouts below.
+pub const FAILOVER: Duration = Duration::from_secs(30);
+
+struct SentinelProcess {
+    port: u16,
+    process: Child,
+}
+
+impl Drop for SentinelProcess {
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+    }
+}
+
+pub struct RedisSentinel {
+    /// The two servers; which is the primary changes with a failover.
+    pub servers: [RedisServer; 2],
+    sentinels: Vec<SentinelProcess>,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl RedisSentinel {
+    pub fn start(dir: &Path) -> RedisSentinel {
+        std::fs::create_dir_all(dir).unwrap();
+        let primary = RedisServer::start(&dir.join("primary"), &[]);
+        let replica = RedisServer::start(
+            &dir.join("replica"),
+            &["--replicaof", "127.0.0.1", &primary.port.to_string()],
+        );
+        let sentinels = (0..3)
+            .map(|i| {
+                let port = free_port();
+                let conf = dir.join(format!("sentinel-{i}.conf"));
+                std::fs::write(
+                    &conf,
+                    format!(
+                        "port {port}\nbind 127.0.0.1\ndir {}\n\
+                         sentinel monitor {PRIMARY_NAME} 127.0.0.1 {} 2\n\
+                         sentinel down-after-milliseconds {PRIMARY_NAME} 1000\n\
+                         sentinel failover-timeout {PRIMARY_NAME} 10000\n",
+                        dir.display(),
+                        primary.port
+                    ),
+                )
+                .unwrap();
+                let process = Command::new("redis-server")
+                    .arg(&conf)
+                    .arg("--sentinel")
+                    .arg("--logfile")
+                    .arg(dir.join(format!("sentinel-{i}.log")))
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("redis-server is not installed: scripts/test installs it (apt-get install redis-server)");
+                SentinelProcess { port, process }
+            })
+            .collect();
+        let setup = RedisSentinel {
+            servers: [primary, replica],
+            sentinels,
+        };
+        wait_until(
+            PROMPT * 3,
+            "the Sentinels to know each other and the replica",
+            || {
+                setup.sentinels.iter().all(|s| {
+                    let known = |what: &str| {
+                        setup
+                            .ask_sentinel::<Vec<redis::Value>>(
+                                s.port,
+                                redis::cmd("SENTINEL").arg(what).arg(PRIMARY_NAME),
+                            )
+                            .map_or(0, |list| list.len())
+                    };
+                    known("SENTINELS") == 2 && known("REPLICAS") == 1
+                }) && setup.servers[1]
+                    .query::<String>(redis::cmd("INFO").arg("replication"))
+                    .is_ok_and(|info| info.contains("master_link_status:up"))
+            },
+        );
+        setup
+    }
+
+    fn ask_sentinel<T: redis::FromRedisValue>(
+        &self,
+        port: u16,
+        command: &mut redis::Cmd,
+    ) -> redis::RedisResult<T> {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{port}"))?;
+        command.query(&mut client.get_connection_with_timeout(Duration::from_secs(2))?)
+    }
+
+    /// `redis+sentinel://` URL naming every Sentinel and `primary`.
+    pub fn url_for(&self, primary: &str) -> String {
+        let sentinels: Vec<String> = self
+            .sentinels
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port))
+            .collect();
+        format!("redis+sentinel://{}/{primary}", sentinels.join(","))
+    }
+
+    fn says_primary(server: &RedisServer) -> bool {
+        server
+            .query::<String>(redis::cmd("INFO").arg("replication"))
+            .is_ok_and(|info| info.contains("role:master"))
+    }
+
+    /// The server that the Sentinels name and that says it is the primary.
+    pub fn primary(&self) -> &RedisServer {
+        let named = self.primary_port_by_sentinel();
+        self.servers
+            .iter()
+            .find(|server| Some(server.port) == named && Self::says_primary(server))
+            .expect("the Sentinels name one of the two servers, which says it is the primary")
+    }
+
+    /// The port the Sentinels give for the primary now.
+    pub fn primary_port_by_sentinel(&self) -> Option<u16> {
+        let address: Option<(String, u16)> = self
+            .ask_sentinel(
+                self.sentinels[0].port,
+                redis::cmd("SENTINEL")
+                    .arg("GET-MASTER-ADDR-BY-NAME")
+                    .arg(PRIMARY_NAME),
+            )
+            .ok()?;
+        address.map(|(_, port)| port)
+    }
+
+    /// Has the Sentinels fail the primary over to the replica (`SENTINEL
+    /// FAILOVER`: at once, without the old primary's agreement), and waits
+    /// until the replica says it is the primary, the Sentinels say so, and
+    /// the old primary has been made its replica.
+    pub fn fail_over(&self) {
+        let old = self.primary().port;
+        let _: String = self
+            .ask_sentinel(
+                self.sentinels[0].port,
+                redis::cmd("SENTINEL").arg("FAILOVER").arg(PRIMARY_NAME),
+            )
+            .unwrap();
+        wait_until(FAILOVER, "the replica to become the primary", || {
+            self.primary_port_by_sentinel()
+                .is_some_and(|port| port != old)
+                && self
+                    .servers
+                    .iter()
+                    .all(|server| Self::says_primary(server) == (server.port != old))
+        });
+    }
+}
+
+impl TestStore for RedisSentinel {
+    const NAME: &'static str = "redis";
+    const HAS_LEASE: bool = true;
+
+    fn point(&self, command: &mut Command) {
+        command.arg(format!("--store={}", self.url_for(PRIMARY_NAME)));
+    }
+
+    fn contenders(&self, prefix: &str) -> usize {
+        self.primary().contenders(prefix)
+    }
+
+    fn assert_clean(&self, prefix: &str) {
+        let keys = self.primary().keys(prefix);
+        let left = leftover(&keys);
+        assert!(left.is_empty(), "keys left on the primary: {left:?}");
+    }
+}
+
+impl World<RedisSentinel> {
+    /// A world on a primary, a replica and three Sentinels of its own.
+    pub fn redis_sentinel(name: &str) -> World<RedisSentinel> {
+        World::with_store(name, |dir| RedisSentinel::start(&dir.join("sentinel")))
+    }
+}

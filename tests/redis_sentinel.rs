@@ -1,0 +1,127 @@
+//! What only Redis Sentinel asks of the Redis store, against a primary, a
+//! replica and three Sentinels of each test's own: the URL must name the
+//! primary, a name the Sentinels do not know is said so, and a failover
+//! under holders and waiters keeps the limit while the waiters follow the
+//! new primary. The core behaviours run there in tests/conformance.rs
+//! (`redis_sentinel::`).
+
+use std::process::{Child, Output, Stdio};
+use std::time::Duration;
+
+use crate::common::redis_sentinel::{RedisSentinel, PRIMARY_NAME};
+use crate::common::wait_until;
+use crate::common::world::*;
+
+fn finish(mut child: Child) -> Output {
+    wait_with_deadline(&mut child, Duration::from_secs(60), "consem to exit");
+    child.wait_with_output().unwrap()
+}
+
+fn run_on(world: &World<RedisSentinel>, store: &str, command: &[&str]) -> Output {
+    let child = world
+        .consem_command()
+        .args([
+            "run",
+            "--store",
+            store,
+            "--prefix",
+            &world.prefix,
+            "--limit",
+            "1",
+            "--",
+        ])
+        .args(command)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    finish(child)
+}
+
+#[test]
+fn the_url_names_the_primary_the_sentinels_know() {
+    let world = World::redis_sentinel("names");
+    let nameless = world.store.url_for("");
+    let output = run_on(&world, &nameless, &["touch", &world.path("ran")]);
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("names no primary"),
+        "{}",
+        stderr(&output)
+    );
+    let unknown = world.store.url_for("no-such-primary");
+    let output = run_on(&world, &unknown, &["touch", &world.path("ran")]);
+    assert_eq!(output.status.code(), Some(69), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("no primary named 'no-such-primary'"),
+        "{}",
+        stderr(&output)
+    );
+    assert_eq!(stderr(&output).lines().count(), 1, "{}", stderr(&output));
+    assert!(!world.exists("ran"));
+    let named = world.store.url_for(PRIMARY_NAME);
+    let output = run_on(&world, &named, &["touch", &world.path("ran")]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    world.assert_clean();
+}
+
+/// Holders hold and waiters wait while the Sentinels fail the primary over
+/// (`SENTINEL FAILOVER`): a holder keeps its permit if the replica had it,
+/// else stops its command with 76; never more than the limit run; the
+/// waiters, whose `BLPOP` the old primary ends, find the new primary.
+#[test]
+fn a_failover_keeps_the_limit_and_the_waiters_follow_the_new_primary() {
+    let world = World::redis_sentinel("failover");
+    let log = world.path("log");
+    let go = world.path("go");
+    // A holder stopped for a lost slot logs its end too.
+    let holding = format!(
+        "trap \"echo end >> '{log}'; exit 143\" TERM; echo start >> '{log}'; while [ ! -e '{go}' ]; do sleep 0.05; done; echo end >> '{log}'"
+    );
+    let holders: Vec<Child> = (0..2)
+        .map(|_| world.spawn(2, &["--ttl", "5s"], &["sh", "-c", &holding]))
+        .collect();
+    wait_until(PROMPT, "both holders to run", || {
+        std::fs::read_to_string(&log).is_ok_and(|l| l.lines().count() == 2)
+    });
+    let quick = format!("echo start >> '{log}'; echo end >> '{log}'");
+    let waiters: Vec<Child> = (0..3)
+        .map(|_| world.spawn(2, &["--ttl", "5s"], &["sh", "-c", &quick]))
+        .collect();
+    wait_until(PROMPT, "the waiters to queue", || {
+        world.contender_keys() == 5
+    });
+    let old = world.store.primary().port;
+    world.store.fail_over();
+    assert_ne!(world.store.primary().port, old);
+    std::fs::write(&go, "").unwrap();
+    let mut lost = 0;
+    for child in holders {
+        let output = finish(child);
+        let code = output.status.code();
+        assert!(
+            code == Some(0) || code == Some(76),
+            "a holder ended {code:?}: {}",
+            stderr(&output)
+        );
+        lost += i32::from(code == Some(76));
+    }
+    for child in waiters {
+        let output = finish(child);
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    }
+    let log = std::fs::read_to_string(&log).unwrap();
+    let (mut running, mut most) = (0i32, 0i32);
+    for line in log.lines() {
+        running += if line == "start" { 1 } else { -1 };
+        most = most.max(running);
+    }
+    assert_eq!(log.lines().filter(|l| *l == "start").count(), 5, "{log}");
+    // A holder whose permit the failover lost runs beside its successor
+    // until its next renewal finds it gone (README: what Redis does not give).
+    assert!(
+        most <= 2 + lost,
+        "{most} ran at once, {lost} holders lost:\n{log}"
+    );
+    world.assert_clean();
+}
