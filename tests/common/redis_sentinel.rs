@@ -1,4 +1,4 @@
-//! Redis Sentinel of the test's own: a primary, one replica, and three
+//! Redis Sentinel of the test's own: a primary, its replicas, and three
 //! Sentinels on free loopback ports that agree on them, stopped when
 //! dropped.
 
@@ -29,8 +29,9 @@ impl Drop for SentinelProcess {
 }
 
 pub struct RedisSentinel {
-    /// The two servers; which is the primary changes with a failover.
-    pub servers: [RedisServer; 2],
+    /// The primary, then its replicas; which is the primary changes with a
+    /// failover.
+    pub servers: Vec<RedisServer>,
     sentinels: Vec<SentinelProcess>,
 }
 
@@ -43,13 +44,18 @@ fn free_port() -> u16 {
 }
 
 impl RedisSentinel {
-    pub fn start(dir: &Path) -> RedisSentinel {
+    /// A primary with `replicas` replicas, and three Sentinels.
+    pub fn start(dir: &Path, replicas: usize) -> RedisSentinel {
         std::fs::create_dir_all(dir).unwrap();
         let primary = RedisServer::start(&dir.join("primary"), &[]);
-        let replica = RedisServer::start(
-            &dir.join("replica"),
-            &["--replicaof", "127.0.0.1", &primary.port.to_string()],
-        );
+        let primary_port = primary.port.to_string();
+        let mut servers = vec![primary];
+        for i in 0..replicas {
+            servers.push(RedisServer::start(
+                &dir.join(format!("replica-{i}")),
+                &["--replicaof", "127.0.0.1", &primary_port],
+            ));
+        }
         let sentinels = (0..3)
             .map(|i| {
                 let port = free_port();
@@ -62,7 +68,7 @@ impl RedisSentinel {
                          sentinel down-after-milliseconds {PRIMARY_NAME} 1000\n\
                          sentinel failover-timeout {PRIMARY_NAME} 10000\n",
                         dir.display(),
-                        primary.port
+                        primary_port
                     ),
                 )
                 .unwrap();
@@ -79,13 +85,10 @@ impl RedisSentinel {
                 SentinelProcess { port, process }
             })
             .collect();
-        let setup = RedisSentinel {
-            servers: [primary, replica],
-            sentinels,
-        };
+        let setup = RedisSentinel { servers, sentinels };
         wait_until(
             PROMPT * 3,
-            "the Sentinels to know each other and the replica",
+            "the Sentinels to know each other and the replicas",
             || {
                 setup.sentinels.iter().all(|s| {
                     let known = |what: &str| {
@@ -96,10 +99,12 @@ impl RedisSentinel {
                             )
                             .map_or(0, |list| list.len())
                     };
-                    known("SENTINELS") == 2 && known("REPLICAS") == 1
-                }) && setup.servers[1]
-                    .query::<String>(redis::cmd("INFO").arg("replication"))
-                    .is_ok_and(|info| info.contains("master_link_status:up"))
+                    known("SENTINELS") == 2 && known("REPLICAS") == replicas
+                }) && setup.servers[1..].iter().all(|replica| {
+                    replica
+                        .query::<String>(redis::cmd("INFO").arg("replication"))
+                        .is_ok_and(|info| info.contains("master_link_status:up"))
+                })
             },
         );
         setup
@@ -136,7 +141,7 @@ impl RedisSentinel {
         self.servers
             .iter()
             .find(|server| Some(server.port) == named && Self::says_primary(server))
-            .expect("the Sentinels name one of the two servers, which says it is the primary")
+            .expect("the Sentinels name one of the servers, which says it is the primary")
     }
 
     /// The port the Sentinels give for the primary now.
@@ -152,10 +157,10 @@ impl RedisSentinel {
         address.map(|(_, port)| port)
     }
 
-    /// Has the Sentinels fail the primary over to the replica (`SENTINEL
+    /// Has the Sentinels fail the primary over to a replica (`SENTINEL
     /// FAILOVER`: at once, without the old primary's agreement), and waits
     /// until the replica says it is the primary, the Sentinels say so, and
-    /// the old primary has been made its replica.
+    /// every other server, the old primary too, says it is a replica.
     pub fn fail_over(&self) {
         let old = self.primary().port;
         let _: String = self
@@ -164,13 +169,14 @@ impl RedisSentinel {
                 redis::cmd("SENTINEL").arg("FAILOVER").arg(PRIMARY_NAME),
             )
             .unwrap();
-        wait_until(FAILOVER, "the replica to become the primary", || {
+        wait_until(FAILOVER, "a replica to become the primary", || {
             self.primary_port_by_sentinel()
-                .is_some_and(|port| port != old)
-                && self
-                    .servers
-                    .iter()
-                    .all(|server| Self::says_primary(server) == (server.port != old))
+                .filter(|&port| port != old)
+                .is_some_and(|new| {
+                    self.servers
+                        .iter()
+                        .all(|server| Self::says_primary(server) == (server.port == new))
+                })
         });
     }
 }
@@ -197,6 +203,6 @@ impl TestStore for RedisSentinel {
 impl World<RedisSentinel> {
     /// A world on a primary, a replica and three Sentinels of its own.
     pub fn redis_sentinel(name: &str) -> World<RedisSentinel> {
-        World::with_store(name, |dir| RedisSentinel::start(&dir.join("sentinel")))
+        World::with_store(name, |dir| RedisSentinel::start(&dir.join("sentinel"), 1))
     }
 }
