@@ -201,3 +201,46 @@ fn a_failover_keeps_the_limit_and_the_waiters_follow_the_new_primary() {
     assert!(most <= 2, "{most} ran at once:\n{log}");
     world.assert_clean();
 }
+
+/// `--redis-wait-replicas` asks the primary of the prefix's slot, which
+/// took the grant, not every node: one replica acknowledges, two never do.
+#[test]
+fn replicas_acknowledge_on_the_primary_of_the_prefix_s_slot() {
+    let mut world = World::with_store("cluster-wait", |dir| {
+        RedisCluster::start(&dir.join("cluster"), 3, 1)
+    });
+    world.prefix = format!("{{{}}}", world.prefix);
+    let store = every_node(&world.store);
+    let run = |replicas: &str| {
+        let child = world
+            .consem_command()
+            .args([
+                "run",
+                "--store",
+                &store,
+                "--prefix",
+                &world.prefix,
+                "--limit",
+                "1",
+            ])
+            .args(["--ttl", "2s", "--redis-wait-replicas", replicas, "--"])
+            .args(["touch", &world.path(replicas)])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        finish(child)
+    };
+    let output = run("1");
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(world.exists("1"));
+    let output = run("2");
+    assert_eq!(output.status.code(), Some(69), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("1 replicas"),
+        "{}",
+        stderr(&output)
+    );
+    assert!(!world.exists("2"), "the command ran on an unconfirmed slot");
+    world.assert_clean();
+}
