@@ -315,6 +315,17 @@ fn classify(error: RedisError, settings: &Settings, prefix: &str) -> Failure {
         Some("UNBLOCKED") => Failure::Transient(format!(
             "Redis at {shown} stopped being the primary ({detail})"
         )),
+        // `min-replicas-to-write` on the server: writes wait for replicas.
+        Some("NOREPLICAS") => Failure::Transient(format!(
+            "Redis at {shown} refuses writes until enough replicas are in step (min-replicas-to-write): reconnect its replicas (INFO replication lists them)"
+        )),
+        // `stop-writes-on-bgsave-error`: the last snapshot failed.
+        Some("MISCONF") => Failure::Transient(format!(
+            "Redis at {shown} refuses writes because its last snapshot to disk failed (MISCONF): see its log, free disk space, or fix the dump's directory"
+        )),
+        _ if detail.contains("max number of clients reached") => Failure::Transient(format!(
+            "Redis at {shown} has as many clients as it takes (maxclients): raise maxclients, or fewer contenders per server"
+        )),
         // Full with noeviction: a write is refused until memory is freed.
         Some("OOM") => Failure::Transient(format!(
             "Redis at {shown} is out of memory and refuses writes (used memory over maxmemory, with noeviction): free memory or raise maxmemory"
@@ -1292,6 +1303,80 @@ impl Admin for RedisAdmin {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn server_error(reply: &str) -> RedisError {
+        redis::parse_redis_value(format!("-{reply}\r\n").as_bytes())
+            .unwrap()
+            .extract_error()
+            .unwrap_err()
+    }
+
+    fn settings(servers: Servers) -> Settings {
+        Settings::new(servers, Duration::from_secs(15), None, false, None, None)
+    }
+
+    #[test]
+    fn redis_errors_are_told_in_words_with_their_fix() {
+        let one = settings(Servers::Nodes(vec![
+            redis::IntoConnectionInfo::into_connection_info("redis://h:1").unwrap(),
+        ]));
+        let said =
+            |reply: &str, settings: &Settings| match classify(server_error(reply), settings, "p") {
+                Failure::Transient(why) => (true, why),
+                Failure::Final(error) => (false, error.to_string()),
+            };
+        for (reply, transient, words) in [
+            (
+                "NOREPLICAS Not enough good replicas to write.",
+                true,
+                "min-replicas-to-write",
+            ),
+            (
+                "MISCONF Redis is configured to save RDB snapshots",
+                true,
+                "snapshot to disk failed",
+            ),
+            (
+                "ERR max number of clients reached",
+                true,
+                "raise maxclients",
+            ),
+            (
+                "UNBLOCKED force unblock from blocking operation",
+                true,
+                "stopped being the primary",
+            ),
+            (
+                "READONLY You can't write against a read only replica.",
+                false,
+                "point --store at the primary",
+            ),
+            (
+                "CROSSSLOT Keys in request don't hash to the same slot",
+                false,
+                "--prefix '{p}'",
+            ),
+            ("CLUSTERDOWN The cluster is down", true, "cover every slot"),
+        ] {
+            let (was_transient, why) = said(reply, &one);
+            assert_eq!(was_transient, transient, "{reply}: {why}");
+            assert!(why.contains(words), "{reply}: {why}");
+        }
+        // Through Sentinel a replica's READONLY means the primary moved.
+        let sentinel = settings(Servers::Sentinel {
+            sentinels: vec![
+                redis::IntoConnectionInfo::into_connection_info("redis://s:26379").unwrap(),
+            ],
+            primary: "jobs".into(),
+            connection: Default::default(),
+        });
+        let (transient, why) = said(
+            "READONLY You can't write against a read only replica.",
+            &sentinel,
+        );
+        assert!(transient, "{why}");
+        assert!(why.contains("has become a replica"), "{why}");
+    }
 
     #[test]
     fn only_a_policy_that_may_evict_keys_without_a_ttl_is_refused() {
