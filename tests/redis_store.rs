@@ -1564,3 +1564,96 @@ fn wait_refused_by_the_acl_is_a_permission_error() {
     assert!(text.contains("may not do what consem needs"), "{text}");
     world.assert_clean();
 }
+
+/// Calls of `command` the server has answered so far.
+fn command_calls(redis: &RedisServer, command: &str) -> u64 {
+    let mut connection = redis.connection().unwrap();
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut connection)
+        .unwrap();
+    stats
+        .lines()
+        .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A failover by hand: the primary crashes while its replica lags (the
+/// replica replicates through a proxy that holds the primary's stream
+/// back), and the replica is made primary. With `wait`, the holder's grant
+/// is first not used, and the replica catches up (straight from the
+/// primary) before the holder's command starts. A contender `--try` on
+/// the promoted replica then tells whether the holder's permit survived:
+/// `Some(0)`, it did not, and a second holder runs; `Some(75)`, it did.
+/// Returns that, and the holder's exit code.
+fn failover_after_a_grant(name: &str, wait: bool) -> (Option<i32>, Option<i32>) {
+    let mut world = World::redis(name);
+    let link = crate::common::proxy::DelayingProxy::start(&world.store.address());
+    let replica = RedisServer::start(
+        &world.dir.join("replica"),
+        &["--replicaof", "127.0.0.1", &link.port.to_string()],
+    );
+    world.store.wait_for_replicas(1);
+    let command = |replica: &RedisServer, args: &[&str]| {
+        let mut connection = replica.connection().unwrap();
+        redis::cmd(args[0])
+            .arg(&args[1..])
+            .query::<()>(&mut connection)
+            .unwrap();
+    };
+    let mut extra = vec!["--ttl", "6s", "--kill-grace", "1s"];
+    if wait {
+        extra.extend_from_slice(&["--redis-wait-replicas", "1"]);
+    }
+    link.delay_answers(Duration::from_secs(60));
+    let waits_before = command_calls(&world.store, "wait");
+    let mut holder = world.spawn(1, &extra, &strs(&world.held_until("ready", "go", 0)));
+    if wait {
+        // Its grant waited for the lagging replica, and was not used.
+        wait_until(PROMPT, "the holder's WAIT", || {
+            command_calls(&world.store, "wait") > waits_before
+        });
+        assert!(
+            !world.exists("ready"),
+            "a grant the replica did not acknowledge was used"
+        );
+        let port = world.store.port.to_string();
+        command(&replica, &["REPLICAOF", "127.0.0.1", &port]);
+    }
+    wait_until(PROMPT, "the holder's command to start", || {
+        world.exists("ready")
+    });
+    world.store.stop();
+    command(&replica, &["REPLICAOF", "NO", "ONE"]);
+    let promoted = format!("127.0.0.1:{}", replica.port);
+    let second = world
+        .consem_via(&promoted, 1, &["--try"], &["true"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .unwrap();
+    // Its command never ends by itself: its lease's end stops it.
+    wait_with_deadline(&mut holder, Duration::from_secs(30), "the holder to stop");
+    (second.status.code(), holder.wait().unwrap().code())
+}
+
+/// What `--redis-wait-replicas` closes: without it, a permit the primary
+/// acknowledged is lost with it when the replica promoted had not received
+/// it, and a second holder runs beside the first; with it, the holder's
+/// command starts only once the replica has the permit, which the promoted
+/// replica then keeps: no second holder. Either way the first holder, cut
+/// off from the primary it knew, stops when its lease ends (76).
+#[test]
+fn a_grant_the_replica_acknowledged_survives_a_failover() {
+    assert_eq!(
+        failover_after_a_grant("failover-plain", false),
+        (Some(0), Some(76)),
+        "without the option, the failover should admit a second holder"
+    );
+    assert_eq!(
+        failover_after_a_grant("failover-wait", true),
+        (Some(75), Some(76)),
+        "with the option, the promoted replica keeps the permit"
+    );
+}
