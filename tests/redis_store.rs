@@ -904,6 +904,23 @@ fn rediss_presents_the_client_certificate_of_cert_and_key() {
     );
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     assert!(world.exists("ran"));
+    // The operators' commands present them too (`status` exits 1: nothing
+    // is at the prefix once the run left).
+    let status = |extra: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_consem"))
+            .args(["status", "--prefix", &world.prefix, "--store", &store])
+            .args(extra)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let output = status(&["--cacert", &ca, "--cert", &cert, "--key", &key]);
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    assert!(stderr(&output).is_empty(), "{}", stderr(&output));
+    let output = status(&["--cacert", &ca]);
+    let text = stderr(&output);
+    assert_eq!(output.status.code(), Some(69), "{text}");
+    assert!(text.contains("pass --cert and --key"), "{text}");
 }
 
 /// TLS files that cannot be used are usage errors (exit 2), one line
