@@ -1488,11 +1488,12 @@ fn a_holder_whose_renewals_are_not_confirmed_loses_its_slot_with_its_lease() {
         text.contains("watch-retry") && text.contains("acknowledged our renewal within 500ms"),
         "-v shows why: {text}"
     );
-    // The lease (5/6 of 3 s from the last confirmed renewal, at most a
-    // second before the freeze) ends it; the permit on the primary would
-    // have lasted longer.
+    // The lease (5/6 of 3 s from the last confirmed renewal, sent before
+    // the freeze) ends it, about 2 s after the freeze; renewals counted
+    // without the replica would have kept it running to the deadline. The
+    // bound leaves room for a loaded machine.
     assert!(
-        stopped < Duration::from_secs(3) + Duration::from_millis(1500),
+        stopped < Duration::from_secs(6),
         "stopped {stopped:?} after the freeze"
     );
     world.assert_clean();
