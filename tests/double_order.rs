@@ -262,7 +262,8 @@ const OVERTAKEN: &str = "granted out of order, the earlier one could not take a 
 
 /// Why `a`, which arrived before `b`, started after it. The poller may
 /// miss states, so whether `a` could take a slot when `b` was granted is
-/// asked of the sights just before and at `b`'s grant (`b` aside).
+/// asked of the sights just before and at `b`'s grant (`b` aside; at the
+/// first sight, of that one).
 fn inversion(a: &Run, b: &Run, history: &[Sight]) -> &'static str {
     if a.granted <= b.granted {
         if a.started - history[a.granted].at > 1_000_000_000 {
@@ -270,7 +271,7 @@ fn inversion(a: &Run, b: &Run, history: &[Sight]) -> &'static str {
         } else {
             STARTED_LATER
         }
-    } else if history[b.granted - 1..=b.granted]
+    } else if history[b.granted.saturating_sub(1)..=b.granted]
         .iter()
         .any(|sight| could_take(&sight.snapshot, &a.session, &b.session))
     {
