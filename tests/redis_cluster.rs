@@ -244,3 +244,34 @@ fn replicas_acknowledge_on_the_primary_of_the_prefix_s_slot() {
     assert!(!world.exists("2"), "the command ran on an unconfirmed slot");
     world.assert_clean();
 }
+
+/// The eviction policy that counts is that of the node holding the
+/// prefix's keys, not of the node consem was given.
+#[test]
+fn the_eviction_check_reads_the_node_that_holds_the_keys() {
+    let world = World::redis_cluster("evicting-owner");
+    let owner = world
+        .store
+        .primary_of(&format!("semaphore:{}", world.prefix));
+    for (name, value) in [("maxmemory", "100mb"), ("maxmemory-policy", "allkeys-lru")] {
+        let _: String = world.store.nodes[owner]
+            .query(redis::cmd("CONFIG").arg("SET").arg(name).arg(value))
+            .unwrap();
+    }
+    let given = world.store.url_of(world.store.pointed);
+    assert_ne!(world.store.pointed, owner);
+    let output = run_on(
+        &world,
+        &given,
+        &world.prefix,
+        &["touch", &world.path("ran")],
+    );
+    assert_eq!(output.status.code(), Some(78), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("allkeys-lru"),
+        "{}",
+        stderr(&output)
+    );
+    assert!(!world.exists("ran"));
+    world.assert_clean();
+}

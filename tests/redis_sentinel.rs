@@ -148,3 +148,26 @@ fn failover_under_holders_and_waiters(world: &World<RedisSentinel>, extra: &[&st
     world.assert_clean();
     lost
 }
+
+/// One frozen Sentinel among three costs a moment, and a URL naming only
+/// it ends with 69: every call to a Sentinel has a deadline.
+#[test]
+fn a_frozen_sentinel_costs_a_moment_not_the_run() {
+    let world = World::redis_sentinel("frozen-sentinel");
+    world.store.freeze_sentinel(0);
+    let output = run_on(
+        &world,
+        &world.store.url_for(PRIMARY_NAME),
+        &["touch", &world.path("ran")],
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(world.exists("ran"));
+    let output = run_on(
+        &world,
+        &world.store.url_of_sentinel(0),
+        &["touch", &world.path("again")],
+    );
+    assert_eq!(output.status.code(), Some(69), "{}", stderr(&output));
+    assert!(!world.exists("again"));
+    world.assert_clean();
+}

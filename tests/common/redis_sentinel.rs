@@ -116,7 +116,9 @@ impl RedisSentinel {
         command: &mut redis::Cmd,
     ) -> redis::RedisResult<T> {
         let client = redis::Client::open(format!("redis://127.0.0.1:{port}"))?;
-        command.query(&mut client.get_connection_with_timeout(Duration::from_secs(2))?)
+        let mut connection = client.get_connection_with_timeout(Duration::from_secs(2))?;
+        connection.set_read_timeout(Some(Duration::from_secs(2)))?;
+        command.query(&mut connection)
     }
 
     /// `redis+sentinel://` URL naming every Sentinel and `primary`.
@@ -135,6 +137,21 @@ impl RedisSentinel {
             .is_ok_and(|info| info.contains("role:master"))
     }
 
+    /// Stops Sentinel `i` (SIGSTOP): it still takes connections, and
+    /// answers nothing.
+    pub fn freeze_sentinel(&self, i: usize) {
+        let pid = self.sentinels[i].process.id() as libc::pid_t;
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    }
+
+    /// `redis+sentinel://` URL naming Sentinel `i` alone.
+    pub fn url_of_sentinel(&self, i: usize) -> String {
+        format!(
+            "redis+sentinel://127.0.0.1:{}/{PRIMARY_NAME}",
+            self.sentinels[i].port
+        )
+    }
+
     /// The server that the Sentinels name and that says it is the primary.
     pub fn primary(&self) -> &RedisServer {
         let named = self.primary_port_by_sentinel();
@@ -146,15 +163,18 @@ impl RedisSentinel {
 
     /// The port the Sentinels give for the primary now.
     pub fn primary_port_by_sentinel(&self) -> Option<u16> {
-        let address: Option<(String, u16)> = self
-            .ask_sentinel(
-                self.sentinels[0].port,
-                redis::cmd("SENTINEL")
-                    .arg("GET-MASTER-ADDR-BY-NAME")
-                    .arg(PRIMARY_NAME),
-            )
-            .ok()?;
-        address.map(|(_, port)| port)
+        // The first Sentinel that answers (a test may have frozen one).
+        self.sentinels.iter().find_map(|sentinel| {
+            let address: Option<(String, u16)> = self
+                .ask_sentinel(
+                    sentinel.port,
+                    redis::cmd("SENTINEL")
+                        .arg("GET-MASTER-ADDR-BY-NAME")
+                        .arg(PRIMARY_NAME),
+                )
+                .ok()?;
+            address.map(|(_, port)| port)
+        })
     }
 
     /// Has the Sentinels fail the primary over to a replica (`SENTINEL

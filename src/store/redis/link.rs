@@ -13,10 +13,9 @@ use std::time::Duration;
 
 use redis::cluster::{ClusterClientBuilder, ClusterConnection};
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
-use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
 use redis::{
     Cmd, Connection, ConnectionInfo, ConnectionLike, ErrorKind, RedisError, RedisResult,
-    ServerErrorKind, TlsMode, Value,
+    ServerErrorKind, Value,
 };
 
 use super::{ClientTls, Servers};
@@ -73,39 +72,7 @@ impl Link {
                 primary,
                 connection,
             } => {
-                let mut builder = SentinelClientBuilder::new(
-                    sentinels.iter().map(|s| s.addr().clone()),
-                    primary,
-                    SentinelServerType::Master,
-                )?
-                .set_client_to_redis_db(connection.db());
-                if let Some(username) = connection.username() {
-                    builder = builder.set_client_to_redis_username(username);
-                }
-                if let Some(password) = connection.password() {
-                    builder = builder.set_client_to_redis_password(password);
-                }
-                if let redis::ConnectionAddr::TcpTls { insecure, .. } = sentinels[0].addr() {
-                    let mode = if *insecure {
-                        TlsMode::Insecure
-                    } else {
-                        TlsMode::Secure
-                    };
-                    builder = builder
-                        .set_client_to_redis_tls_mode(mode)
-                        .set_client_to_sentinel_tls_mode(mode);
-                }
-                if let Some(tls) = tls {
-                    builder = builder
-                        .set_client_to_redis_certificates(tls.certificates())
-                        .set_client_to_sentinel_certificates(tls.certificates());
-                }
-                // The Sentinels' client checks that the server they name
-                // says it is the primary before it is returned.
-                let connection = builder
-                    .build()?
-                    .get_client()?
-                    .get_connection_with_timeout(CONNECT_TIMEOUT)?;
+                let connection = sentinel_primary(sentinels, primary, connection, tls)?;
                 (connection, None)
             }
         };
@@ -173,6 +140,87 @@ impl Link {
             Link::Single { .. } => unreachable!("a single link was just replaced"),
         }
     }
+}
+
+/// One server, with the TLS files given, connected within
+/// [`CONNECT_TIMEOUT`] and answering within it.
+fn connect_to(node: &ConnectionInfo, tls: Option<&ClientTls>) -> RedisResult<Connection> {
+    let client = match tls {
+        Some(tls) => redis::Client::build_with_tls(node.clone(), tls.certificates())?,
+        None => redis::Client::open(node.clone())?,
+    };
+    let connection = client.get_connection_with_timeout(CONNECT_TIMEOUT)?;
+    connection.set_read_timeout(Some(CONNECT_TIMEOUT))?;
+    connection.set_write_timeout(Some(CONNECT_TIMEOUT))?;
+    Ok(connection)
+}
+
+/// The primary that the Sentinels name `primary`, which must say so
+/// itself (`ROLE`). Done here rather than by the `redis` crate's Sentinel
+/// client, which connects to the Sentinels and to the primary with no
+/// timeout: one frozen Sentinel or primary would hang consem for good.
+/// Each Sentinel is asked in turn; one that is down or frozen costs
+/// [`CONNECT_TIMEOUT`] at most.
+fn sentinel_primary(
+    sentinels: &[ConnectionInfo],
+    primary: &str,
+    credentials: &redis::RedisConnectionInfo,
+    tls: Option<&ClientTls>,
+) -> RedisResult<Connection> {
+    let mut failure = None;
+    for sentinel in sentinels {
+        let named = connect_to(sentinel, tls).and_then(|mut asked| {
+            redis::cmd("SENTINEL")
+                .arg("GET-MASTER-ADDR-BY-NAME")
+                .arg(primary)
+                .query::<Option<(String, u16)>>(&mut asked)
+        });
+        let (host, port) = match named {
+            Ok(Some(address)) => address,
+            // This Sentinel does not monitor it.
+            Ok(None) => continue,
+            Err(error) => {
+                failure = Some(error);
+                continue;
+            }
+        };
+        let scheme = match sentinel.addr() {
+            redis::ConnectionAddr::TcpTls { .. } => "rediss",
+            _ => "redis",
+        };
+        let host = if host.contains(':') {
+            format!("[{host}]")
+        } else {
+            host
+        };
+        let node =
+            redis::IntoConnectionInfo::into_connection_info(format!("{scheme}://{host}:{port}"))?
+                .set_redis_settings(credentials.clone());
+        // Down, frozen or a replica: a failover under way, the Sentinels
+        // have not named the new primary yet.
+        let primary_down = |why: String| {
+            RedisError::from((
+                ErrorKind::Server(ServerErrorKind::MasterDown),
+                "the server the Sentinels name as the primary does not answer as one",
+                why,
+            ))
+        };
+        let mut connection = connect_to(&node, tls)
+            .map_err(|error| primary_down(format!("{host}:{port}: {error}")))?;
+        let role: Vec<Value> = redis::cmd("ROLE")
+            .query(&mut connection)
+            .map_err(|error| primary_down(format!("{host}:{port}: {error}")))?;
+        if matches!(role.first(), Some(Value::BulkString(name)) if name == b"master") {
+            return Ok(connection);
+        }
+        return Err(primary_down(format!("{host}:{port} is a replica now")));
+    }
+    Err(failure.unwrap_or_else(|| {
+        RedisError::from((
+            ErrorKind::MasterNameNotFoundBySentinel,
+            "no Sentinel names a primary by that name",
+        ))
+    }))
 }
 
 fn cluster(

@@ -290,6 +290,16 @@ fn classify(error: RedisError, settings: &Settings, prefix: &str) -> Failure {
     let detail = error.detail().unwrap_or_default().to_string();
     match code.as_deref() {
         Some("CROSSSLOT") => Failure::Final(cross_slot(prefix)),
+        // What the cluster client still sees after its own retries: a slot
+        // on its way to another node.
+        Some("MOVED") | Some("ASK") => Failure::Transient(format!(
+            "the Redis Cluster at {shown} is moving the prefix's slot ({detail})"
+        )),
+        _ if detail.contains("SELECT is not allowed in cluster mode") => {
+            Failure::Final(StoreError::usage(format!(
+                "Redis at {shown} is a Redis Cluster node, and a cluster has database 0 only: drop the database from the URL"
+            )))
+        }
         Some("CLUSTERDOWN") => Failure::Transient(format!(
             "the Redis Cluster at {shown} is down ({detail}): it serves again once its nodes cover every slot"
         )),
@@ -330,6 +340,11 @@ fn classify(error: RedisError, settings: &Settings, prefix: &str) -> Failure {
         Some("OOM") => Failure::Transient(format!(
             "Redis at {shown} is out of memory and refuses writes (used memory over maxmemory, with noeviction): free memory or raise maxmemory"
         )),
+        _ if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::MasterDown) => {
+            Failure::Transient(format!(
+                "Redis at {shown}: the server the Sentinels name as the primary does not answer as one ({detail}); a failover is under way, or the primary is down"
+            ))
+        }
         // Also while a failover is under way: the server the Sentinels
         // name does not say it is the primary yet.
         _ if error.kind() == redis::ErrorKind::MasterNameNotFoundBySentinel => {
@@ -603,11 +618,32 @@ impl RedisSemaphore {
         let shown = &self.settings.shown;
         let ttl = self.settings.ttl;
         let period = lease::renew_period(ttl);
-        // The list we are woken through; a BLPOP waits at most a period.
-        let mut connection = connect(&self.settings, period + CALL_TIMEOUT)
-            .map_err(|e| classify(e, &self.settings, &self.prefix).into_error())?;
-        self.refuse_eviction(&mut connection)?;
         let mut outage = Outage::new(ttl);
+        // The list we are woken through; a BLPOP waits at most a period.
+        let mut connection = loop {
+            let error = match connect(&self.settings, period + CALL_TIMEOUT) {
+                Ok(link) => break link,
+                Err(error) => error,
+            };
+            // Sentinels that answered, naming a primary that does not
+            // answer as one: a failover under way, retried for a TTL.
+            let failing_over =
+                error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::MasterDown);
+            match classify(error, &self.settings, &self.prefix) {
+                Failure::Transient(why) if failing_over => {
+                    let Some(pause) = outage.retry_slow() else {
+                        return Err(StoreError::unavailable(why).into());
+                    };
+                    report::event("retry", &[("error", &why)]);
+                    thread::sleep(pause);
+                }
+                failure => return Err(failure.into_error().into()),
+            }
+        };
+        self.refuse_eviction(&mut connection)?;
+        // Redis answered: from here a failure is an outage (a cluster's
+        // primary that died, a failover), retried within a TTL.
+        outage.recovered();
         let mut last_picture: Option<Progress> = None;
         loop {
             let sent = Instant::now();
@@ -820,10 +856,15 @@ impl RedisSemaphore {
         if self.settings.allow_eviction {
             return Ok(());
         }
-        let mut info = redis::cmd("INFO");
-        info.arg("memory");
-        let info: String = connection
-            .query_beside(&info, &self.keys.holders)
+        // Asked of the server that holds the prefix's keys: on a cluster
+        // node named alone, the key's redirect makes the link a cluster
+        // client, which sends the pair again to the slot's primary.
+        let (_, info): (i64, String) = redis::pipe()
+            .cmd("EXISTS")
+            .arg(&self.keys.holders)
+            .cmd("INFO")
+            .arg("memory")
+            .query(connection)
             .map_err(|error| match classify(error, &self.settings, &self.prefix).into_error() {
                 denied if denied.kind == ErrorKind::Denied => StoreError::denied(
                     "permission denied: the Redis user may not do what consem needs (INFO, which tells whether Redis may evict the semaphore's keys): allow it +info, or pass --redis-allow-eviction if this server never evicts",
