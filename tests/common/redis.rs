@@ -28,13 +28,20 @@ impl RedisServer {
     /// answers PING.
     pub fn start(dir: &Path, extra: &[&str]) -> RedisServer {
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-        RedisServer::start_on(free_port(), dir, extra)
+        // A port taken between the pick and the bind (the machine runs
+        // other tests) is picked again.
+        loop {
+            if let Some(server) = RedisServer::try_start_on(free_port(), dir, extra.clone()) {
+                return server;
+            }
+        }
     }
 
-    /// Starts one on `port` (which the caller found free).
-    pub fn start_on_port(port: u16, dir: &Path, extra: &[&str]) -> RedisServer {
+    /// Starts one on `port` (which the caller found free); `None` if the
+    /// port was taken meanwhile.
+    pub fn try_start_on_port(port: u16, dir: &Path, extra: &[&str]) -> Option<RedisServer> {
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-        RedisServer::start_on(port, dir, extra)
+        RedisServer::try_start_on(port, dir, extra)
     }
 
     /// Sends `command` on a connection of its own.
@@ -46,6 +53,17 @@ impl RedisServer {
     }
 
     fn start_on(port: u16, dir: &Path, extra: Vec<String>) -> RedisServer {
+        RedisServer::try_start_on(port, dir, extra.clone()).unwrap_or_else(|| {
+            panic!(
+                "redis-server could not listen on port {port}; see {}",
+                dir.join("redis.log").display()
+            )
+        })
+    }
+
+    /// Starts one on `port` and waits until it answers PING; `None` if it
+    /// exited first (the port was taken).
+    fn try_start_on(port: u16, dir: &Path, extra: Vec<String>) -> Option<RedisServer> {
         std::fs::create_dir_all(dir).unwrap();
         let process = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
@@ -60,7 +78,7 @@ impl RedisServer {
             .stderr(Stdio::null())
             .spawn()
             .expect("redis-server is not installed: scripts/test installs it (apt-get install redis-server)");
-        let server = RedisServer {
+        let mut server = RedisServer {
             port,
             process,
             dir: dir.to_path_buf(),
@@ -69,7 +87,10 @@ impl RedisServer {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if server.ping() {
-                return server;
+                return Some(server);
+            }
+            if server.process.try_wait().unwrap().is_some() {
+                return None;
             }
             assert!(
                 Instant::now() < deadline,

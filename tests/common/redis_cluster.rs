@@ -33,10 +33,10 @@ impl RedisCluster {
     pub fn start(dir: &Path, primaries: usize, replicas: usize) -> RedisCluster {
         let count = primaries * (1 + replicas);
         let nodes: Vec<RedisServer> = (0..count)
-            .map(|i| {
+            .map(|i| loop {
                 let port = free_cluster_port();
                 let conf = dir.join(format!("nodes-{port}.conf"));
-                RedisServer::start_on_port(
+                let started = RedisServer::try_start_on_port(
                     port,
                     &dir.join(format!("node-{i}")),
                     &[
@@ -47,7 +47,11 @@ impl RedisCluster {
                         "--cluster-node-timeout",
                         "2000",
                     ],
-                )
+                );
+                // A port (or its bus port) taken meanwhile: another.
+                if let Some(node) = started {
+                    break node;
+                }
             })
             .collect();
         let created = Command::new("redis-cli")

@@ -2,6 +2,7 @@
 //! Sentinels on free loopback ports that agree on them, stopped when
 //! dropped.
 
+use std::os::unix::process::CommandExt as _;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -57,33 +58,7 @@ impl RedisSentinel {
             ));
         }
         let sentinels = (0..3)
-            .map(|i| {
-                let port = free_port();
-                let conf = dir.join(format!("sentinel-{i}.conf"));
-                std::fs::write(
-                    &conf,
-                    format!(
-                        "port {port}\nbind 127.0.0.1\ndir {}\n\
-                         sentinel monitor {PRIMARY_NAME} 127.0.0.1 {} 2\n\
-                         sentinel down-after-milliseconds {PRIMARY_NAME} 1000\n\
-                         sentinel failover-timeout {PRIMARY_NAME} 10000\n",
-                        dir.display(),
-                        primary_port
-                    ),
-                )
-                .unwrap();
-                let process = Command::new("redis-server")
-                    .arg(&conf)
-                    .arg("--sentinel")
-                    .arg("--logfile")
-                    .arg(dir.join(format!("sentinel-{i}.log")))
-                    .stdin(Stdio::null())
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .expect("redis-server is not installed: scripts/test installs it (apt-get install redis-server)");
-                SentinelProcess { port, process }
-            })
+            .map(|i| RedisSentinel::start_sentinel(dir, i, &primary_port))
             .collect();
         let setup = RedisSentinel { servers, sentinels };
         wait_until(
@@ -108,6 +83,68 @@ impl RedisSentinel {
             },
         );
         setup
+    }
+
+    /// Sentinel `i` on a free port, answering PING: a port taken between
+    /// the pick and the bind (the machine runs other tests) is picked
+    /// again. It dies with the test's process, even killed.
+    fn start_sentinel(dir: &Path, i: usize, primary_port: &str) -> SentinelProcess {
+        loop {
+            let port = free_port();
+            let conf = dir.join(format!("sentinel-{i}.conf"));
+            std::fs::write(
+                &conf,
+                format!(
+                    "port {port}\nbind 127.0.0.1\ndir {}\n\
+                     sentinel monitor {PRIMARY_NAME} 127.0.0.1 {primary_port} 2\n\
+                     sentinel down-after-milliseconds {PRIMARY_NAME} 1000\n\
+                     sentinel failover-timeout {PRIMARY_NAME} 10000\n",
+                    dir.display(),
+                ),
+            )
+            .unwrap();
+            let mut command = Command::new("redis-server");
+            command
+                .arg(&conf)
+                .arg("--sentinel")
+                .arg("--logfile")
+                .arg(dir.join(format!("sentinel-{i}.log")))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null());
+            // SAFETY: prctl is async-signal-safe.
+            unsafe {
+                command.pre_exec(|| {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                    Ok(())
+                });
+            }
+            let process = command.spawn().expect(
+                "redis-server is not installed: scripts/test installs it (apt-get install redis-server)",
+            );
+            let mut sentinel = SentinelProcess { port, process };
+            let answering = || {
+                redis::Client::open(format!("redis://127.0.0.1:{port}"))
+                    .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(1)))
+                    .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+                    .is_ok()
+            };
+            let deadline = std::time::Instant::now() + PROMPT;
+            while std::time::Instant::now() < deadline {
+                if answering() {
+                    return sentinel;
+                }
+                if sentinel.process.try_wait().unwrap().is_some() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            assert!(
+                sentinel.process.try_wait().unwrap().is_some(),
+                "Sentinel {i} neither answers nor exited within {PROMPT:?}; see its log in {}",
+                dir.display()
+            );
+        }
     }
 
     fn ask_sentinel<T: redis::FromRedisValue>(
