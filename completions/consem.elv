@@ -41,7 +41,7 @@ set edit:completion:arg-completer[consem] = {|@words|
             cand --redis-wait-replicas 'Redis: use a slot, and count each renewal, only once N replicas have acknowledged it (WAIT N, for a second or TTL/6); an unconfirmed slot is given back and asked for again for up to one TTL, then exit 69. Narrows, does not close, what a failover can lose (README, "Grants that survive a failover")'
             cand --name 'Consul: session name (default: "consem: <command> at <prefix>")'
             cand --log-format 'Format of what consem writes on stderr'
-            cand --store 'Where the semaphore lives: consul, local (this host only, no server), local:DIR, redis://[user[:password]@]host[:port][/db] or rediss://... (TLS; the password also from REDISCLI_AUTH), etcd://host:port[,host:port...] or etcds://... (TLS; etcd alone: ETCDCTL_ENDPOINTS) [default: CONSEM_STORE, else consul]'
+            cand --store 'Where the semaphore lives: consul, local (this host only, no server), local:DIR, redis://[user[:password]@]host[:port][/db] or rediss://... (TLS; the password also from REDISCLI_AUTH; several hosts, comma-separated, are a Redis Cluster''s nodes), redis+sentinel://host[:port][,...]/<primary name>[/db] (the primary that Redis Sentinel names), etcd://host:port[,host:port...] or etcds://... (TLS; etcd alone: ETCDCTL_ENDPOINTS) [default: CONSEM_STORE, else consul]'
             cand --http-addr 'Consul HTTP API address: host:port, http://host:port or https://host:port (host:port means https with CONSUL_HTTP_SSL=true) [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]'
             cand --token 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]; HTTP basic auth, if the agent sits behind it, comes from CONSUL_HTTP_AUTH (user:password)'
             cand --token-file 'File holding the ACL token; wins over a token [default: CONSUL_HTTP_TOKEN_FILE]'
@@ -70,7 +70,7 @@ set edit:completion:arg-completer[consem] = {|@words|
         }
         &'consem;status'= {
             cand --prefix 'Name of the semaphore (a KV prefix on Consul)'
-            cand --store 'Where the semaphore lives: consul, local (this host only, no server), local:DIR, redis://[user[:password]@]host[:port][/db] or rediss://... (TLS; the password also from REDISCLI_AUTH), etcd://host:port[,host:port...] or etcds://... (TLS; etcd alone: ETCDCTL_ENDPOINTS) [default: CONSEM_STORE, else consul]'
+            cand --store 'Where the semaphore lives: consul, local (this host only, no server), local:DIR, redis://[user[:password]@]host[:port][/db] or rediss://... (TLS; the password also from REDISCLI_AUTH; several hosts, comma-separated, are a Redis Cluster''s nodes), redis+sentinel://host[:port][,...]/<primary name>[/db] (the primary that Redis Sentinel names), etcd://host:port[,host:port...] or etcds://... (TLS; etcd alone: ETCDCTL_ENDPOINTS) [default: CONSEM_STORE, else consul]'
             cand --http-addr 'Consul HTTP API address: host:port, http://host:port or https://host:port (host:port means https with CONSUL_HTTP_SSL=true) [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]'
             cand --token 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]; HTTP basic auth, if the agent sits behind it, comes from CONSUL_HTTP_AUTH (user:password)'
             cand --token-file 'File holding the ACL token; wins over a token [default: CONSUL_HTTP_TOKEN_FILE]'
@@ -98,7 +98,7 @@ set edit:completion:arg-completer[consem] = {|@words|
             cand --session 'The holder''s session ID, or a unique beginning of it'
             cand --host 'The holder''s host (with --pid)'
             cand --pid 'The holder''s consem process ID (with --host)'
-            cand --store 'Where the semaphore lives: consul, local (this host only, no server), local:DIR, redis://[user[:password]@]host[:port][/db] or rediss://... (TLS; the password also from REDISCLI_AUTH), etcd://host:port[,host:port...] or etcds://... (TLS; etcd alone: ETCDCTL_ENDPOINTS) [default: CONSEM_STORE, else consul]'
+            cand --store 'Where the semaphore lives: consul, local (this host only, no server), local:DIR, redis://[user[:password]@]host[:port][/db] or rediss://... (TLS; the password also from REDISCLI_AUTH; several hosts, comma-separated, are a Redis Cluster''s nodes), redis+sentinel://host[:port][,...]/<primary name>[/db] (the primary that Redis Sentinel names), etcd://host:port[,host:port...] or etcds://... (TLS; etcd alone: ETCDCTL_ENDPOINTS) [default: CONSEM_STORE, else consul]'
             cand --http-addr 'Consul HTTP API address: host:port, http://host:port or https://host:port (host:port means https with CONSUL_HTTP_SSL=true) [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]'
             cand --token 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]; HTTP basic auth, if the agent sits behind it, comes from CONSUL_HTTP_AUTH (user:password)'
             cand --token-file 'File holding the ACL token; wins over a token [default: CONSUL_HTTP_TOKEN_FILE]'
@@ -122,7 +122,7 @@ set edit:completion:arg-completer[consem] = {|@words|
         }
         &'consem;reset'= {
             cand --prefix 'Name of the semaphore (a KV prefix on Consul)'
-            cand --store 'Where the semaphore lives: consul, local (this host only, no server), local:DIR, redis://[user[:password]@]host[:port][/db] or rediss://... (TLS; the password also from REDISCLI_AUTH), etcd://host:port[,host:port...] or etcds://... (TLS; etcd alone: ETCDCTL_ENDPOINTS) [default: CONSEM_STORE, else consul]'
+            cand --store 'Where the semaphore lives: consul, local (this host only, no server), local:DIR, redis://[user[:password]@]host[:port][/db] or rediss://... (TLS; the password also from REDISCLI_AUTH; several hosts, comma-separated, are a Redis Cluster''s nodes), redis+sentinel://host[:port][,...]/<primary name>[/db] (the primary that Redis Sentinel names), etcd://host:port[,host:port...] or etcds://... (TLS; etcd alone: ETCDCTL_ENDPOINTS) [default: CONSEM_STORE, else consul]'
             cand --http-addr 'Consul HTTP API address: host:port, http://host:port or https://host:port (host:port means https with CONSUL_HTTP_SSL=true) [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]'
             cand --token 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]; HTTP basic auth, if the agent sits behind it, comes from CONSUL_HTTP_AUTH (user:password)'
             cand --token-file 'File holding the ACL token; wins over a token [default: CONSUL_HTTP_TOKEN_FILE]'

@@ -236,7 +236,9 @@ pub struct RunArgs {
 pub struct StoreArgs {
     /// Where the semaphore lives: consul, local (this host only, no server),
     /// local:DIR, redis://[user[:password]@]host[:port][/db] or rediss://... (TLS; the
-    /// password also from REDISCLI_AUTH), etcd://host:port[,host:port...] or etcds://...
+    /// password also from REDISCLI_AUTH; several hosts, comma-separated, are a Redis
+    /// Cluster's nodes), redis+sentinel://host[:port][,...]/<primary name>[/db] (the
+    /// primary that Redis Sentinel names), etcd://host:port[,host:port...] or etcds://...
     /// (TLS; etcd alone: ETCDCTL_ENDPOINTS) [default: CONSEM_STORE, else consul]
     #[arg(long, value_name = "STORE")]
     pub store: Option<String>,
