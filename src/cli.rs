@@ -348,7 +348,7 @@ pub struct TlsFileArgs {
 /// how to fix it (`consem: error: ` goes in front, or it becomes a JSON
 /// object, as every other error does).
 pub fn describe_error(error: &clap::Error) -> String {
-    use clap::error::ErrorKind;
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
     let rendered = error.render().to_string();
     // clap's text: "error: <what>", maybe more lines (the arguments that
     // are missing, a tip), a blank line, the usage.
@@ -380,7 +380,25 @@ pub fn describe_error(error: &clap::Error) -> String {
         Some(sub) => format!("consem {sub} --help"),
         None => "consem --help".to_string(),
     };
+    // clap's own guess at what was meant (`--prefx`: `--prefix`).
+    let suggestion = [
+        ContextKind::SuggestedArg,
+        ContextKind::SuggestedSubcommand,
+        ContextKind::SuggestedValue,
+    ]
+    .into_iter()
+    .find_map(|kind| match error.get(kind) {
+        Some(ContextValue::String(one)) => Some(one.clone()),
+        Some(ContextValue::Strings(many)) => many.first().cloned(),
+        _ => None,
+    });
     let fix = match error.kind() {
+        _ if suggestion.is_some() => {
+            format!(
+                "did you mean {}? see {help}",
+                suggestion.unwrap_or_default()
+            )
+        }
         ErrorKind::UnknownArgument if subcommand.as_deref() == Some("run") => {
             format!("the command goes after --, as in consem run --prefix P --limit N -- ./job.sh; see {help}")
         }
@@ -512,6 +530,46 @@ mod tests {
             assert_eq!(message.lines().count(), 1, "{message}");
             assert!(!message.starts_with("error"), "{message}");
         }
+    }
+
+    #[test]
+    fn a_mistyped_name_gets_clap_s_guess_at_what_was_meant() {
+        let error = |line: &[&str]| describe_error(&Cli::try_parse_from(line).unwrap_err());
+        for (line, guess) in [
+            (
+                &["consem", "run", "--prefx", "p", "--limit", "1", "--", "x"][..],
+                "did you mean --prefix?",
+            ),
+            (
+                &["consem", "status", "--prefix", "p", "--jsn"][..],
+                "did you mean --json?",
+            ),
+            (&["consem", "stauts"][..], "did you mean status?"),
+            (
+                &[
+                    "consem",
+                    "run",
+                    "--log-format",
+                    "jsn",
+                    "--prefix",
+                    "p",
+                    "--limit",
+                    "1",
+                    "--",
+                    "x",
+                ][..],
+                "did you mean json?",
+            ),
+        ] {
+            let message = error(line);
+            assert!(message.contains(guess), "{line:?}: {message}");
+            assert_eq!(message.lines().count(), 1, "{message}");
+        }
+        // Nothing close: no guess.
+        let far = error(&[
+            "consem", "run", "--bogus", "--prefix", "p", "--limit", "1", "--", "x",
+        ]);
+        assert!(!far.contains("did you mean"), "{far}");
     }
 
     #[test]
