@@ -169,6 +169,11 @@ pub fn run(backend: Arc<dyn SlotBackend>, plan: &Plan) -> Ended {
     let ignored = sys::ignored_at_start(&HANDLED_SIGNALS);
     let handled = HANDLED_SIGNALS.iter().filter(|s| !ignored.contains(s));
     let signals = Signals::new(handled).expect("cannot install signal handlers");
+    // A command that cannot run is refused before a slot is asked for.
+    if let Err(error) = sys::find_program(&plan.command[0], std::env::var_os("PATH").as_deref()) {
+        let program = plan.command[0].to_string_lossy().into_owned();
+        return Err(SuperviseError::Spawn { program, error });
+    }
     let started = Instant::now();
     contend(&backend, plan, &events);
     // The handlers keep what arrives until this thread reads it: starting it

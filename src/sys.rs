@@ -124,6 +124,51 @@ extern "C" fn record_closed_standard_fds() {
 
 /// Starts the command: `argv[0]` is looked up in PATH as `execvp` does, and
 /// `env` is added to consem's environment. The child runs in a process group
+/// Finds the command as `execvp` would (a name with a `/` as it is, else
+/// in each directory of `path`, `/bin:/usr/bin` without one), so that a
+/// command that cannot run is refused before any slot is asked for: a cron
+/// line must not wait hours for a typo. `NotFound` for no such file,
+/// `PermissionDenied` for one that cannot be executed (a directory, no
+/// execute permission), as `execvp` reports them.
+pub fn find_program(program: &std::ffi::OsStr, path: Option<&std::ffi::OsStr>) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let runnable = |candidate: &std::path::Path| -> io::Result<()> {
+        let metadata = std::fs::metadata(candidate)?;
+        let c_path = std::ffi::CString::new(candidate.as_os_str().as_bytes())
+            .map_err(|_| io::Error::from_raw_os_error(libc::ENOENT))?;
+        // SAFETY: a valid NUL-terminated path.
+        let executable = unsafe { libc::access(c_path.as_ptr(), libc::X_OK) } == 0;
+        if metadata.is_file() && executable {
+            Ok(())
+        } else {
+            Err(io::Error::from_raw_os_error(libc::EACCES))
+        }
+    };
+    if program.as_bytes().contains(&b'/') {
+        return runnable(std::path::Path::new(program));
+    }
+    if program.is_empty() {
+        return Err(io::Error::from_raw_os_error(libc::ENOENT));
+    }
+    let path = path.unwrap_or(std::ffi::OsStr::new("/bin:/usr/bin"));
+    let mut denied = false;
+    for dir in path.as_bytes().split(|b| *b == b':') {
+        // An empty entry is the current directory.
+        let dir = if dir.is_empty() { b".".as_slice() } else { dir };
+        let candidate = std::path::Path::new(std::ffi::OsStr::from_bytes(dir)).join(program);
+        match runnable(&candidate) {
+            Ok(()) => return Ok(()),
+            Err(error) if error.kind() == io::ErrorKind::PermissionDenied => denied = true,
+            Err(_) => {}
+        }
+    }
+    Err(io::Error::from_raw_os_error(if denied {
+        libc::EACCES
+    } else {
+        libc::ENOENT
+    }))
+}
+
 /// of its own (so that stopping it reaches everything it starts), dies with
 /// consem on Linux (parent-death signal), and, if asked, takes the terminal
 /// as its foreground group. Returns its pid.
@@ -463,4 +508,43 @@ pub fn die_of(signal: i32) -> ! {
         libc::raise(signal);
     }
     std::process::exit(128 + signal)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt as _;
+
+    #[test]
+    fn a_program_is_found_as_execvp_finds_it() {
+        let dir = std::env::temp_dir().join(format!("consem-find-{}", std::process::id()));
+        let (first, second) = (dir.join("first"), dir.join("second"));
+        std::fs::create_dir_all(&first).unwrap();
+        std::fs::create_dir_all(&second).unwrap();
+        let write = |path: &std::path::Path, mode: u32| {
+            std::fs::write(path, "#!/bin/sh\n").unwrap();
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+        };
+        write(&first.join("job"), 0o644);
+        write(&second.join("job"), 0o755);
+        write(&first.join("plain"), 0o644);
+        let path = std::ffi::OsString::from(format!("{}:{}", first.display(), second.display()));
+        let find = |name: &str| {
+            find_program(std::ffi::OsStr::new(name), Some(&path)).map_err(|e| e.kind())
+        };
+        // Not executable in the first directory: found in the second.
+        assert_eq!(find("job"), Ok(()));
+        // Only a file that cannot be run: 126's error; none at all: 127's.
+        assert_eq!(find("plain"), Err(io::ErrorKind::PermissionDenied));
+        assert_eq!(find("nosuch"), Err(io::ErrorKind::NotFound));
+        assert_eq!(find(""), Err(io::ErrorKind::NotFound));
+        // A path is taken as it is: a directory cannot be run.
+        assert_eq!(
+            find(first.to_str().unwrap()),
+            Err(io::ErrorKind::PermissionDenied)
+        );
+        assert_eq!(find(second.join("job").to_str().unwrap()), Ok(()));
+        assert_eq!(find("/nonexistent/job"), Err(io::ErrorKind::NotFound));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

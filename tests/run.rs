@@ -1030,3 +1030,24 @@ fn an_heir_that_leaves_at_once_does_not_hand_the_slot_back() {
     assert_eq!(finish(first).status.code(), Some(0));
     world.assert_clean();
 }
+
+/// A command that cannot run is refused before a slot is asked for: behind
+/// a busy slot it exits 127 or 126 at once, without joining the queue (a
+/// cron line must not wait hours for a typo).
+#[test]
+fn a_command_that_cannot_run_is_refused_before_waiting() {
+    let world = World::local("cannot-run");
+    let holder = hold_slot(&world, 1, "ready", "go");
+    for (command, code) in [("consem-no-such-command", 127), ("/", 126)] {
+        let mut child = world.spawn(1, &[], &[command]);
+        wait_with_deadline(&mut child, PROMPT, "consem to refuse the command at once");
+        let output = child.wait_with_output().unwrap();
+        assert_eq!(output.status.code(), Some(code), "{}", stderr(&output));
+        assert!(stderr(&output).contains(command), "{}", stderr(&output));
+        assert_eq!(world.contender_keys(), 1, "{command} joined the queue");
+    }
+    world.touch("go");
+    let output = holder.wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    world.assert_clean();
+}
