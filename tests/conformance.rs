@@ -306,16 +306,7 @@ fn eight_contenders_never_exceed_the_limit<S: TestStore>(make: MakeWorld<S>) {
         assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     }
     let log = std::fs::read_to_string(&log).unwrap();
-    let (mut running, mut most, mut starts) = (0i32, 0i32, 0);
-    for line in log.lines() {
-        if line == "start" {
-            running += 1;
-            starts += 1;
-        } else {
-            running -= 1;
-        }
-        most = most.max(running);
-    }
+    let (starts, most) = starts_and_most_at_once(&log);
     assert_eq!(starts, 8, "every contender ran:\n{log}");
     assert!(most <= 3, "{most} ran at once:\n{log}");
     world.assert_clean();

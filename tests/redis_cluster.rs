@@ -192,12 +192,8 @@ fn a_failover_keeps_the_limit_and_the_waiters_follow_the_new_primary() {
         assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     }
     let log = std::fs::read_to_string(&log).unwrap();
-    let (mut running, mut most) = (0i32, 0i32);
-    for line in log.lines() {
-        running += if line == "start" { 1 } else { -1 };
-        most = most.max(running);
-    }
-    assert_eq!(log.lines().filter(|l| *l == "start").count(), 5, "{log}");
+    let (starts, most) = starts_and_most_at_once(&log);
+    assert_eq!(starts, 5, "{log}");
     assert!(most <= 2, "{most} ran at once:\n{log}");
     world.assert_clean();
 }

@@ -15,7 +15,7 @@ pub struct RedisServer {
 }
 
 /// A port nobody listens on now (the kernel's pick for a socket we close).
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()

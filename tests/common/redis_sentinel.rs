@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use super::redis::{leftover, RedisServer};
+use super::redis::{free_port, leftover, RedisServer};
 use super::wait_until;
 use super::world::{TestStore, World, PROMPT};
 
@@ -34,14 +34,6 @@ pub struct RedisSentinel {
     /// failover.
     pub servers: Vec<RedisServer>,
     sentinels: Vec<SentinelProcess>,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 impl RedisSentinel {

@@ -325,6 +325,22 @@ pub fn signal(child: &Child, signal: i32) {
 
 /// Holds a slot with a first consem whose child waits for `go`, and returns it
 /// once the child runs.
+/// In a log of commands that wrote `start` when they began and something
+/// else when they ended: how many began, and the most that ran at once.
+pub fn starts_and_most_at_once(log: &str) -> (usize, usize) {
+    let (mut starts, mut running, mut most) = (0, 0usize, 0);
+    for line in log.lines() {
+        if line == "start" {
+            starts += 1;
+            running += 1;
+        } else {
+            running = running.saturating_sub(1);
+        }
+        most = most.max(running);
+    }
+    (starts, most)
+}
+
 pub fn hold_slot<S: TestStore>(world: &World<S>, limit: u32, ready: &str, go: &str) -> Child {
     let holder = world.spawn(limit, &[], &strs(&world.held_until(ready, go, 0)));
     wait_until(PROMPT, "the holder's child to start", || {
