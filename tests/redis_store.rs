@@ -1480,8 +1480,11 @@ fn a_holder_whose_renewals_are_not_confirmed_loses_its_slot_with_its_lease() {
     let output = finish(holder);
     let text = stderr(&output);
     assert_eq!(output.status.code(), Some(76), "{text}");
+    // Whichever ends it first says so: the lease running out, or the
+    // renewals' retries giving up within it.
     assert!(
-        text.contains("slot lost: no renewal of its lease was confirmed in time"),
+        text.contains("slot lost: no renewal of its lease was confirmed in time")
+            || text.contains("slot lost while the command ran: 0 replicas"),
         "{text}"
     );
     assert!(
