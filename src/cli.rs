@@ -215,9 +215,14 @@ pub struct RunArgs {
     #[arg(long, value_name = "NAME")]
     pub name: Option<String>,
 
-    /// Print lifecycle events on stderr
+    /// Print lifecycle events on stderr, and why --try found no slot
     #[arg(short, long)]
     pub verbose: bool,
+
+    /// Leave out the line that says why --timeout ran out (errors and
+    /// warnings are still written)
+    #[arg(short, long, conflicts_with = "verbose")]
+    pub quiet: bool,
 
     /// Format of what consem writes on stderr
     #[arg(long, value_name = "FORMAT", value_enum, default_value_t)]

@@ -58,7 +58,7 @@ pub fn of_run(ended: &Ended, no_slot: i32) -> Exit {
             (None, Some(signal)) => Exit::Signal(signal),
             (None, None) => Exit::Code(1),
         },
-        Ok(Outcome::NoSlot) => Exit::Code(no_slot),
+        Ok(Outcome::NoSlot(_)) => Exit::Code(no_slot),
         Ok(Outcome::Interrupted(signal)) => Exit::Signal(*signal),
         Ok(Outcome::SlotLost) => Exit::Code(SLOT_LOST),
         Err(SuperviseError::Store(error)) => Exit::Code(exit_code_of(error)),
@@ -92,8 +92,14 @@ mod tests {
 
     #[test]
     fn a_run_without_the_command_has_consems_codes() {
-        assert_eq!(of_run(&Ok(Outcome::NoSlot), 75), Exit::Code(75));
-        assert_eq!(of_run(&Ok(Outcome::NoSlot), 0), Exit::Code(0));
+        let no_slot = || {
+            Ok(Outcome::NoSlot(crate::supervise::NoSlot {
+                timeout: None,
+                seen: None,
+            }))
+        };
+        assert_eq!(of_run(&no_slot(), 75), Exit::Code(75));
+        assert_eq!(of_run(&no_slot(), 0), Exit::Code(0));
         assert_eq!(of_run(&Ok(Outcome::Interrupted(15)), 75), Exit::Signal(15));
         assert_eq!(of_run(&Ok(Outcome::SlotLost), 75), Exit::Code(SLOT_LOST));
     }

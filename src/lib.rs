@@ -56,14 +56,28 @@ pub fn run(options: RunOptions) -> Exit {
         wait_group: options.wait_group,
         // The waiting line is for people at a terminal; logs get `-v` events.
         // (`-v` writes events instead: the two would garble each other.)
+        // A single look (`--try`) has nothing to show while it waits.
         progress_line: (std::io::stderr().is_terminal()
             && options.log_format == report::LogFormat::Text
-            && !options.verbose)
+            && !options.verbose
+            && options.mode == store::Contend::Wait)
             .then(|| options.prefix.clone()),
     };
     let ended = supervise::run(backend, &plan);
-    if let Err(error) = &ended {
-        report::error(&error.to_string());
+    match &ended {
+        Err(error) => report::error(&error.to_string()),
+        // A CI step's log says why it failed; cron is not mailed every
+        // round that `--try` skips, unless `-v` asks.
+        Ok(supervise::Outcome::NoSlot(no_slot)) => {
+            let said = match no_slot.timeout {
+                Some(_) => !options.quiet,
+                None => options.verbose,
+            };
+            if said {
+                report::notice(&no_slot.describe(&options.prefix, std::time::SystemTime::now()));
+            }
+        }
+        Ok(_) => {}
     }
     exit::of_run(&ended, i32::from(options.no_slot_exit_code))
 }

@@ -1,5 +1,6 @@
-//! What consem says on stderr. Quiet by default: errors and warnings only;
-//! `-v` adds one line per lifecycle event, in a stable, greppable format:
+//! What consem says on stderr. Quiet by default: errors, warnings, and the
+//! line that says why a `--timeout` ran out (`-q` leaves that out); `-v`
+//! adds one line per lifecycle event, in a stable, greppable format:
 //!
 //! `2026-11-22T10:04:05.123Z consem[4242] acquired prefix=service/db fence=57`
 //!
@@ -88,6 +89,16 @@ pub fn error(message: &str) {
         write_line(&json_line("error", &[("message", message.to_string())]));
     } else {
         write_line(&format!("consem: error: {message}"));
+    }
+}
+
+/// How a run ended when that is not an error (no slot within
+/// `--timeout`): a line of its own, without `-v`.
+pub fn notice(message: &str) {
+    if JSON.load(Ordering::Relaxed) {
+        write_line(&json_line("notice", &[("message", message.to_string())]));
+    } else {
+        write_line(&format!("consem: {message}"));
     }
 }
 

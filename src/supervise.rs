@@ -11,8 +11,11 @@
 //! in `decide`, without I/O.
 
 mod decide;
+mod no_slot;
 #[cfg(test)]
 mod tests;
+
+pub use no_slot::NoSlot;
 
 use std::ffi::OsString;
 use std::io;
@@ -30,7 +33,7 @@ use signal_hook::consts::signal::{
 use signal_hook::iterator::Signals;
 
 use crate::progress::ProgressLine;
-use crate::store::{Contend, Notify, Released, SlotBackend, SlotEvent, StoreError};
+use crate::store::{Contend, Notify, Progress, Released, SlotBackend, SlotEvent, StoreError};
 use crate::watchdog::Watchdog;
 use crate::{report, sys};
 use decide::{Confirming, Ending, Grant, Lease, OnChildStop, Running, Waiting};
@@ -103,7 +106,7 @@ pub enum Outcome {
     /// The child ran and ended by itself (or by a signal passed on to it).
     ChildExited(ExitStatus),
     /// No slot within the timeout, or none free for `--try`.
-    NoSlot,
+    NoSlot(NoSlot),
     /// A signal ended the wait.
     Interrupted(i32),
     /// The slot was lost while the child ran (the child was stopped), or
@@ -242,7 +245,7 @@ fn wait_and_confirm(
     // A deadline too far to represent is no deadline.
     let deadline = plan.timeout.and_then(|t| started.checked_add(t));
     let mut line = plan.progress_line.as_deref().map(ProgressLine::new);
-    let waited = wait_for_slot(inbox, deadline, line.as_mut());
+    let waited = wait_for_slot(inbox, plan.timeout, deadline, line.as_mut());
     if let Some(line) = &mut line {
         line.erase();
     }
@@ -301,14 +304,18 @@ fn forward_signals(mut signals: Signals, events: Sender<Event>) {
         .expect("cannot start the signal thread");
 }
 
-/// Waits for the store to grant a slot. Any other end is how the run ends.
+/// Waits for the store to grant a slot, until `deadline` (of `timeout`).
+/// Any other end is how the run ends.
 fn wait_for_slot(
     inbox: &Receiver<Event>,
+    timeout: Option<Duration>,
     deadline: Option<Instant>,
     mut line: Option<&mut ProgressLine>,
 ) -> Result<Grant, Ended> {
     let started = Instant::now();
     let mut answered = false;
+    // Who holds the slots, for the line that says why a timeout ran out.
+    let mut seen: Option<Progress> = None;
     loop {
         // A line that is up is redrawn every second, for its clock.
         let tick = line.as_ref().filter(|l| l.shown()).map(|_| PROGRESS_TICK);
@@ -316,7 +323,7 @@ fn wait_for_slot(
             .map(|d| d.saturating_duration_since(Instant::now()));
         if left.is_some_and(|left| left.is_zero()) {
             report::event("timed-out", &[]);
-            return Err(Ok(Outcome::NoSlot));
+            return Err(Ok(Outcome::NoSlot(NoSlot { timeout, seen })));
         }
         let Some(event) = receive_within(inbox, left, tick) else {
             // The deadline passed (the loop's top decides), or the clock ticks.
@@ -334,6 +341,7 @@ fn wait_for_slot(
             Waiting::Ended(ended) => return Err(ended),
             Waiting::Progress(progress) => {
                 answered = true;
+                seen = Some(progress.clone());
                 if let Some(line) = line.as_mut() {
                     line.update(progress, started.elapsed());
                 }
@@ -527,7 +535,12 @@ impl Run<'_> {
             };
             match decide::running(event, self.child_has_terminal) {
                 Running::Exited(status) => {
-                    report::event("exited", &[("status", &status)]);
+                    match (status.code(), status.signal()) {
+                        (Some(code), _) => report::event("exited", &[("code", &code)]),
+                        // As `interrupted` and `forwarded` give it.
+                        (None, Some(signal)) => report::event("exited", &[("signal", &signal)]),
+                        (None, None) => report::event("exited", &[]),
+                    }
                     return Ok(status);
                 }
                 Running::Renewed(until) => self.renew(until)?,

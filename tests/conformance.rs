@@ -345,9 +345,24 @@ fn try_and_timeout_give_up_with_75_or_the_chosen_code<S: TestStore>(make: MakeWo
     let given_up = output(&world, 1, &["--try"], &["true"]);
     assert_eq!(given_up.status.code(), Some(75), "{}", stderr(&given_up));
     assert!(started.elapsed() < PROMPT);
+    // Quiet, so that cron does not mail every round it skips.
+    assert_eq!(stderr(&given_up), "");
 
     let given_up = output(&world, 1, &["--try", "-E", "3"], &["true"]);
     assert_eq!(given_up.status.code(), Some(3));
+
+    // `-v` says why, and leaves a place in the queue, not a slot it never
+    // held.
+    let given_up = output(&world, 1, &["--try", "-v"], &["true"]);
+    assert_eq!(given_up.status.code(), Some(75), "{}", stderr(&given_up));
+    let log = stderr(&given_up);
+    let said = format!("consem: no free slot at {}: 1/1 held", world.prefix);
+    assert_eq!(
+        log.lines().filter(|line| line.starts_with(&said)).count(),
+        1,
+        "{log}"
+    );
+    assert!(!log.contains(" released "), "{log}");
 
     let started = Instant::now();
     let given_up = output(&world, 1, &["--timeout", "2s"], &["true"]);
@@ -358,6 +373,23 @@ fn try_and_timeout_give_up_with_75_or_the_chosen_code<S: TestStore>(make: MakeWo
         "gave up early, after {waited:?}"
     );
     assert_eq!(world.contender_keys(), 1, "only the holder is left");
+    // One line says what it waited for and who held the slot: the holder
+    // by its host and pid where the store keeps contenders' descriptions.
+    let log = stderr(&given_up);
+    let said = format!(
+        "consem: timed out after 2s waiting for a slot at {}: 1/1 held",
+        world.prefix
+    );
+    assert!(
+        log.starts_with(&said) && log.ends_with(", next in line\n") && log.lines().count() == 1,
+        "{log}"
+    );
+    if log.contains('(') {
+        assert!(
+            log.contains(&format!(" pid {}, started ", holder.id())),
+            "{log}"
+        );
+    }
 
     world.touch("go");
     assert_eq!(finish(holder).status.code(), Some(0));
@@ -397,18 +429,30 @@ fn timeout_0_exits_75_at_once_when_full<S: TestStore>(make: MakeWorld<S>) {
 fn a_short_timeout_takes_a_free_slot_and_gives_up_on_a_full_one<S: TestStore>(make: MakeWorld<S>) {
     let world = make("timeout-short");
     for _ in 0..3 {
-        let output = output(&world, 1, &["--timeout", "1ms"], &["printf", "ran"]);
+        let output = output(&world, 1, &["-v", "--timeout", "1ms"], &["printf", "ran"]);
         assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
         assert_eq!(output.stdout, b"ran");
+        // A slot held is released; its command's end said plainly.
+        let log = stderr(&output);
+        assert!(log.contains(" exited code=0\n"), "{log}");
+        assert!(log.contains(" released prefix="), "{log}");
+        assert!(!log.contains(" left-queue "), "{log}");
     }
     let holder = hold_slot(&world, 1, "ready", "go");
-    let output = output(&world, 1, &["-v", "--timeout", "1ms"], &["true"]);
-    assert_eq!(output.status.code(), Some(75), "{}", stderr(&output));
+    let output_v = output(&world, 1, &["-v", "--timeout", "1ms"], &["true"]);
+    assert_eq!(output_v.status.code(), Some(75), "{}", stderr(&output_v));
+    let log = stderr(&output_v);
+    assert!(log.contains(" timed-out"), "{log}");
+    assert!(log.contains(" left-queue prefix="), "{log}");
+    assert!(!log.contains(" released "), "{log}");
     assert!(
-        stderr(&output).contains(" timed-out"),
-        "{}",
-        stderr(&output)
+        log.contains("consem: timed out after 1ms waiting for a slot at "),
+        "{log}"
     );
+    // `-q` leaves the line out.
+    let quiet = output(&world, 1, &["-q", "--timeout", "1ms"], &["true"]);
+    assert_eq!(quiet.status.code(), Some(75), "{}", stderr(&quiet));
+    assert_eq!(stderr(&quiet), "");
     world.touch("go");
     assert_eq!(finish(holder).status.code(), Some(0));
     world.assert_clean();

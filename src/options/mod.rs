@@ -29,6 +29,8 @@ pub struct RunOptions {
     pub kill_grace: Duration,
     pub wait_group: bool,
     pub verbose: bool,
+    /// `-q`: no line when `--timeout` runs out.
+    pub quiet: bool,
     pub log_format: crate::report::LogFormat,
     pub command: Vec<OsString>,
     /// The chosen store's settings.
@@ -358,6 +360,7 @@ impl RunOptions {
             kill_grace,
             wait_group: args.wait_group,
             verbose: args.verbose,
+            quiet: args.quiet,
             log_format: args.log_format,
             command: args.command,
             store,
@@ -496,7 +499,7 @@ mod tests {
         assert_eq!(options.kill_grace, Duration::from_secs(5));
         assert_eq!((options.mode, options.timeout), (Contend::Wait, None));
         assert_eq!(options.no_slot_exit_code, 75);
-        assert!(!options.wait_group && !options.verbose);
+        assert!(!options.wait_group && !options.verbose && !options.quiet);
         assert_eq!(options.log_format, crate::report::LogFormat::Text);
         let consul: &consul::Settings = settings(&options);
         assert_eq!(consul.connection.address.host_port, "127.0.0.1:8500");

@@ -45,8 +45,8 @@ pub struct Grant<H> {
 /// Why contending stopped without a slot.
 #[derive(Debug)]
 pub enum Stop {
-    /// `--try` found no free slot.
-    NoSlot,
+    /// `--try` found no free slot; this is who held them.
+    NoSlot(Progress),
     /// Release began: nothing more to report.
     Closing,
     Failed(StoreError),
@@ -77,11 +77,22 @@ pub fn contend<R: Recipe>(recipe: Arc<R>, mode: Contend, notify: Notify) {
                     recipe.gate().lost(reason);
                 }
             }
-            Err(Stop::NoSlot) => notify(SlotEvent::NoSlot),
+            Err(Stop::NoSlot(picture)) => notify(SlotEvent::NoSlot(picture)),
             Err(Stop::Closing) => {}
             Err(Stop::Failed(error)) => notify(SlotEvent::Failed(error)),
         }
     });
+}
+
+/// The `-v` event for leaving the semaphore: `released` only where a slot
+/// was held; a run that waited, or looked with `--try`, left its place in
+/// the queue and held nothing.
+pub fn leaving_event(held: bool) -> &'static str {
+    if held {
+        "released"
+    } else {
+        "left-queue"
+    }
 }
 
 /// Starts a helper thread; one that panics is reported as a failure, so

@@ -30,8 +30,8 @@ pub enum SlotEvent {
         fence: u64,
         lease: Option<std::time::Instant>,
     },
-    /// `--try` found every slot taken.
-    NoSlot,
+    /// `--try` found every slot taken; this is who held them.
+    NoSlot(Progress),
     /// Every slot is taken; this is who holds them (sent when it changes).
     Waiting(Progress),
     /// The store guarantees the held slot until `until` (its lease, less a
@@ -298,7 +298,8 @@ pub type Notify = Arc<dyn Fn(SlotEvent) + Send + Sync>;
 pub enum Contend {
     /// Wait until a slot is free (the caller enforces any deadline).
     Wait,
-    /// One look: take a free slot or report [`SlotEvent::NoSlot`].
+    /// One look: take a free slot or report [`SlotEvent::NoSlot`] (with
+    /// who holds them).
     Try,
 }
 

@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use signal_hook::consts::signal::{SIGTSTP, SIGTTIN, SIGTTOU, SIGWINCH};
 
-use super::{Ended, Event, Outcome, SuperviseError, FIRST_ATTEMPT_BUDGET, SHUTDOWN_SIGNALS};
+use super::{
+    Ended, Event, NoSlot, Outcome, SuperviseError, FIRST_ATTEMPT_BUDGET, SHUTDOWN_SIGNALS,
+};
 use crate::store::{Progress, SlotEvent, StoreError};
 
 /// A slot the store granted.
@@ -44,7 +46,10 @@ pub(super) fn waiting(event: Event) -> Waiting {
             Waiting::Granted(Grant { fence, lease })
         }
         Event::Slot(SlotEvent::Waiting(progress)) => Waiting::Progress(progress),
-        Event::Slot(SlotEvent::NoSlot) => Waiting::Ended(Ok(Outcome::NoSlot)),
+        Event::Slot(SlotEvent::NoSlot(seen)) => Waiting::Ended(Ok(Outcome::NoSlot(NoSlot {
+            timeout: None,
+            seen: Some(seen),
+        }))),
         Event::Slot(SlotEvent::Failed(error)) => Waiting::Ended(Err(SuperviseError::Store(error))),
         // No slot was held: the store lost the place in its queue.
         Event::Slot(SlotEvent::Lost(reason)) => {
@@ -283,9 +288,14 @@ mod tests {
             waiting(Event::Signal(SIGINT)),
             Waiting::Interrupted(SIGINT)
         ));
+        let full = Progress {
+            limit: 1,
+            holders: Vec::new(),
+            ahead: 2,
+        };
         assert!(matches!(
-            waiting(Event::Slot(SlotEvent::NoSlot)),
-            Waiting::Ended(Ok(Outcome::NoSlot))
+            waiting(Event::Slot(SlotEvent::NoSlot(full.clone()))),
+            Waiting::Ended(Ok(Outcome::NoSlot(NoSlot { timeout: None, seen: Some(seen) }))) if seen == full
         ));
         let denied = StoreError::denied("no");
         assert!(matches!(

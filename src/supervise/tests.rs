@@ -244,10 +244,20 @@ fn a_place_lost_while_waiting_is_the_store_failing() {
 fn no_free_slot_ends_with_the_no_slot_code() {
     let mut plan = plan("exit 0");
     plan.mode = Contend::Try;
+    let full = Progress {
+        limit: 3,
+        holders: Vec::new(),
+        ahead: 1,
+    };
+    let told = full.clone();
     let ended = supervise_with(&plan, store(), |store| {
-        store.send(SlotEvent::NoSlot);
+        store.send(SlotEvent::NoSlot(told));
         store.expect(Call::Release(RELEASE_BUDGET_WAITING));
     });
+    assert!(
+        matches!(&ended, Ok(Outcome::NoSlot(NoSlot { timeout: None, seen: Some(seen) })) if *seen == full),
+        "{ended:?}"
+    );
     assert_eq!(exit::of_run(&ended, 75), Exit::Code(75));
 }
 
@@ -260,7 +270,14 @@ fn a_short_timeout_ends_the_wait_once_the_store_said_every_slot_is_taken() {
         store.send(waiting_progress());
         store.expect(Call::Release(RELEASE_BUDGET_WAITING));
     });
-    assert!(matches!(ended, Ok(Outcome::NoSlot)), "{ended:?}");
+    // What ran out, and who held the slots, for the line that says so.
+    let SlotEvent::Waiting(seen) = waiting_progress() else {
+        unreachable!()
+    };
+    assert!(
+        matches!(&ended, Ok(Outcome::NoSlot(no_slot)) if *no_slot == NoSlot { timeout: plan.timeout, seen: Some(seen) }),
+        "{ended:?}"
+    );
     // Not the first attempt's budget: the store had answered.
     assert!(started.elapsed() < FIRST_ATTEMPT_BUDGET);
 }

@@ -725,7 +725,7 @@ impl Sim {
                             exit: Exit::Refused,
                         }
                     }
-                    Step::NoSlot | Step::Conflict(_) | Step::KeyTaken { .. } => {
+                    Step::NoSlot(_) | Step::Conflict(_) | Step::KeyTaken { .. } => {
                         // Not reachable with --limit shared by all and no
                         // foreign writers; the invariant check reports it.
                         self.log(|| format!("client {i}: unexpected {step:?}"));

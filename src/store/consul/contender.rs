@@ -91,8 +91,8 @@ pub enum Step {
         key_index: u64,
         relay: bool,
     },
-    /// `--try` found every slot taken.
-    NoSlot,
+    /// `--try` found every slot taken, by these holders.
+    NoSlot(WaitPicture),
     /// `.lock` is not ours to write.
     Conflict(Conflict),
     /// Another session holds our contender key (it is named after our own
@@ -453,7 +453,7 @@ impl Contender {
     ) -> Step {
         self.confirm = false;
         if self.mode == Contend::Try {
-            return Step::NoSlot;
+            return Step::NoSlot(wait_picture(snapshot, holders, &session));
         }
         let overtaken: Vec<String> =
             semaphore::relaying_holders_behind(snapshot, holders, &session)
@@ -839,7 +839,13 @@ mod tests {
                 lock_entry(&[OTHER], 9),
             ],
         );
-        assert_eq!(c.on_answer(full), Step::NoSlot);
+        assert_eq!(
+            c.on_answer(full),
+            Step::NoSlot(WaitPicture {
+                holders: vec![contender_entry(OTHER)],
+                ahead: 0,
+            })
+        );
     }
 
     #[test]

@@ -350,7 +350,7 @@ impl ConsulSemaphore {
                     self.shared().confirmed_on = contender.take_confirmed_on();
                     return Ok((fence, key_index, relay));
                 }
-                Step::NoSlot => return Err(Stop::NoSlot),
+                Step::NoSlot(picture) => return Err(Stop::NoSlot(self.progress(&picture))),
                 Step::Conflict(conflict) => {
                     return Err(Stop::Failed(StoreError::conflict(format!(
                         "{}/.lock {conflict}; {}",
@@ -1017,7 +1017,7 @@ impl SlotBackend for ConsulSemaphore {
         }
 
         report::event(
-            "released",
+            driver::leaving_event(held),
             &[
                 ("prefix", &self.settings.prefix),
                 ("session", &leaving.session),

@@ -97,6 +97,9 @@ pub struct Shared {
     renewed: Option<Instant>,
     /// Our key's create revision: the fence.
     fence: Option<i64>,
+    /// Our key was found among the first `limit`: a slot, not only a
+    /// place in the queue, is given up on leaving.
+    held: bool,
 }
 
 /// What ends the run on a failure while contending, or how long to pause
@@ -496,6 +499,7 @@ impl EtcdSemaphore {
             lease = Some((id, contender.renewed));
             match waited {
                 Waited::Holding { seen, relay_owed } => {
+                    self.gate.lock().held = true;
                     return Ok(HeldSlot {
                         lease: id,
                         fence,
@@ -505,7 +509,7 @@ impl EtcdSemaphore {
                         relay_owed,
                         renew_now: false,
                         failures: Failures::new(self.settings.monitor_retry),
-                    })
+                    });
                 }
                 Waited::LeaseGone => lease = None,
                 Waited::KeyGone => {}
@@ -638,7 +642,9 @@ impl EtcdSemaphore {
                     report::event("rejoin", &[("why", &"our key was deleted")]);
                     return Ok(Waited::KeyGone);
                 }
-                AfterRead::Wait(..) if mode == Contend::Try => return Err(Stop::NoSlot),
+                AfterRead::Wait(_, picture) if mode == Contend::Try => {
+                    return Err(Stop::NoSlot(picture))
+                }
                 AfterRead::Wait(waiting, mut picture) => {
                     if !read.up_to_us {
                         let others = read
@@ -1187,9 +1193,9 @@ impl SlotBackend for EtcdSemaphore {
 
     fn release(&self, budget: Duration) -> Result<Released, ReleaseError> {
         let deadline = Instant::now() + budget;
-        let (lease, renewed) = {
+        let (lease, renewed, held) = {
             let (shared, _) = self.gate.stop(budget / 2);
-            (shared.lease, shared.renewed)
+            (shared.lease, shared.renewed, shared.held)
         };
         let Some(lease) = lease else {
             return Ok(Released::Left);
@@ -1207,7 +1213,7 @@ impl SlotBackend for EtcdSemaphore {
         // the latter for an election's time at most.
         let down_until = deadline.min(Instant::now() + ELECTION);
         let revoked = self.revoke(lease, revoke_until, down_until);
-        report::event("released", &[("prefix", &self.prefix)]);
+        report::event(driver::leaving_event(held), &[("prefix", &self.prefix)]);
         let released = match revoked {
             Ok(Revoked::Now) => Released::Left,
             Ok(Revoked::AlreadyGone) => Released::TakenBefore(format!(

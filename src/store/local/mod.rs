@@ -107,6 +107,8 @@ pub struct Shared {
     queue_file: Option<File>,
     /// Read end of our wake FIFO (made when we join).
     wake_fifo: Option<Arc<WakeFifo>>,
+    /// A slot was taken (not only a place in the queue).
+    held: bool,
 }
 
 /// A semaphore at one prefix on this host, for one run.
@@ -272,6 +274,7 @@ impl LocalSemaphore {
                         waker.retire();
                     }
                     let mut shared = self.gate.lock();
+                    shared.held = true;
                     // Wakes the waiter blocked on our queue file.
                     self.place.remove_queue_file(ticket);
                     shared.queue_file = None;
@@ -288,9 +291,6 @@ impl LocalSemaphore {
                 }
                 Decision::Full { wait_on } => {
                     drop(meta);
-                    if mode == Contend::Try {
-                        return Err(Stop::NoSlot);
-                    }
                     // Read outside the lock: a holder gone meanwhile is
                     // described as unknown, and the next look says so.
                     let picture = Progress {
@@ -306,6 +306,9 @@ impl LocalSemaphore {
                         ahead: just_ahead
                             .map_or(0, |t| (t + 1).saturating_sub(state.waiting_from) as usize),
                     };
+                    if mode == Contend::Try {
+                        return Err(Stop::NoSlot(picture));
+                    }
                     self.gate
                         .waiting_if_changed(&self.prefix, picture, &mut last_picture);
                     match (wait_on, &mut waker) {
@@ -409,14 +412,14 @@ impl SlotBackend for LocalSemaphore {
         // join or a take under way is finished (and undone here) first.
         drop(self.gate.stop(Duration::ZERO));
         let meta = self.place.lock_within(Instant::now() + budget);
-        let (ticket, files) = {
+        let (ticket, files, held) = {
             let mut shared = self.gate.lock();
             let files = (
                 shared.contender_file.take(),
                 shared.queue_file.take(),
                 shared.wake_fifo.take(),
             );
-            (shared.ticket.take(), files)
+            (shared.ticket.take(), files, shared.held)
         };
         let Some(ticket) = ticket else {
             return Ok(Released::Left);
@@ -437,7 +440,10 @@ impl SlotBackend for LocalSemaphore {
         // Closing the files gives up their locks: from here on others see
         // us gone even where `leave` could not tidy up.
         drop(files);
-        report::event("released", &[("prefix", &self.prefix), ("ticket", &ticket)]);
+        report::event(
+            driver::leaving_event(held),
+            &[("prefix", &self.prefix), ("ticket", &ticket)],
+        );
         ReleaseError::or_left(outcome.err().into_iter().collect())
     }
 

@@ -432,7 +432,11 @@ enum Answer {
         /// What is left of a lock delay (the keys were lost).
         lock_delay: Duration,
     },
-    Full,
+    /// Every slot is taken (with `--try`).
+    Full {
+        held: usize,
+        ahead: usize,
+    },
     Conflict(String),
     /// A key of the semaphore's holds what is not consem's: (key, what).
     Foreign(String, String),
@@ -482,7 +486,10 @@ fn read_answer(value: Value) -> Result<Answer, Unexpected> {
             lock_delay: Duration::from_millis(count(items.get(3))? as u64),
             epoch: read_epoch(&items, 4)?,
         }),
-        Some("full") => Ok(Answer::Full),
+        Some("full") => Ok(Answer::Full {
+            held: count(items.get(1))?,
+            ahead: count(items.get(2))?,
+        }),
         Some("conflict") => Ok(Answer::Conflict(items.get(1).map(text).unwrap_or_default())),
         Some("foreign") => Ok(Answer::Foreign(
             items.get(1).map(text).unwrap_or_default(),
@@ -713,7 +720,13 @@ impl RedisSemaphore {
                         self.keys.holders, self.limit, self.prefix
                     )).into())
                 }
-                Answer::Full => return Err(Stop::NoSlot),
+                Answer::Full { held, ahead } => {
+                    return Err(Stop::NoSlot(Progress {
+                        limit: self.limit,
+                        holders: vec![Holder { host: None, pid: None, since: None }; held],
+                        ahead,
+                    }))
+                }
                 Answer::Wait {
                     held,
                     ahead,
@@ -1027,15 +1040,19 @@ impl SlotBackend for RedisSemaphore {
     fn release(&self, budget: Duration) -> Result<Released, ReleaseError> {
         let deadline = Instant::now() + budget;
         // A holder pausing between retries stops at once.
-        if !self.gate.stop(budget / 2).0.written {
-            return Ok(Released::Left);
-        }
+        let held = {
+            let (shared, _) = self.gate.stop(budget / 2);
+            if !shared.written {
+                return Ok(Released::Left);
+            }
+            shared.fence.is_some()
+        };
         let left = deadline
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(100));
         let released = connect(&self.settings, left)
             .and_then(|mut connection| self.give_back(&mut connection));
-        report::event("released", &[("prefix", &self.prefix)]);
+        report::event(driver::leaving_event(held), &[("prefix", &self.prefix)]);
         released.map(|_| Released::Left).map_err(|error| {
             ReleaseError(vec![Unfinished::step(format!(
                 "leaving {}",
