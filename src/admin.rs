@@ -229,22 +229,33 @@ pub fn reset(args: ResetArgs, given: &GivenOptions, env: impl Fn(&str) -> Option
         let (prefix, admin) = open(&args.prefix, &args.store, given, env)?;
         Ok(match admin.reset(args.force)? {
             ResetOutcome::Reset { limit, evicted } => {
+                let released = |n: usize| match n {
+                    1 => "released 1 holder".to_string(),
+                    n => format!("released {n} holders"),
+                };
                 match (limit, evicted) {
                     (Some(limit), 0) => println!("reset {prefix}: deleted the limit record (Limit {limit})"),
                     (Some(limit), n) => println!(
-                        "reset {prefix}: released {n} holder(s), deleted the limit record (Limit {limit})"
+                        "reset {prefix}: {}, deleted the limit record (Limit {limit})",
+                        released(n)
                     ),
                     (None, 0) => println!("reset {prefix}: removed what was left; no limit was recorded"),
-                    (None, n) => println!("reset {prefix}: released {n} holder(s); the limit record is gone"),
+                    (None, n) => println!("reset {prefix}: {}; the limit record is gone", released(n)),
                 }
                 Done::Ok
             }
             ResetOutcome::Nothing => Done::Nothing(format!("no semaphore at {prefix}: nothing to reset")),
-            ResetOutcome::LiveHolders(ids) => Done::Nothing(format!(
-                "{} live holder(s) at {prefix} ({}): wait for them, release them, or use --force",
-                ids.len(),
-                ids.join(", ")
-            )),
+            // The holders by what `consem release --session` takes.
+            ResetOutcome::LiveHolders(ids) => Done::Nothing(match ids.as_slice() {
+                [id] => format!(
+                    "1 live holder at {prefix} (session {id}): wait for it to end, free its slot with consem release --session {id}, or reset with --force"
+                ),
+                ids => format!(
+                    "{} live holders at {prefix} (sessions {}): wait for them to end, free their slots with consem release --session, or reset with --force",
+                    ids.len(),
+                    ids.join(", ")
+                ),
+            }),
             ResetOutcome::NewHolders => Done::Nothing(format!(
                 "new holders took the freed slots at {prefix} after the reset began; reset again to evict them too"
             )),

@@ -839,16 +839,23 @@ fn reset_refuses_while_held_and_force_evicts_first<S: TestStore>(make: MakeWorld
     let holder = hold_slot(&world, 1, "ready", "go");
     let output = admin(&world, "reset", &[]);
     assert_eq!(output.status.code(), Some(1));
-    assert!(stderr(&output).contains("--force"), "{}", stderr(&output));
-    assert_eq!(
-        status_json(&world).1["limit"],
-        1,
-        "refused: the limit stays"
+    let (_, json) = status_json(&world);
+    assert_eq!(json["limit"], 1, "refused: the limit stays");
+    // The holder named as `release --session` takes it.
+    let session = json["holders"][0]["session"].as_str().unwrap();
+    let said = format!(
+        "1 live holder at {} (session {session}): wait for it to end, free its slot with consem release --session {session}, or reset with --force",
+        world.prefix
     );
+    assert!(stderr(&output).contains(&said), "{}", stderr(&output));
 
     let output = admin(&world, "reset", &["--force"]);
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
-    assert!(stdout(&output).starts_with("reset "), "{}", stdout(&output));
+    assert!(
+        stdout(&output).starts_with(&format!("reset {}: released 1 holder", world.prefix)),
+        "{}",
+        stdout(&output)
+    );
     assert_eq!(finish_within(holder, "the holder").status.code(), Some(76));
     world.assert_clean();
 

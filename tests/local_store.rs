@@ -76,7 +76,10 @@ fn consul_options_and_ttls_are_refused_with_one_line() {
             &["--http-addr", "127.0.0.1:1"],
             "--http-addr is an option of the Consul store",
         ),
-        (&["--ttl", "20s"], "--ttl does not apply to the local store"),
+        (
+            &["--ttl", "20s"],
+            "--ttl applies to Consul, Redis and etcd, whose slots are leases; the local store's slot is",
+        ),
     ] {
         let output = world
             .consem(1, extra, &["touch", &world.path("ran")])

@@ -121,6 +121,7 @@ pub enum OptionsError {
     },
     PrefixSegment {
         prefix: String,
+        store: &'static Entry,
     },
     NotAStore {
         source: &'static str,
@@ -166,11 +167,12 @@ impl std::fmt::Display for OptionsError {
             ),
             OptionsError::PrefixEmpty { prefix } => write!(
                 f,
-                "--prefix '{prefix}' is empty once '/' are trimmed: name a KV prefix such as service/db"
+                "--prefix '{prefix}' is empty once '/' are trimmed: name the semaphore, such as service/db"
             ),
-            OptionsError::PrefixSegment { prefix } => write!(
+            OptionsError::PrefixSegment { prefix, store } => write!(
                 f,
-                "--prefix '{prefix}' has an empty, '.' or '..' segment, which Consul's API cannot address: write it like service/db"
+                "--prefix '{prefix}' has an empty, '.' or '..' segment, {}: write it like service/db",
+                store.segments_refused
             ),
             OptionsError::NotAStore { source, shown } => write!(
                 f,
@@ -193,11 +195,24 @@ impl std::fmt::Display for OptionsError {
                     stores.join(" or ")
                 )
             }
-            OptionsError::DoesNotApply { option, store } => write!(
-                f,
-                "{option} does not apply to the {} store, which {}: drop it",
-                store.store.title, store.because
-            ),
+            OptionsError::DoesNotApply { option, store } => {
+                let takers: Vec<&str> = STORES
+                    .iter()
+                    .filter(|entry| !entry.refuses.contains(option))
+                    .map(|entry| entry.store.title)
+                    .collect();
+                let what_for = stores::SOME_STORES_OPTIONS
+                    .iter()
+                    .find(|(some, _)| some == option)
+                    .map_or("", |(_, what_for)| what_for);
+                write!(
+                    f,
+                    "{option} applies to {}, {what_for}; the {} store's slot is {}: drop it",
+                    stores::listed(&takers, "and"),
+                    store.store.title,
+                    store.slot_is
+                )
+            }
             OptionsError::Rule {
                 store,
                 error: RuleError::LimitAbove { limit, most },
@@ -327,8 +342,8 @@ impl RunOptions {
         given: &GivenOptions,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<RunOptions, OptionsError> {
-        let prefix = normalize_prefix(&args.prefix)?;
         let (entry, text, source) = choose_store(args.store.store.as_deref(), &env)?;
+        let prefix = normalize_prefix(&args.prefix, entry)?;
         refuse_foreign_options(entry, given)?;
         let rule = |error| OptionsError::Rule {
             store: entry,
@@ -375,8 +390,8 @@ impl AdminOptions {
         given: &GivenOptions,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<AdminOptions, OptionsError> {
-        let prefix = normalize_prefix(prefix)?;
         let (entry, text, source) = choose_store(args.store.as_deref(), &env)?;
+        let prefix = normalize_prefix(prefix, entry)?;
         refuse_foreign_options(entry, given)?;
         let ttl = entry.store.ttl(None).expect("the default TTL is in range");
         let store = (entry.configure)(&StoreFlags {
@@ -396,8 +411,9 @@ impl AdminOptions {
 pub const MAX_PREFIX: usize = 1024;
 
 /// Trims leading and trailing `/` and checks a prefix as every store takes
-/// it; an empty prefix would put the semaphore at the root of the KV store.
-pub fn normalize_prefix(prefix: &str) -> Result<String, OptionsError> {
+/// it (`store`: the one in use, for messages); an empty prefix would put
+/// the semaphore at the root of the KV store.
+pub fn normalize_prefix(prefix: &str, store: &'static Entry) -> Result<String, OptionsError> {
     let shown = crate::report::abbreviated(prefix);
     if prefix.len() > MAX_PREFIX {
         return Err(OptionsError::PrefixTooLong {
@@ -427,6 +443,7 @@ pub fn normalize_prefix(prefix: &str) -> Result<String, OptionsError> {
     {
         return Err(OptionsError::PrefixSegment {
             prefix: prefix.to_string(),
+            store,
         });
     }
     Ok(trimmed.to_string())
@@ -474,6 +491,52 @@ mod tests {
         assert!(parse(&["--prefix", "//"], &[])
             .unwrap_err()
             .contains("empty"));
+    }
+
+    /// A prefix's message names the store in use, and Consul's API only
+    /// where Consul is used.
+    #[test]
+    fn a_prefix_is_refused_in_the_words_of_the_store_in_use() {
+        let refused = |store: &str, prefix: &str| {
+            parse(&["--store", store, "--prefix", prefix], &[]).unwrap_err()
+        };
+        assert_eq!(
+            refused("consul", "a/../b"),
+            "--prefix 'a/../b' has an empty, '.' or '..' segment, which Consul's HTTP API cannot address (it redirects such a path to a cleaned one): write it like service/db"
+        );
+        for (store, title) in [
+            ("local:/tmp/x", "local"),
+            ("redis://h", "Redis"),
+            ("etcd://h:1", "etcd"),
+        ] {
+            let error = refused(store, "..");
+            assert_eq!(
+                error,
+                format!("--prefix '..' has an empty, '.' or '..' segment, which the {title} store does not take (a prefix is a path of names, the same on every store): write it like service/db")
+            );
+            assert!(!error.contains("Consul"), "{error}");
+            assert_eq!(
+                refused(store, "//"),
+                "--prefix '//' is empty once '/' are trimmed: name the semaphore, such as service/db"
+            );
+        }
+    }
+
+    /// Every run option a store refuses says which stores take it and
+    /// what for.
+    #[test]
+    fn every_option_a_store_refuses_says_what_it_is_for() {
+        for entry in STORES {
+            for option in entry.refuses {
+                assert!(
+                    stores::SOME_STORES_OPTIONS
+                        .iter()
+                        .any(|(some, _)| some == option),
+                    "{option}, refused by the {} store, says nothing of what it is for",
+                    entry.store.title
+                );
+            }
+        }
     }
 
     #[test]
@@ -629,13 +692,19 @@ mod tests {
                 "{error}"
             );
         }
-        for (flag, value) in [("--ttl", "20s"), ("--monitor-retry", "2"), ("--name", "n")] {
-            let error = local(&[flag, value]).unwrap_err();
-            assert!(
-                error.starts_with(&format!("{flag} does not apply to the local store")),
-                "{error}"
-            );
-        }
+        // What an option is for, which stores take it, and why this one
+        // does not.
+        assert_eq!(
+            local(&["--ttl", "20s"]).unwrap_err(),
+            "--ttl applies to Consul, Redis and etcd, whose slots are leases; the local store's slot is a kernel lock, which lasts as long as consem lives, with no lease to renew and no session to name: drop it"
+        );
+        assert_eq!(
+            local(&["--monitor-retry", "2"]).unwrap_err(),
+            "--monitor-retry applies to Consul, Redis and etcd, whose holders renew their slots' leases; the local store's slot is a kernel lock, which lasts as long as consem lives, with no lease to renew and no session to name: drop it"
+        );
+        assert!(local(&["--name", "n"])
+            .unwrap_err()
+            .starts_with("--name applies to Consul, whose slots are held by named sessions; the local store's slot is"));
         assert_eq!(
             local(&["--user", "u"]).unwrap_err(),
             "--user is an option of the etcd store, and --store is local: drop it, or use --store etcd://host:port"
@@ -646,7 +715,12 @@ mod tests {
         );
         assert_eq!(
             redis.unwrap_err(),
-            "--name does not apply to the Redis store, which keeps no sessions: drop it"
+            "--name applies to Consul, whose slots are held by named sessions; the Redis store's slot is a permit with a lease, and no session to name: drop it"
+        );
+        let etcd = parse(&["--prefix", "p", "--store", "etcd", "--name", "n"], &[]);
+        assert_eq!(
+            etcd.unwrap_err(),
+            "--name applies to Consul, whose slots are held by named sessions; the etcd store's slot is a key on a lease, and no session to name: drop it"
         );
         let etcd = parse(&["--prefix", "p", "--store", "etcd", "--token", "t"], &[]);
         assert_eq!(

@@ -19,11 +19,17 @@ pub struct Entry {
     pub written: &'static [&'static str],
     /// Its own options: any other store refuses them.
     pub options: &'static [&'static str],
-    /// Run options of other stores that do not apply to it either, and
-    /// why: "… does not apply to the local store, which {because}" (empty
-    /// where it refuses none).
+    /// Run options of other stores (in [`SOME_STORES_OPTIONS`]) that do
+    /// not apply to it.
     pub refuses: &'static [&'static str],
-    pub because: &'static str,
+    /// What its slot is, in the words of "the local store's slot is
+    /// {slot_is}": why an option of others does not apply to it.
+    pub slot_is: &'static str,
+    /// Why a prefix with an empty, `.` or `..` segment is refused, in the
+    /// words of "--prefix 'a//b' has an empty, '.' or '..' segment, {…}":
+    /// every store refuses it, so that a prefix is a path of names
+    /// wherever it is used.
+    pub segments_refused: &'static str,
     /// What bounds its limit and its TTLs, in the words of "--limit N is
     /// more than {limit_bound_by}" and "--ttl T is outside what
     /// {ttl_bound_by}" (the latter empty for a store without leases).
@@ -50,7 +56,8 @@ pub static STORES: &[Entry] = &[
             "--tls-server-name",
         ],
         refuses: &[],
-        because: "",
+        slot_is: "a contender key held by a session, which the session's TTL keeps",
+        segments_refused: "which Consul's HTTP API cannot address (it redirects such a path to a cleaned one)",
         limit_bound_by: "the Consul store holds in .lock",
         ttl_bound_by: "Consul accepts",
         configure: super::consul::configure,
@@ -60,7 +67,8 @@ pub static STORES: &[Entry] = &[
         written: &["local", "local:DIR"],
         options: &[],
         refuses: &["--ttl", "--monitor-retry", "--name"],
-        because: "holds a slot with a kernel lock that ends with consem",
+        slot_is: "a kernel lock, which lasts as long as consem lives, with no lease to renew and no session to name",
+        segments_refused: "which the local store does not take (a prefix is a path of names, the same on every store)",
         limit_bound_by: "the local store keeps",
         ttl_bound_by: "",
         configure: super::local::configure,
@@ -76,7 +84,8 @@ pub static STORES: &[Entry] = &[
             "--key",
         ],
         refuses: &["--name"],
-        because: "keeps no sessions",
+        slot_is: "a permit with a lease, and no session to name",
+        segments_refused: "which the Redis store does not take (a prefix is a path of names, the same on every store)",
         limit_bound_by: "the Redis store keeps",
         ttl_bound_by: "the Redis store takes",
         configure: super::redis::configure,
@@ -86,11 +95,21 @@ pub static STORES: &[Entry] = &[
         written: &["etcd://host:port"],
         options: &["--user", "--password", "--cacert", "--cert", "--key"],
         refuses: &["--name"],
-        because: "names a contender by its lease",
+        slot_is: "a key on a lease, and no session to name",
+        segments_refused: "which the etcd store does not take (a prefix is a path of names, the same on every store)",
         limit_bound_by: "the etcd store keeps",
         ttl_bound_by: "the etcd store takes",
         configure: super::etcd::configure,
     },
+];
+
+/// Run options that not every store takes, and what they are for, in the
+/// words of "--ttl applies to Consul, Redis and etcd, {what for}": the
+/// stores that take one are those that do not refuse it.
+pub static SOME_STORES_OPTIONS: &[(&str, &str)] = &[
+    ("--ttl", "whose slots are leases"),
+    ("--monitor-retry", "whose holders renew their slots' leases"),
+    ("--name", "whose slots are held by named sessions"),
 ];
 
 impl Entry {
@@ -119,9 +138,15 @@ pub fn every_way_to_write() -> String {
         .flat_map(|entry| entry.written)
         .copied()
         .collect();
-    match ways.split_last() {
-        Some((last, [])) => last.to_string(),
-        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+    listed(&ways, "or")
+}
+
+/// `items` as a sentence lists them: "a", "a and b", "a, b and c" (`last`
+/// the word before the last).
+pub fn listed(items: &[&str], last: &str) -> String {
+    match items.split_last() {
+        Some((only, [])) => only.to_string(),
+        Some((final_one, rest)) => format!("{} {last} {final_one}", rest.join(", ")),
         None => String::new(),
     }
 }
