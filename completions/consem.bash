@@ -369,7 +369,7 @@ _consem() {
             return 0
             ;;
         consem__subcmd__run)
-            opts="-E -v -h -V --prefix --limit --timeout --try --no-slot-exit-code --ttl --kill-grace --wait-group --monitor-retry --redis-allow-eviction --redis-wait-replicas --name --verbose --log-format --store --http-addr --token --token-file --datacenter --namespace --partition --ca-file --ca-path --client-cert --client-key --tls-server-name --user --password --cacert --cert --key --help --version"
+            opts="-E -v -q -h -V --prefix --limit --timeout --try --no-slot-exit-code --ttl --kill-grace --wait-group --monitor-retry --redis-allow-eviction --redis-wait-replicas --name --verbose --quiet --log-format --store --http-addr --token --token-file --datacenter --namespace --partition --ca-file --ca-path --client-cert --client-key --tls-server-name --user --password --cacert --cert --key --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0

@@ -63,7 +63,8 @@ complete -c consem -n "__fish_consem_using_subcommand run" -l key -d 'PEM privat
 complete -c consem -n "__fish_consem_using_subcommand run" -l try -d 'Make one attempt and do not wait'
 complete -c consem -n "__fish_consem_using_subcommand run" -l wait-group -d 'Keep the slot until every process in the command\'s process group has exited, instead of stopping them when the command exits'
 complete -c consem -n "__fish_consem_using_subcommand run" -l redis-allow-eviction -d 'Redis: run even where Redis may evict any key when its memory is full (maxmemory-policy allkeys-*), the semaphore\'s permits too, which lets more than --limit run'
-complete -c consem -n "__fish_consem_using_subcommand run" -s v -l verbose -d 'Print lifecycle events on stderr'
+complete -c consem -n "__fish_consem_using_subcommand run" -s v -l verbose -d 'Print lifecycle events on stderr, and why --try found no slot'
+complete -c consem -n "__fish_consem_using_subcommand run" -s q -l quiet -d 'Leave out the line that says why --timeout ran out (errors and warnings are still written)'
 complete -c consem -n "__fish_consem_using_subcommand run" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c consem -n "__fish_consem_using_subcommand run" -s V -l version -d 'Print version'
 complete -c consem -n "__fish_consem_using_subcommand status" -l prefix -d 'Name of the semaphore (a KV prefix on Consul)' -r
