@@ -39,7 +39,7 @@ complete -c consem -n "__fish_consem_using_subcommand run" -s E -l no-slot-exit-
 complete -c consem -n "__fish_consem_using_subcommand run" -l ttl -d 'Consul, Redis and etcd: the lease of a slot, renewed every TTL/3 (Consul\'s session TTL, 10s to 24h; a Redis permit\'s or an etcd lease\'s, 2s to 24h; default 15s)' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l kill-grace -d 'Time between SIGTERM and SIGKILL when consem must stop the command (default 5s; on Consul, Redis and etcd, at most what fits in the lease of --ttl)' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l monitor-retry -d 'Consul, Redis and etcd: give a held slot up after N failed attempts in a row to reach the store (default: keep trying while the slot\'s lease lasts)' -r
-complete -c consem -n "__fish_consem_using_subcommand run" -l redis-wait-replicas -d 'Redis: use a slot, and count each renewal, only once N replicas have acknowledged it (WAIT N, for a second or TTL/6); an unconfirmed slot is given back and asked for again for up to one TTL, then exit 69. Narrows, does not close, what a failover can lose (README, "Grants that survive a failover")' -r
+complete -c consem -n "__fish_consem_using_subcommand run" -l redis-wait-replicas -d 'Redis: use a slot, and count each renewal, only once N replicas have acknowledged it (WAIT N, for a second or TTL/6); an unconfirmed slot is given back and asked for again for up to one TTL, then exit 69. Narrows, does not close, what a failover can lose (docs/redis.md, "Grants that survive a failover")' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l name -d 'Consul: session name (default: "consem: <command> at <prefix>")' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l log-format -d 'Format of what consem writes on stderr' -r -f -a "text\t'`<time> consem[<pid>] <event> key=value ...`; errors as `consem: error: ...`'
 json\t'One JSON object per line: time, pid, level, event or message, details'"
@@ -85,7 +85,7 @@ complete -c consem -n "__fish_consem_using_subcommand status" -l password -d 'Pa
 complete -c consem -n "__fish_consem_using_subcommand status" -l cacert -d 'PEM file of the CA that signs the servers\' certificates (etcds://, rediss://) [default: etcd: ETCDCTL_CACERT; else the system\'s trust store]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand status" -l cert -d 'PEM client certificate, for servers that verify clients (etcds://, rediss://) [default: etcd: ETCDCTL_CERT]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand status" -l key -d 'PEM private key of the client certificate [default: etcd: ETCDCTL_KEY]' -r -F
-complete -c consem -n "__fish_consem_using_subcommand status" -l json -d 'Print JSON (a stable schema, see README) instead of a table'
+complete -c consem -n "__fish_consem_using_subcommand status" -l json -d 'Print JSON (a stable schema, see docs/operators.md) instead of a table'
 complete -c consem -n "__fish_consem_using_subcommand status" -s h -l help -d 'Print help'
 complete -c consem -n "__fish_consem_using_subcommand status" -s V -l version -d 'Print version'
 complete -c consem -n "__fish_consem_using_subcommand release" -l prefix -d 'Name of the semaphore (a KV prefix on Consul)' -r

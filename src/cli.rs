@@ -109,7 +109,7 @@ pub struct StatusArgs {
     #[arg(long, value_name = "PREFIX")]
     pub prefix: String,
 
-    /// Print JSON (a stable schema, see README) instead of a table
+    /// Print JSON (a stable schema, see docs/operators.md) instead of a table
     #[arg(long)]
     pub json: bool,
 
@@ -207,7 +207,7 @@ pub struct RunArgs {
     /// Redis: use a slot, and count each renewal, only once N replicas have acknowledged
     /// it (WAIT N, for a second or TTL/6); an unconfirmed slot is given back and asked for
     /// again for up to one TTL, then exit 69. Narrows, does not close, what a failover can
-    /// lose (README, "Grants that survive a failover")
+    /// lose (docs/redis.md, "Grants that survive a failover")
     #[arg(long, value_name = "N")]
     pub redis_wait_replicas: Option<u32>,
 

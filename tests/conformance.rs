@@ -1268,7 +1268,7 @@ fn an_operator_s_release_stops_the_holder_at_once_not_at_its_next_renewal<S: Tes
 }
 
 /// The slot's lease on the server is `--ttl`, 15 s when none is given,
-/// as README documents: a longer one keeps a dead consem's slot from the
+/// as docs/run.md documents: a longer one keeps a dead consem's slot from the
 /// others longer than they were told, a shorter one lets it go while the
 /// command may run.
 fn a_slot_s_lease_on_the_server_is_the_ttl_15s_by_default<S: LeasedStore>(make: MakeWorld<S>) {

@@ -80,7 +80,7 @@ fn a_failover_keeps_the_limit_and_the_waiters_follow_the_new_primary() {
 /// the promoted one acknowledges the renewals after: both holders keep
 /// their slots. (With one replica the new primary has none until the old
 /// primary has synced with it, and renewals go unconfirmed meanwhile;
-/// README says so.)
+/// docs/redis.md says so.)
 #[test]
 fn with_replicas_acknowledging_a_failover_loses_no_holder() {
     let world = World::with_store("failover-wait", |dir| {
@@ -136,7 +136,7 @@ fn failover_under_holders_and_waiters(world: &World<RedisSentinel>, extra: &[&st
     let (starts, most) = starts_and_most_at_once(&log);
     assert_eq!(starts, 5, "{log}");
     // A holder whose permit the failover lost runs beside its successor
-    // until its next renewal finds it gone (README: what Redis does not give).
+    // until its next renewal finds it gone (docs/redis.md: what Redis does not give).
     assert!(
         most <= 2 + lost as usize,
         "{most} ran at once, {lost} holders lost:\n{log}"

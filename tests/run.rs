@@ -339,7 +339,7 @@ fn failures_within_monitor_retry_do_not_stop_the_child() {
 }
 
 /// With the default settings (no `--monitor-retry`), a holder tries again
-/// for as long as its lease lasts, as README documents ("no limit: the
+/// for as long as its lease lasts, as docs/run.md documents ("no limit: the
 /// lease decides"): five failures in a row of its watch of `.lock` (0.5 s,
 /// then 1 s apart, well within the 12.5 s of a 15 s TTL's lease) do not
 /// stop its command.
@@ -378,7 +378,7 @@ fn with_the_default_settings_a_holder_retries_while_its_lease_lasts() {
 }
 
 /// `--timeout` bounds the wait, not the first attempt, which gets up to
-/// 2 s for the store's answer (README, `--timeout`): a session created in
+/// 2 s for the store's answer (docs/run.md, `--timeout`): a session created in
 /// 1 s still takes the free slot under `--timeout 1ms`, and a store that
 /// never answers is given up with 75 at 2 s, not at the timeout nor at the
 /// call's own budget (10 s).

@@ -10,6 +10,7 @@ mod common;
 mod admin;
 mod chaos;
 mod conformance;
+mod docs;
 mod double_behaviour;
 mod double_order;
 mod double_replay;

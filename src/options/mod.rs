@@ -550,7 +550,7 @@ mod tests {
         );
     }
 
-    /// What README and `--help` say a run gets when it gives nothing: the
+    /// What docs/run.md and `--help` say a run gets when it gives nothing: the
     /// agent at 127.0.0.1:8500, a lease of 15 s on every store with one,
     /// holders that retry for as long as their lease lasts (no
     /// `--monitor-retry` bound), a kill grace of 5 s (the lease of 15 s

@@ -881,13 +881,14 @@ fn on_failure(
     semaphore: &ConsulSemaphore,
     error: ConsulError,
 ) -> Result<(), Stop> {
-    let give_up = |e: ConsulError| {
-        match e {
-            ConsulError::Denied(ref why) => Stop::Failed(StoreError::denied(format!(
-                "permission denied: {why}; see README, \"Production clusters\", for the policy consem needs"
-            )).caused_by(e)),
-            other => Stop::Failed(StoreError::unavailable(other.to_string()).caused_by(other)),
-        }
+    let give_up = |e: ConsulError| match e {
+        ConsulError::Denied(ref why) => Stop::Failed(
+            StoreError::denied(format!(
+                "permission denied: {why}; see docs/security.md for the policy consem needs"
+            ))
+            .caused_by(e),
+        ),
+        other => Stop::Failed(StoreError::unavailable(other.to_string()).caused_by(other)),
     };
     if let ConsulError::Denied(_) = error {
         semaphore.shared().denied = true;

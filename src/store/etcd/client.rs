@@ -978,7 +978,7 @@ fn classify(status: http::StatusCode, body: &str, endpoint: &str) -> Failure {
         // Unauthenticated.
         16 if message.contains("invalid auth token") => Failure::TokenExpired,
         16 | 7 => Failure::Error(EtcdError::Denied(format!(
-            "permission denied: etcd at {endpoint} refused the request ({message}); the user needs read and write on the prefix's keys (see README, \"etcd\")"
+            "permission denied: etcd at {endpoint} refused the request ({message}); the user needs read and write on the prefix's keys (see docs/etcd.md, \"Credentials and TLS\")"
         ))),
         5 if message.contains("lease not found") => Failure::Error(EtcdError::LeaseGone),
         3 if message.contains("user name is empty") => Failure::Error(EtcdError::Denied(format!(
