@@ -208,7 +208,7 @@ _consem() {
                     return 0
                     ;;
                 --store)
-                    COMPREPLY=($(compgen -f "${cur}"))
+                    COMPREPLY=($(compgen -W "consul local local: redis:// rediss:// redis+sentinel:// rediss+sentinel:// etcd:// etcds://" -- "${cur}"))
                     return 0
                     ;;
                 --http-addr)
@@ -294,7 +294,7 @@ _consem() {
                     return 0
                     ;;
                 --store)
-                    COMPREPLY=($(compgen -f "${cur}"))
+                    COMPREPLY=($(compgen -W "consul local local: redis:// rediss:// redis+sentinel:// rediss+sentinel:// etcd:// etcds://" -- "${cur}"))
                     return 0
                     ;;
                 --http-addr)
@@ -369,7 +369,7 @@ _consem() {
             return 0
             ;;
         consem__subcmd__run)
-            opts="-E -v -q -h -V --prefix --limit --timeout --try --no-slot-exit-code --ttl --kill-grace --wait-group --monitor-retry --redis-allow-eviction --redis-wait-replicas --name --verbose --quiet --log-format --store --http-addr --token --token-file --datacenter --namespace --partition --ca-file --ca-path --client-cert --client-key --tls-server-name --user --password --cacert --cert --key --help --version"
+            opts="-E -v -q -h -V --prefix --limit --timeout --try --no-slot-exit-code --verbose --quiet --log-format --kill-grace --wait-group --ttl --monitor-retry --name --redis-allow-eviction --redis-wait-replicas --store --http-addr --token --token-file --datacenter --namespace --partition --ca-file --ca-path --client-cert --client-key --tls-server-name --user --password --cacert --cert --key --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -395,11 +395,15 @@ _consem() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
-                --ttl)
-                    COMPREPLY=($(compgen -f "${cur}"))
+                --log-format)
+                    COMPREPLY=($(compgen -W "text json" -- "${cur}"))
                     return 0
                     ;;
                 --kill-grace)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --ttl)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -407,20 +411,16 @@ _consem() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
-                --redis-wait-replicas)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
                 --name)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
-                --log-format)
-                    COMPREPLY=($(compgen -W "text json" -- "${cur}"))
+                --redis-wait-replicas)
+                    COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
                 --store)
-                    COMPREPLY=($(compgen -f "${cur}"))
+                    COMPREPLY=($(compgen -W "consul local local: redis:// rediss:// redis+sentinel:// rediss+sentinel:// etcd:// etcds://" -- "${cur}"))
                     return 0
                     ;;
                 --http-addr)
@@ -506,7 +506,7 @@ _consem() {
                     return 0
                     ;;
                 --store)
-                    COMPREPLY=($(compgen -f "${cur}"))
+                    COMPREPLY=($(compgen -W "consul local local: redis:// rediss:// redis+sentinel:// rediss+sentinel:// etcd:// etcds://" -- "${cur}"))
                     return 0
                     ;;
                 --http-addr)

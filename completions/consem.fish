@@ -32,18 +32,26 @@ complete -c consem -n "__fish_consem_needs_command" -f -a "release" -d 'Free a s
 complete -c consem -n "__fish_consem_needs_command" -f -a "reset" -d 'Drop the limit record once no live holder remains, so that a new limit can be used'
 complete -c consem -n "__fish_consem_needs_command" -f -a "completions" -d 'Print a shell completion script'
 complete -c consem -n "__fish_consem_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
-complete -c consem -n "__fish_consem_using_subcommand run" -l prefix -d 'Name all contenders agree on: a KV prefix on Consul (leading and trailing / are trimmed)' -r
+complete -c consem -n "__fish_consem_using_subcommand run" -l prefix -d 'Name all contenders agree on (a KV prefix on Consul)' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l limit -d 'Number of slots; every contender on the prefix must use the same limit' -r
-complete -c consem -n "__fish_consem_using_subcommand run" -l timeout -d 'Give up waiting for a slot after this long (default: wait forever)' -r
+complete -c consem -n "__fish_consem_using_subcommand run" -l timeout -d 'Give up waiting for a slot after this long, saying why (default: wait forever)' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -s E -l no-slot-exit-code -d 'Exit code when no slot was obtained' -r
-complete -c consem -n "__fish_consem_using_subcommand run" -l ttl -d 'Consul, Redis and etcd: the lease of a slot, renewed every TTL/3 (Consul\'s session TTL, 10s to 24h; a Redis permit\'s or an etcd lease\'s, 2s to 24h; default 15s)' -r
-complete -c consem -n "__fish_consem_using_subcommand run" -l kill-grace -d 'Time between SIGTERM and SIGKILL when consem must stop the command (default 5s; on Consul, Redis and etcd, at most what fits in the lease of --ttl)' -r
-complete -c consem -n "__fish_consem_using_subcommand run" -l monitor-retry -d 'Consul, Redis and etcd: give a held slot up after N failed attempts in a row to reach the store (default: keep trying while the slot\'s lease lasts)' -r
-complete -c consem -n "__fish_consem_using_subcommand run" -l redis-wait-replicas -d 'Redis: use a slot, and count each renewal, only once N replicas have acknowledged it (WAIT N, for a second or TTL/6); an unconfirmed slot is given back and asked for again for up to one TTL, then exit 69. Narrows, does not close, what a failover can lose (docs/redis.md, "Grants that survive a failover")' -r
-complete -c consem -n "__fish_consem_using_subcommand run" -l name -d 'Consul: session name (default: "consem: <command> at <prefix>")' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l log-format -d 'Format of what consem writes on stderr' -r -f -a "text\t'`<time> consem[<pid>] <event> key=value ...`; errors as `consem: error: ...`'
 json\t'One JSON object per line: time, pid, level, event or message, details'"
-complete -c consem -n "__fish_consem_using_subcommand run" -l store -d 'Where the semaphore lives: consul, local (this host only, no server), local:DIR, redis://[user[:password]@]host[:port][/db] or rediss://... (TLS; the password also from REDISCLI_AUTH; several hosts, comma-separated, are a Redis Cluster\'s nodes), redis+sentinel://host[:port][,...]/<primary name>[/db] (the primary that Redis Sentinel names), etcd://host:port[,host:port...] or etcds://... (TLS; etcd alone: ETCDCTL_ENDPOINTS) [default: CONSEM_STORE, else consul]' -r
+complete -c consem -n "__fish_consem_using_subcommand run" -l kill-grace -d 'Time between SIGTERM and SIGKILL when consem must stop the command' -r
+complete -c consem -n "__fish_consem_using_subcommand run" -l ttl -d 'The lease of a slot, renewed every TTL/3 (default 15s)' -r
+complete -c consem -n "__fish_consem_using_subcommand run" -l monitor-retry -d 'Give a held slot up after N failed attempts in a row to reach the store (default: keep trying while the slot\'s lease lasts)' -r
+complete -c consem -n "__fish_consem_using_subcommand run" -l name -d 'Session name (default: "consem: <command> at <prefix>")' -r
+complete -c consem -n "__fish_consem_using_subcommand run" -l redis-wait-replicas -d 'Use a slot, and count each renewal, only once N replicas have acknowledged it' -r
+complete -c consem -n "__fish_consem_using_subcommand run" -l store -d 'Where the semaphore lives: consul, local, redis://host:port or etcd://host:port [default: CONSEM_STORE, else consul]' -r -f -a "consul\t''
+local\t''
+local:\t''
+redis://\t''
+rediss://\t''
+redis+sentinel://\t''
+rediss+sentinel://\t''
+etcd://\t''
+etcds://\t''"
 complete -c consem -n "__fish_consem_using_subcommand run" -l http-addr -d 'Consul HTTP API address: host:port, http://host:port or https://host:port (host:port means https with CONSUL_HTTP_SSL=true) [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l token -d 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]; HTTP basic auth, if the agent sits behind it, comes from CONSUL_HTTP_AUTH (user:password)' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l token-file -d 'File holding the ACL token; wins over a token [default: CONSUL_HTTP_TOKEN_FILE]' -r -F
@@ -60,15 +68,23 @@ complete -c consem -n "__fish_consem_using_subcommand run" -l password -d 'Passw
 complete -c consem -n "__fish_consem_using_subcommand run" -l cacert -d 'PEM file of the CA that signs the servers\' certificates (etcds://, rediss://) [default: etcd: ETCDCTL_CACERT; else the system\'s trust store]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand run" -l cert -d 'PEM client certificate, for servers that verify clients (etcds://, rediss://) [default: etcd: ETCDCTL_CERT]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand run" -l key -d 'PEM private key of the client certificate [default: etcd: ETCDCTL_KEY]' -r -F
-complete -c consem -n "__fish_consem_using_subcommand run" -l try -d 'Make one attempt and do not wait'
-complete -c consem -n "__fish_consem_using_subcommand run" -l wait-group -d 'Keep the slot until every process in the command\'s process group has exited, instead of stopping them when the command exits'
-complete -c consem -n "__fish_consem_using_subcommand run" -l redis-allow-eviction -d 'Redis: run even where Redis may evict any key when its memory is full (maxmemory-policy allkeys-*), the semaphore\'s permits too, which lets more than --limit run'
+complete -c consem -n "__fish_consem_using_subcommand run" -l try -d 'Make one attempt and do not wait (quietly; -v says who held the slots)'
 complete -c consem -n "__fish_consem_using_subcommand run" -s v -l verbose -d 'Print lifecycle events on stderr, and why --try found no slot'
-complete -c consem -n "__fish_consem_using_subcommand run" -s q -l quiet -d 'Leave out the line that says why --timeout ran out (errors and warnings are still written)'
+complete -c consem -n "__fish_consem_using_subcommand run" -s q -l quiet -d 'Leave out the line that says why --timeout ran out'
+complete -c consem -n "__fish_consem_using_subcommand run" -l wait-group -d 'Keep the slot until every process in the command\'s process group has exited, instead of stopping them when the command exits'
+complete -c consem -n "__fish_consem_using_subcommand run" -l redis-allow-eviction -d 'Run even where Redis may evict any key when its memory is full'
 complete -c consem -n "__fish_consem_using_subcommand run" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c consem -n "__fish_consem_using_subcommand run" -s V -l version -d 'Print version'
 complete -c consem -n "__fish_consem_using_subcommand status" -l prefix -d 'Name of the semaphore (a KV prefix on Consul)' -r
-complete -c consem -n "__fish_consem_using_subcommand status" -l store -d 'Where the semaphore lives: consul, local (this host only, no server), local:DIR, redis://[user[:password]@]host[:port][/db] or rediss://... (TLS; the password also from REDISCLI_AUTH; several hosts, comma-separated, are a Redis Cluster\'s nodes), redis+sentinel://host[:port][,...]/<primary name>[/db] (the primary that Redis Sentinel names), etcd://host:port[,host:port...] or etcds://... (TLS; etcd alone: ETCDCTL_ENDPOINTS) [default: CONSEM_STORE, else consul]' -r
+complete -c consem -n "__fish_consem_using_subcommand status" -l store -d 'Where the semaphore lives: consul, local, redis://host:port or etcd://host:port [default: CONSEM_STORE, else consul]' -r -f -a "consul\t''
+local\t''
+local:\t''
+redis://\t''
+rediss://\t''
+redis+sentinel://\t''
+rediss+sentinel://\t''
+etcd://\t''
+etcds://\t''"
 complete -c consem -n "__fish_consem_using_subcommand status" -l http-addr -d 'Consul HTTP API address: host:port, http://host:port or https://host:port (host:port means https with CONSUL_HTTP_SSL=true) [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]' -r
 complete -c consem -n "__fish_consem_using_subcommand status" -l token -d 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]; HTTP basic auth, if the agent sits behind it, comes from CONSUL_HTTP_AUTH (user:password)' -r
 complete -c consem -n "__fish_consem_using_subcommand status" -l token-file -d 'File holding the ACL token; wins over a token [default: CONSUL_HTTP_TOKEN_FILE]' -r -F
@@ -86,13 +102,21 @@ complete -c consem -n "__fish_consem_using_subcommand status" -l cacert -d 'PEM 
 complete -c consem -n "__fish_consem_using_subcommand status" -l cert -d 'PEM client certificate, for servers that verify clients (etcds://, rediss://) [default: etcd: ETCDCTL_CERT]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand status" -l key -d 'PEM private key of the client certificate [default: etcd: ETCDCTL_KEY]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand status" -l json -d 'Print JSON (a stable schema, see docs/operators.md) instead of a table'
-complete -c consem -n "__fish_consem_using_subcommand status" -s h -l help -d 'Print help'
+complete -c consem -n "__fish_consem_using_subcommand status" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c consem -n "__fish_consem_using_subcommand status" -s V -l version -d 'Print version'
 complete -c consem -n "__fish_consem_using_subcommand release" -l prefix -d 'Name of the semaphore (a KV prefix on Consul)' -r
 complete -c consem -n "__fish_consem_using_subcommand release" -l session -d 'The holder\'s session ID, or a unique beginning of it' -r
 complete -c consem -n "__fish_consem_using_subcommand release" -l host -d 'The holder\'s host (with --pid)' -r
 complete -c consem -n "__fish_consem_using_subcommand release" -l pid -d 'The holder\'s consem process ID (with --host)' -r
-complete -c consem -n "__fish_consem_using_subcommand release" -l store -d 'Where the semaphore lives: consul, local (this host only, no server), local:DIR, redis://[user[:password]@]host[:port][/db] or rediss://... (TLS; the password also from REDISCLI_AUTH; several hosts, comma-separated, are a Redis Cluster\'s nodes), redis+sentinel://host[:port][,...]/<primary name>[/db] (the primary that Redis Sentinel names), etcd://host:port[,host:port...] or etcds://... (TLS; etcd alone: ETCDCTL_ENDPOINTS) [default: CONSEM_STORE, else consul]' -r
+complete -c consem -n "__fish_consem_using_subcommand release" -l store -d 'Where the semaphore lives: consul, local, redis://host:port or etcd://host:port [default: CONSEM_STORE, else consul]' -r -f -a "consul\t''
+local\t''
+local:\t''
+redis://\t''
+rediss://\t''
+redis+sentinel://\t''
+rediss+sentinel://\t''
+etcd://\t''
+etcds://\t''"
 complete -c consem -n "__fish_consem_using_subcommand release" -l http-addr -d 'Consul HTTP API address: host:port, http://host:port or https://host:port (host:port means https with CONSUL_HTTP_SSL=true) [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]' -r
 complete -c consem -n "__fish_consem_using_subcommand release" -l token -d 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]; HTTP basic auth, if the agent sits behind it, comes from CONSUL_HTTP_AUTH (user:password)' -r
 complete -c consem -n "__fish_consem_using_subcommand release" -l token-file -d 'File holding the ACL token; wins over a token [default: CONSUL_HTTP_TOKEN_FILE]' -r -F
@@ -109,10 +133,18 @@ complete -c consem -n "__fish_consem_using_subcommand release" -l password -d 'P
 complete -c consem -n "__fish_consem_using_subcommand release" -l cacert -d 'PEM file of the CA that signs the servers\' certificates (etcds://, rediss://) [default: etcd: ETCDCTL_CACERT; else the system\'s trust store]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand release" -l cert -d 'PEM client certificate, for servers that verify clients (etcds://, rediss://) [default: etcd: ETCDCTL_CERT]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand release" -l key -d 'PEM private key of the client certificate [default: etcd: ETCDCTL_KEY]' -r -F
-complete -c consem -n "__fish_consem_using_subcommand release" -s h -l help -d 'Print help'
+complete -c consem -n "__fish_consem_using_subcommand release" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c consem -n "__fish_consem_using_subcommand release" -s V -l version -d 'Print version'
 complete -c consem -n "__fish_consem_using_subcommand reset" -l prefix -d 'Name of the semaphore (a KV prefix on Consul)' -r
-complete -c consem -n "__fish_consem_using_subcommand reset" -l store -d 'Where the semaphore lives: consul, local (this host only, no server), local:DIR, redis://[user[:password]@]host[:port][/db] or rediss://... (TLS; the password also from REDISCLI_AUTH; several hosts, comma-separated, are a Redis Cluster\'s nodes), redis+sentinel://host[:port][,...]/<primary name>[/db] (the primary that Redis Sentinel names), etcd://host:port[,host:port...] or etcds://... (TLS; etcd alone: ETCDCTL_ENDPOINTS) [default: CONSEM_STORE, else consul]' -r
+complete -c consem -n "__fish_consem_using_subcommand reset" -l store -d 'Where the semaphore lives: consul, local, redis://host:port or etcd://host:port [default: CONSEM_STORE, else consul]' -r -f -a "consul\t''
+local\t''
+local:\t''
+redis://\t''
+rediss://\t''
+redis+sentinel://\t''
+rediss+sentinel://\t''
+etcd://\t''
+etcds://\t''"
 complete -c consem -n "__fish_consem_using_subcommand reset" -l http-addr -d 'Consul HTTP API address: host:port, http://host:port or https://host:port (host:port means https with CONSUL_HTTP_SSL=true) [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]' -r
 complete -c consem -n "__fish_consem_using_subcommand reset" -l token -d 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]; HTTP basic auth, if the agent sits behind it, comes from CONSUL_HTTP_AUTH (user:password)' -r
 complete -c consem -n "__fish_consem_using_subcommand reset" -l token-file -d 'File holding the ACL token; wins over a token [default: CONSUL_HTTP_TOKEN_FILE]' -r -F
@@ -130,7 +162,7 @@ complete -c consem -n "__fish_consem_using_subcommand reset" -l cacert -d 'PEM f
 complete -c consem -n "__fish_consem_using_subcommand reset" -l cert -d 'PEM client certificate, for servers that verify clients (etcds://, rediss://) [default: etcd: ETCDCTL_CERT]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand reset" -l key -d 'PEM private key of the client certificate [default: etcd: ETCDCTL_KEY]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand reset" -l force -d 'Release every live holder first (their commands are stopped, exit 76)'
-complete -c consem -n "__fish_consem_using_subcommand reset" -s h -l help -d 'Print help'
+complete -c consem -n "__fish_consem_using_subcommand reset" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c consem -n "__fish_consem_using_subcommand reset" -s V -l version -d 'Print version'
 complete -c consem -n "__fish_consem_using_subcommand completions" -s h -l help -d 'Print help'
 complete -c consem -n "__fish_consem_using_subcommand completions" -s V -l version -d 'Print version'

@@ -15,12 +15,15 @@ Exit codes:
   2          usage error
   65         semaphore conflict (other limit, a record that is not consem's)
   69         the store unreachable or failing when starting
-  75         no slot within --timeout, or none free with --try (see -E)
+  75         no slot within --timeout (said in one line; -q: not), or none
+             free with --try (said with -v); see -E
   76         the slot was lost while the command ran; it was stopped
   77         permission denied (Consul ACLs, etcd or Redis credentials, the local
              store's directory)
   126/127    command not executable / not found";
 
+/// Every example fits in 78 columns: one that clap had to wrap could not
+/// be copied. A longer one is continued with `\\`, as a shell reads it.
 const RUN_EXAMPLES: &str = "\
 Examples:
   # At most 2 backups at once on this host, no server needed:
@@ -30,10 +33,11 @@ Examples:
   consem run --prefix service/db --limit 2 -- ./migrate.sh
 
   # At most 3 nightly jobs at once, kept in etcd:
-  consem run --store etcd://10.0.0.1:2379,10.0.0.2:2379 --prefix jobs/nightly --limit 3 -- ./nightly.sh
+  consem run --store etcd://10.0.0.1:2379,10.0.0.2:2379 \\
+      --prefix jobs/nightly --limit 3 -- ./nightly.sh
 
   # In cron: skip this round if the nightly job still runs elsewhere.
-  */5 * * * * consem run --prefix jobs/nightly --limit 1 --try -- /opt/nightly.sh
+  */5 * * * * consem run --prefix nightly --limit 1 --try -- /opt/nightly.sh
 
   # In CI: wait up to 10 minutes for one of 3 deploy slots.
   consem run --prefix ci/deploy --limit 3 --timeout 10m -- make deploy
@@ -41,6 +45,14 @@ Examples:
   # In a script: someone else syncing is fine (exit 0); the job's own
   # failures still fail.
   consem run --prefix jobs/sync --limit 1 --try -E 0 -- ./sync.sh";
+
+/// What `-h` shows after the options, instead of every example.
+const RUN_EXAMPLES_SHORT: &str = "\
+Examples:
+  consem run --store local --prefix backups --limit 2 -- ./backup.sh
+  consem run --prefix ci/deploy --limit 3 --timeout 10m -- make deploy
+
+Every option, more examples and the exit codes: consem run --help";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -51,7 +63,8 @@ Examples:
 most N copies of a job run at once: across many machines with HashiCorp Consul (sharing the \
 layout of `consul lock -n N`), Redis or etcd, or on this host alone with the local store, which \
 needs no server.",
-    after_help = format!("{RUN_EXAMPLES}\n\n{EXIT_CODES}"),
+    after_help = RUN_EXAMPLES_SHORT,
+    after_long_help = format!("{RUN_EXAMPLES}\n\n{EXIT_CODES}"),
     propagate_version = true
 )]
 pub struct Cli {
@@ -62,7 +75,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run a command while holding a slot
-    #[command(after_help = format!("{RUN_EXAMPLES}\n\n{EXIT_CODES}"))]
+    #[command(after_help = RUN_EXAMPLES_SHORT, after_long_help = format!("{RUN_EXAMPLES}\n\n{EXIT_CODES}"))]
     Run(RunArgs),
     /// Show the semaphore at a prefix: limit, holders, waiters, dead holders
     #[command(after_help = STATUS_HELP)]
@@ -156,9 +169,13 @@ pub struct ResetArgs {
     pub store: StoreArgs,
 }
 
+/// `consem run`. Its options come in groups (`help_heading`), the
+/// semaphore's first; `-h` shows what most runs need, `--help` everything.
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// Name all contenders agree on: a KV prefix on Consul (leading and trailing / are trimmed)
+    /// Name all contenders agree on (a KV prefix on Consul)
+    ///
+    /// Leading and trailing / are trimmed.
     #[arg(long, value_name = "PREFIX")]
     pub prefix: String,
 
@@ -166,86 +183,109 @@ pub struct RunArgs {
     #[arg(long, value_name = "N", value_parser = parse_limit)]
     pub limit: u32,
 
-    /// Give up waiting for a slot after this long (default: wait forever)
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, conflicts_with = "try_once")]
+    /// Give up waiting for a slot after this long, saying why (default: wait forever)
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, conflicts_with = "try_once", help_heading = WAITING)]
     pub timeout: Option<Duration>,
 
-    /// Make one attempt and do not wait
-    #[arg(long = "try")]
+    /// Make one attempt and do not wait (quietly; -v says who held the slots)
+    #[arg(long = "try", help_heading = WAITING)]
     pub try_once: bool,
 
     /// Exit code when no slot was obtained
-    #[arg(short = 'E', long, value_name = "CODE", default_value_t = 75)]
+    #[arg(short = 'E', long, value_name = "CODE", default_value_t = 75, help_heading = WAITING)]
     pub no_slot_exit_code: u8,
 
-    /// Consul, Redis and etcd: the lease of a slot, renewed every TTL/3 (Consul's
-    /// session TTL, 10s to 24h; a Redis permit's or an etcd lease's, 2s to 24h; default 15s)
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
-    pub ttl: Option<Duration>,
+    /// Print lifecycle events on stderr, and why --try found no slot
+    #[arg(short, long, help_heading = OUTPUT)]
+    pub verbose: bool,
+
+    /// Leave out the line that says why --timeout ran out
+    ///
+    /// Errors and warnings are still written.
+    #[arg(short, long, conflicts_with = "verbose", help_heading = OUTPUT)]
+    pub quiet: bool,
+
+    /// Format of what consem writes on stderr
+    #[arg(long, value_name = "FORMAT", value_enum, default_value_t, help_heading = OUTPUT, hide_short_help = true)]
+    pub log_format: crate::report::LogFormat,
 
     /// Time between SIGTERM and SIGKILL when consem must stop the command
-    /// (default 5s; on Consul, Redis and etcd, at most what fits in the lease of --ttl)
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    ///
+    /// Default 5s; on Consul, Redis and etcd, at most what fits in the
+    /// lease of --ttl.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = COMMAND, hide_short_help = true)]
     pub kill_grace: Option<Duration>,
 
     /// Keep the slot until every process in the command's process group has
     /// exited, instead of stopping them when the command exits
-    #[arg(long)]
+    #[arg(long, help_heading = COMMAND, hide_short_help = true)]
     pub wait_group: bool,
 
-    /// Consul, Redis and etcd: give a held slot up after N failed attempts in a row
-    /// to reach the store (default: keep trying while the slot's lease lasts)
-    #[arg(long, value_name = "N")]
+    /// The lease of a slot, renewed every TTL/3 (default 15s)
+    ///
+    /// Consul's session TTL, 10s to 24h; a Redis permit's or an etcd
+    /// lease's, 2s to 24h.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = LEASES, hide_short_help = true)]
+    pub ttl: Option<Duration>,
+
+    /// Give a held slot up after N failed attempts in a row to reach the
+    /// store (default: keep trying while the slot's lease lasts)
+    #[arg(long, value_name = "N", help_heading = LEASES, hide_short_help = true)]
     pub monitor_retry: Option<u32>,
 
-    /// Redis: run even where Redis may evict any key when its memory is full
-    /// (maxmemory-policy allkeys-*), the semaphore's permits too, which lets more than
-    /// --limit run
-    #[arg(long)]
-    pub redis_allow_eviction: bool,
-
-    /// Redis: use a slot, and count each renewal, only once N replicas have acknowledged
-    /// it (WAIT N, for a second or TTL/6); an unconfirmed slot is given back and asked for
-    /// again for up to one TTL, then exit 69. Narrows, does not close, what a failover can
-    /// lose (docs/redis.md, "Grants that survive a failover")
-    #[arg(long, value_name = "N")]
-    pub redis_wait_replicas: Option<u32>,
-
-    /// Consul: session name (default: "consem: <command> at <prefix>")
-    #[arg(long, value_name = "NAME")]
+    /// Session name (default: "consem: <command> at <prefix>")
+    #[arg(long, value_name = "NAME", help_heading = CONSUL, hide_short_help = true)]
     pub name: Option<String>,
 
-    /// Print lifecycle events on stderr, and why --try found no slot
-    #[arg(short, long)]
-    pub verbose: bool,
+    /// Run even where Redis may evict any key when its memory is full
+    ///
+    /// maxmemory-policy allkeys-*: the semaphore's permits too, which lets
+    /// more than --limit run.
+    #[arg(long, help_heading = REDIS, hide_short_help = true)]
+    pub redis_allow_eviction: bool,
 
-    /// Leave out the line that says why --timeout ran out (errors and
-    /// warnings are still written)
-    #[arg(short, long, conflicts_with = "verbose")]
-    pub quiet: bool,
-
-    /// Format of what consem writes on stderr
-    #[arg(long, value_name = "FORMAT", value_enum, default_value_t)]
-    pub log_format: crate::report::LogFormat,
-
-    #[command(flatten)]
-    pub store: StoreArgs,
+    /// Use a slot, and count each renewal, only once N replicas have
+    /// acknowledged it
+    ///
+    /// WAIT N, for a second or TTL/6; an unconfirmed slot is given back and
+    /// asked for again for up to one TTL, then exit 69. Narrows, does not
+    /// close, what a failover can lose (docs/redis.md, "Grants that survive
+    /// a failover").
+    #[arg(long, value_name = "N", help_heading = REDIS, hide_short_help = true)]
+    pub redis_wait_replicas: Option<u32>,
 
     /// The command and its arguments, after `--`; run directly, not by a shell
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
+
+    // Last: `--store` joins the options above, and each store's own come
+    // after every group of the run's.
+    #[command(flatten)]
+    pub store: StoreArgs,
 }
+
+/// The groups of `consem run --help`, after the semaphore's own options.
+const WAITING: &str = "Waiting for a slot";
+const OUTPUT: &str = "What consem writes";
+const COMMAND: &str = "Running the command";
+const LEASES: &str = "Leases (Consul, Redis and etcd)";
+const CONSUL: &str = "Consul options";
+const REDIS: &str = "Redis options";
 
 /// Which store keeps the semaphore, and how to reach it.
 #[derive(Debug, Args)]
 pub struct StoreArgs {
-    /// Where the semaphore lives: consul, local (this host only, no server),
-    /// local:DIR, redis://[user[:password]@]host[:port][/db] or rediss://... (TLS; the
-    /// password also from REDISCLI_AUTH; several hosts, comma-separated, are a Redis
-    /// Cluster's nodes), redis+sentinel://host[:port][,...]/<primary name>[/db] (the
-    /// primary that Redis Sentinel names), etcd://host:port[,host:port...] or etcds://...
-    /// (TLS; etcd alone: ETCDCTL_ENDPOINTS) [default: CONSEM_STORE, else consul]
-    #[arg(long, value_name = "STORE")]
+    /// Where the semaphore lives: consul, local, redis://host:port or
+    /// etcd://host:port [default: CONSEM_STORE, else consul]
+    ///
+    /// consul; local (this host only, no server) or local:DIR;
+    /// redis://[user[:password]@]host[:port][/db] or rediss://... (TLS; the
+    /// password also from REDISCLI_AUTH; several hosts, comma-separated, are
+    /// a Redis Cluster's nodes); redis+sentinel://host[:port][,...]/<primary
+    /// name>[/db] (the primary that Redis Sentinel names);
+    /// etcd://host:port[,host:port...] or etcds://... (TLS; etcd alone:
+    /// ETCDCTL_ENDPOINTS).
+    #[arg(long, value_name = "STORE", value_parser = StoreText, hide_possible_values = true)]
     pub store: Option<String>,
 
     #[command(flatten)]
@@ -258,6 +298,41 @@ pub struct StoreArgs {
     pub tls: TlsFileArgs,
 }
 
+/// `--store`'s text, taken as it is (`options` reads it), with the ways to
+/// begin it as possible values: completions offer them instead of file
+/// names.
+#[derive(Debug, Clone, Copy)]
+struct StoreText;
+
+impl clap::builder::TypedValueParser for StoreText {
+    type Value = String;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<String, clap::Error> {
+        clap::builder::StringValueParser::new().parse_ref(cmd, arg, value)
+    }
+
+    fn possible_values(
+        &self,
+    ) -> Option<Box<dyn Iterator<Item = clap::builder::PossibleValue> + '_>> {
+        // A store's name where it needs no address (consul, local), then
+        // how addresses begin (local:, redis://, etcd://).
+        let ways = crate::options::stores::STORES.iter().flat_map(|entry| {
+            let schemes = entry.store.schemes;
+            let needs_address = schemes.iter().any(|scheme| scheme.ends_with("://"));
+            (!needs_address)
+                .then_some(entry.store.name)
+                .into_iter()
+                .chain(schemes.iter().copied())
+        });
+        Some(Box::new(ways.map(clap::builder::PossibleValue::new)))
+    }
+}
+
 /// How to reach Consul (with `--store consul`); each option's default comes
 /// from the consul CLI's environment variable, read in `options::consul`.
 #[derive(Debug, Default, Args)]
@@ -266,50 +341,50 @@ pub struct ConsulArgs {
     /// Consul HTTP API address: host:port, http://host:port or https://host:port
     /// (host:port means https with CONSUL_HTTP_SSL=true) [default: CONSUL_HTTP_ADDR, else
     /// 127.0.0.1:8500]
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", hide_short_help = true)]
     pub http_addr: Option<String>,
 
     /// ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]; HTTP basic
     /// auth, if the agent sits behind it, comes from CONSUL_HTTP_AUTH (user:password)
-    #[arg(long, value_name = "TOKEN")]
+    #[arg(long, value_name = "TOKEN", hide_short_help = true)]
     pub token: Option<String>,
 
     /// File holding the ACL token; wins over a token [default: CONSUL_HTTP_TOKEN_FILE]
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", hide_short_help = true)]
     pub token_file: Option<PathBuf>,
 
     /// Datacenter to use (default: the agent's)
-    #[arg(long, value_name = "DC")]
+    #[arg(long, value_name = "DC", hide_short_help = true)]
     pub datacenter: Option<String>,
 
     /// Namespace to use (Consul Enterprise) [default: CONSUL_NAMESPACE]
-    #[arg(long, value_name = "NS")]
+    #[arg(long, value_name = "NS", hide_short_help = true)]
     pub namespace: Option<String>,
 
     /// Admin partition to use (Consul Enterprise) [default: CONSUL_PARTITION]
-    #[arg(long, value_name = "PARTITION")]
+    #[arg(long, value_name = "PARTITION", hide_short_help = true)]
     pub partition: Option<String>,
 
     /// PEM file of the CA that signs the agent's certificate [default: CONSUL_CACERT, else the
     /// system's trust store]; CONSUL_HTTP_SSL_VERIFY=false turns checking off
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", hide_short_help = true)]
     pub ca_file: Option<PathBuf>,
 
     /// Directory of PEM CA certificates [default: CONSUL_CAPATH]
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", hide_short_help = true)]
     pub ca_path: Option<PathBuf>,
 
     /// PEM client certificate, for agents that verify clients (mTLS) [default: CONSUL_CLIENT_CERT]
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", hide_short_help = true)]
     pub client_cert: Option<PathBuf>,
 
     /// PEM private key of the client certificate [default: CONSUL_CLIENT_KEY]
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", hide_short_help = true)]
     pub client_key: Option<PathBuf>,
 
     /// Name to verify the agent's certificate against, instead of the address's host
     /// [default: CONSUL_TLS_SERVER_NAME]
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", hide_short_help = true)]
     pub tls_server_name: Option<String>,
 }
 
@@ -320,11 +395,11 @@ pub struct ConsulArgs {
 pub struct EtcdArgs {
     /// User to sign in as, with its password after a colon or in --password
     /// [default: ETCDCTL_USER]
-    #[arg(long, value_name = "USER[:PASSWORD]")]
+    #[arg(long, value_name = "USER[:PASSWORD]", hide_short_help = true)]
     pub user: Option<String>,
 
     /// Password of --user [default: ETCDCTL_PASSWORD]
-    #[arg(long, value_name = "PASSWORD")]
+    #[arg(long, value_name = "PASSWORD", hide_short_help = true)]
     pub password: Option<String>,
 }
 
@@ -336,16 +411,16 @@ pub struct EtcdArgs {
 pub struct TlsFileArgs {
     /// PEM file of the CA that signs the servers' certificates (etcds://, rediss://)
     /// [default: etcd: ETCDCTL_CACERT; else the system's trust store]
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", hide_short_help = true)]
     pub cacert: Option<PathBuf>,
 
     /// PEM client certificate, for servers that verify clients (etcds://, rediss://)
     /// [default: etcd: ETCDCTL_CERT]
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", hide_short_help = true)]
     pub cert: Option<PathBuf>,
 
     /// PEM private key of the client certificate [default: etcd: ETCDCTL_KEY]
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", hide_short_help = true)]
     pub key: Option<PathBuf>,
 }
 
@@ -503,6 +578,114 @@ mod tests {
             assert!(help.contains("--try -- /opt/nightly.sh"), "{help}");
             assert!(help.contains("--timeout 10m -- make deploy"), "{help}");
             assert!(help.contains("76         the slot was lost"), "{help}");
+        }
+    }
+
+    /// `run --help` at 80 columns, and `-h`.
+    fn run_help(long: bool) -> String {
+        let mut command = Cli::command().term_width(80);
+        let run = command.find_subcommand_mut("run").unwrap();
+        if long {
+            run.render_long_help().to_string()
+        } else {
+            run.render_help().to_string()
+        }
+    }
+
+    /// Every example command is whole in the help of an 80-column
+    /// terminal, on one line or continued with `\`, so that a copy runs.
+    #[test]
+    fn every_example_can_be_copied_from_an_80_column_terminal() {
+        let help = run_help(true);
+        for line in RUN_EXAMPLES.lines().skip(1) {
+            assert!(
+                line.chars().count() <= 78,
+                "{line:?} is wrapped at 80 columns"
+            );
+            let text = line.trim();
+            if text.is_empty() || text.starts_with('#') {
+                continue;
+            }
+            assert!(
+                help.lines().any(|shown| shown.trim() == text),
+                "{text:?} is not whole in:\n{help}"
+            );
+        }
+        // A command continued on the next line ends with a lone `\`.
+        let continued: Vec<&str> = RUN_EXAMPLES.lines().filter(|l| l.ends_with('\\')).collect();
+        assert!(
+            continued.iter().all(|l| l.ends_with(" \\")),
+            "{continued:?}"
+        );
+    }
+
+    /// `-h` shows what most runs need, `--store`, `--prefix` and `--limit`
+    /// first; `--help` every option, in groups.
+    #[test]
+    fn short_help_is_short_and_starts_with_the_semaphore() {
+        let short = run_help(false);
+        assert!(short.lines().count() <= 40, "{short}");
+        let first_options: Vec<&str> = short
+            .lines()
+            .skip_while(|line| *line != "Options:")
+            .skip(1)
+            .filter_map(|line| line.split_whitespace().next())
+            .filter(|word| word.starts_with('-'))
+            .take(3)
+            .collect();
+        assert_eq!(first_options, ["--prefix", "--limit", "--store"], "{short}");
+        for shown in ["--timeout", "--try", "-v, --verbose", "-q, --quiet"] {
+            assert!(short.contains(shown), "{short}");
+        }
+        for hidden in ["--http-addr", "--ttl", "--cacert", "--redis-wait-replicas"] {
+            assert!(!short.contains(hidden), "{hidden} in -h:\n{short}");
+        }
+        let long = run_help(true);
+        let headings: Vec<&str> = long
+            .lines()
+            .filter(|line| line.ends_with(':') && !line.starts_with(' '))
+            .collect();
+        assert_eq!(
+            headings,
+            [
+                "Arguments:",
+                "Options:",
+                "Waiting for a slot:",
+                "What consem writes:",
+                "Running the command:",
+                "Leases (Consul, Redis and etcd):",
+                "Consul options:",
+                "Redis options:",
+                "etcd options:",
+                "etcd and Redis TLS options:",
+                "Examples:",
+                "Exit codes:",
+            ],
+            "{long}"
+        );
+    }
+
+    /// Completion offers the ways to write `--store`, not file names.
+    #[test]
+    fn store_completes_to_the_ways_to_write_it() {
+        let mut script = Vec::new();
+        clap_complete::generate(
+            clap_complete::Shell::Bash,
+            &mut Cli::command(),
+            "consem",
+            &mut script,
+        );
+        let script = String::from_utf8(script).unwrap();
+        let mut cases = script.split("--store)").skip(1).peekable();
+        assert!(cases.peek().is_some(), "no --store case");
+        for case in cases {
+            let completion = case.lines().nth(1).unwrap_or_default();
+            assert!(
+                completion.contains(r#"compgen -W "consul local local: redis:// "#)
+                    && completion.contains(" etcd:// etcds://")
+                    && !completion.contains("compgen -f"),
+                "{completion}"
+            );
         }
     }
 
