@@ -21,6 +21,7 @@ mod hostile_server;
 mod lifecycle;
 mod local_store;
 mod manifest;
+mod package;
 mod progress;
 mod properties;
 mod redis_cluster;
