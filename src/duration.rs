@@ -7,13 +7,6 @@ use std::time::Duration;
 /// `ms`, `s`, `m`, `h` (and `us`, `ns` for completeness); fractions allowed.
 /// A bare `0` is zero; any other number needs a unit, so that `15` is not
 /// silently read as 15 nanoseconds or 15 hours.
-///
-/// ```
-/// use std::time::Duration;
-/// assert_eq!(consem::duration::parse("1h30m"), Ok(Duration::from_secs(5400)));
-/// assert_eq!(consem::duration::parse("500ms"), Ok(Duration::from_millis(500)));
-/// assert!(consem::duration::parse("15").is_err());
-/// ```
 pub fn parse(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     if text == "0" {

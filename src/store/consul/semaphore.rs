@@ -148,13 +148,6 @@ impl LockRecord {
 /// Decodes a `.lock` value. Holders may be a map of booleans (entries set to
 /// `false` are not holders but [`LockRecord::leaving`]), a list of strings,
 /// null, or missing.
-///
-/// ```
-/// use consem::store::consul::semaphore::{decode_lock, HoldersForm};
-/// let record = decode_lock(br#"{"Limit":2,"Holders":{"a":true}}"#).unwrap();
-/// assert_eq!((record.limit, record.holders, record.form), (2, vec!["a".to_string()], HoldersForm::Map));
-/// assert!(decode_lock(b"not json").is_err());
-/// ```
 pub fn decode_lock(value: &[u8]) -> Result<LockRecord, Conflict> {
     let undecodable = |why: &str| Conflict::Undecodable(why.to_string());
     let text = std::str::from_utf8(value).map_err(|_| undecodable("not UTF-8"))?;

@@ -29,13 +29,6 @@ pub enum WaitOn {
 /// first in the queue takes a slot while the live holders are fewer than
 /// `limit`. So a decision needs the holders (at most `limit` of them) and one
 /// waiter, never the whole queue.
-///
-/// ```
-/// use consem::store::local::{decide, Decision, WaitOn};
-/// assert_eq!(decide(1, None, 2), Decision::Take);
-/// assert_eq!(decide(2, None, 2), Decision::Full { wait_on: WaitOn::AnyDeparture });
-/// assert_eq!(decide(0, Some(3), 2), Decision::Full { wait_on: WaitOn::Ticket(3) });
-/// ```
 pub fn decide(live_holders: usize, just_ahead: Option<u64>, limit: u32) -> Decision {
     match just_ahead {
         Some(ticket) => Decision::Full {
