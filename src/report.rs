@@ -114,7 +114,8 @@ pub fn warning(message: &str) {
 fn write_line(line: &str) {
     // One write per line, so that lines from threads never interleave.
     let mut stderr = std::io::stderr().lock();
-    let _ = stderr.write_all(format!("{}\n", printable(line)).as_bytes());
+    let room = crate::progress::make_room();
+    let _ = stderr.write_all(format!("{room}{}\n", printable(line)).as_bytes());
 }
 
 /// `text` with its control characters escaped (`\n`, `\t`, `\x1b`, ...):

@@ -50,27 +50,54 @@ pub fn open_pty() -> std::io::Result<Pty> {
     }
 }
 
-/// Everything the terminal shows, collected by a reader thread until every
-/// slave end is closed.
-#[derive(Clone, Default)]
-pub struct Screen(Arc<Mutex<Vec<u8>>>);
+/// Everything the terminal was sent, collected by a reader thread until
+/// every slave end is closed, and what a terminal emulator shows of it.
+#[derive(Clone)]
+pub struct Screen(Arc<Mutex<Shown>>);
+
+struct Shown {
+    bytes: Vec<u8>,
+    /// Every slave end is closed: nothing more will come.
+    closed: bool,
+    /// An xterm-like emulator (it cuts lines when the window narrows, it
+    /// does not reflow them), as big as the window.
+    emulator: vt100::Parser,
+}
 
 impl Screen {
-    pub fn follow(mut master: File) -> Screen {
-        let screen = Screen::default();
+    fn follow(mut master: File, rows: u16, columns: u16) -> Screen {
+        let screen = Screen(Arc::new(Mutex::new(Shown {
+            bytes: Vec::new(),
+            closed: false,
+            emulator: vt100::Parser::new(nonzero(rows), nonzero(columns), 0),
+        })));
         let shown = screen.clone();
         std::thread::spawn(move || {
             let mut buf = [0u8; 4096];
             // EIO once the last slave end closes: the terminal is gone.
             while let Ok(n @ 1..) = master.read(&mut buf) {
-                shown.0.lock().unwrap().extend_from_slice(&buf[..n]);
+                let mut shown = shown.0.lock().unwrap();
+                shown.bytes.extend_from_slice(&buf[..n]);
+                shown.emulator.process(&buf[..n]);
             }
+            shown.0.lock().unwrap().closed = true;
         });
         screen
     }
 
+    /// What was sent, escape sequences and all.
     pub fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+        self.text_since(0)
+    }
+
+    /// How many bytes were sent so far: a mark for [`Screen::text_since`].
+    pub fn sent(&self) -> usize {
+        self.0.lock().unwrap().bytes.len()
+    }
+
+    /// What was sent after `mark`.
+    pub fn text_since(&self, mark: usize) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap().bytes[mark..]).into_owned()
     }
 
     pub fn wait_for(&self, what: &str) {
@@ -78,6 +105,34 @@ impl Screen {
             self.text().contains(what)
         });
     }
+
+    /// Waits until every process that had the terminal open is gone and
+    /// all they wrote is shown.
+    pub fn wait_closed(&self) {
+        wait_until(PROMPT, "the terminal to be closed", || {
+            self.0.lock().unwrap().closed
+        });
+    }
+
+    /// The window's rows as shown now, trailing blanks cut.
+    pub fn rows(&self) -> Vec<String> {
+        let shown = self.0.lock().unwrap();
+        let screen = shown.emulator.screen();
+        let (_, columns) = screen.size();
+        screen
+            .rows(0, columns.get())
+            .map(|row| row.trim_end().to_string())
+            .collect()
+    }
+
+    /// The cursor's row and column, from 0.
+    pub fn cursor(&self) -> (u16, u16) {
+        self.0.lock().unwrap().emulator.screen().cursor_position()
+    }
+}
+
+fn nonzero(n: u16) -> std::num::NonZeroU16 {
+    std::num::NonZeroU16::new(n).expect("a window is at least one row and column")
 }
 
 /// The master side of a terminal whose session leader a test started: what
@@ -102,6 +157,10 @@ impl Terminal {
             ws_xpixel: 0,
             ws_ypixel: 0,
         };
+        // As an emulator does: its window takes the new size first, so
+        // that whatever arrives after is shown at that size.
+        let mut shown = self.screen.0.lock().unwrap();
+        shown.emulator.set_size(nonzero(rows), nonzero(columns));
         // SAFETY: TIOCSWINSZ reads the winsize we pass.
         let rc = unsafe { libc::ioctl(self.keyboard.as_raw_fd(), libc::TIOCSWINSZ, &size) };
         assert_eq!(rc, 0, "TIOCSWINSZ: {}", std::io::Error::last_os_error());
@@ -126,16 +185,25 @@ impl Terminal {
 /// group in the foreground). Only the process and its descendants keep the
 /// slave side open, so the screen ends when they are gone. Err if no
 /// pseudo-terminal can be opened (the caller skips its test).
-pub fn spawn_on_terminal(mut command: Command) -> std::io::Result<(Child, Terminal)> {
+pub fn spawn_on_terminal(command: Command) -> std::io::Result<(Child, Terminal)> {
+    // An 80x24 window, as a terminal emulator opens by default.
+    spawn_on_terminal_sized(command, 80, 24)
+}
+
+/// [`spawn_on_terminal`], in a window of `columns` and `rows`.
+pub fn spawn_on_terminal_sized(
+    mut command: Command,
+    columns: u16,
+    rows: u16,
+) -> std::io::Result<(Child, Terminal)> {
     let pty = open_pty()?;
     let size = libc::winsize {
-        ws_row: 24,
-        ws_col: 80,
+        ws_row: rows,
+        ws_col: columns,
         ws_xpixel: 0,
         ws_ypixel: 0,
     };
-    // SAFETY: TIOCSWINSZ reads the winsize we pass. An 80x24 window, as a
-    // terminal emulator opens by default.
+    // SAFETY: TIOCSWINSZ reads the winsize we pass.
     if unsafe { libc::ioctl(pty.master.as_raw_fd(), libc::TIOCSWINSZ, &size) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
@@ -157,7 +225,7 @@ pub fn spawn_on_terminal(mut command: Command) -> std::io::Result<(Child, Termin
     // Only the child keeps the terminal open from here on.
     drop(command);
     drop(pty.slave);
-    let screen = Screen::follow(pty.master.try_clone().unwrap());
+    let screen = Screen::follow(pty.master.try_clone().unwrap(), size.ws_row, size.ws_col);
     Ok((
         child,
         Terminal {
