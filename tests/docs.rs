@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::common::local::assert_local_clean;
-use crate::common::pty::spawn_on_terminal;
+use crate::common::pty::{spawn_on_terminal_sized, Screen};
 use crate::common::wait_until;
 use crate::common::world::{wait_with_deadline, World, PROMPT};
 
@@ -307,12 +307,11 @@ fn hostname() -> String {
         .to_string()
 }
 
-/// What a terminal shows as separate lines: each draw of the waiting line
-/// (`\r`, erase, text) and each line the command printed.
-fn shown_lines(screen: &str) -> Vec<String> {
+/// The rows a terminal shows that are not blank.
+fn shown_lines(screen: &Screen) -> Vec<String> {
     screen
-        .split(['\r', '\n'])
-        .map(|line| line.replace("\x1b[2K", ""))
+        .rows()
+        .into_iter()
         .filter(|line| !line.is_empty())
         .collect()
 }
@@ -438,21 +437,21 @@ fn the_local_quick_start_runs_as_written() {
         });
     }
 
-    let (mut waiter, mut terminal) =
-        spawn_on_terminal(shell(&exports, &as_run(foreground))).expect("a pseudo-terminal");
-    groups.0.push(waiter.id() as i32);
     // A terminal wide enough for the whole line, as README shows it.
-    terminal.resize(250, 24);
+    let (mut waiter, terminal) =
+        spawn_on_terminal_sized(shell(&exports, &as_run(foreground)), 250, 24)
+            .expect("a pseudo-terminal");
+    groups.0.push(waiter.id() as i32);
     let wanted = comparable(&waiting_line[0], README_HOST);
     let deadline = Instant::now() + PROMPT;
-    while !shown_lines(&terminal.screen.text())
+    while !shown_lines(&terminal.screen)
         .iter()
         .any(|line| comparable(line, &host) == wanted)
     {
         assert!(
             Instant::now() < deadline,
             "README's waiting line\n  {wanted}\nnot shown within {PROMPT:?}; the terminal shows:\n{:#?}",
-            shown_lines(&terminal.screen.text())
+            shown_lines(&terminal.screen)
         );
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -481,7 +480,8 @@ fn the_local_quick_start_runs_as_written() {
     stop(holder_pids(&exports, prefix)[0]);
     let ended = wait_with_deadline(&mut waiter, PROMPT, "the third copy to run");
     assert_eq!(ended.code(), Some(0), "{:?}", terminal.screen.text());
-    let printed: Vec<String> = shown_lines(&terminal.screen.text())
+    terminal.screen.wait_closed();
+    let printed: Vec<String> = shown_lines(&terminal.screen)
         .into_iter()
         .filter(|line| !line.starts_with("waiting for a slot"))
         .collect();
