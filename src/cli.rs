@@ -275,8 +275,9 @@ const REDIS: &str = "Redis options";
 /// Which store keeps the semaphore, and how to reach it.
 #[derive(Debug, Args)]
 pub struct StoreArgs {
-    /// Where the semaphore lives: consul, local, redis://host:port or
-    /// etcd://host:port [default: CONSEM_STORE, else consul]
+    /// Where the semaphore lives: consul, local, redis://host:port,
+    /// etcd://host:port or postgres://host/database [default: CONSEM_STORE,
+    /// else consul]
     ///
     /// consul; local (this host only, no server) or local:DIR;
     /// redis://[user[:password]@]host[:port][/db] or rediss://... (TLS; the
@@ -284,7 +285,9 @@ pub struct StoreArgs {
     /// a Redis Cluster's nodes); redis+sentinel://host[:port][,...]/<primary
     /// name>[/db] (the primary that Redis Sentinel names);
     /// etcd://host:port[,host:port...] or etcds://... (TLS; etcd alone:
-    /// ETCDCTL_ENDPOINTS).
+    /// ETCDCTL_ENDPOINTS); postgres://[user[:password]@]host[:port][/database]
+    /// or postgresql://... (libpq's PG* variables and ~/.pgpass fill in what
+    /// it leaves out; postgres alone: those variables).
     #[arg(long, value_name = "STORE", value_parser = StoreText, hide_possible_values = true)]
     pub store: Option<String>,
 

@@ -33,6 +33,9 @@ macro_rules! on_every_store {
         mod etcd {
             $( #[test] fn $test() { super::$test(super::World::etcd) } )*
         }
+        mod postgres {
+            $( #[test] fn $test() { super::$test(super::World::postgres) } )*
+        }
     };
 }
 

@@ -22,6 +22,7 @@ mod lifecycle;
 mod local_store;
 mod manifest;
 mod package;
+mod postgres_store;
 mod progress;
 mod properties;
 mod redis_cluster;

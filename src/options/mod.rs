@@ -7,6 +7,7 @@
 mod consul;
 mod etcd;
 mod local;
+mod postgres;
 mod redis;
 pub mod stores;
 
@@ -659,11 +660,11 @@ mod tests {
         );
         assert_eq!(
             choice(None, Some("zookeeper")).unwrap_err(),
-            "CONSEM_STORE 'zookeeper' is not a store: use consul, local, local:DIR, redis://host:port or etcd://host:port"
+            "CONSEM_STORE 'zookeeper' is not a store: use consul, local, local:DIR, redis://host:port, etcd://host:port or postgres://user@host:port/database"
         );
         assert_eq!(
             choice(Some("redis:/:S3cret@h"), None).unwrap_err(),
-            "--store 'redis:…@h' is not a store: use consul, local, local:DIR, redis://host:port or etcd://host:port"
+            "--store 'redis:…@h' is not a store: use consul, local, local:DIR, redis://host:port, etcd://host:port or postgres://user@host:port/database"
         );
         assert!(parse(&["--prefix", "p", "--store", "local:"], &[])
             .unwrap_err()

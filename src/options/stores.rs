@@ -5,7 +5,7 @@
 //! entry here (see docs/design.md, "Adding a store").
 
 use crate::store::kind::Store;
-use crate::store::{consul, etcd, local, redis};
+use crate::store::{consul, etcd, local, postgres, redis};
 
 use super::Configure;
 
@@ -100,6 +100,16 @@ pub static STORES: &[Entry] = &[
         limit_bound_by: "the etcd store keeps",
         ttl_bound_by: "the etcd store takes",
         configure: super::etcd::configure,
+    },
+    Entry {
+        store: &postgres::STORE,
+        written: &["postgres://user@host:port/database"],
+        options: &[],
+        refuses: &["--name", "--monitor-retry"],
+        because: "holds a slot with its session's advisory lock, which ends with the connection",
+        limit_bound_by: "the PostgreSQL store keeps",
+        ttl_bound_by: "the PostgreSQL store takes",
+        configure: super::postgres::configure,
     },
 ];
 

@@ -11,6 +11,7 @@ pub mod kind;
 pub mod lease;
 pub mod local;
 pub mod outage;
+pub mod postgres;
 pub mod redis;
 pub mod resolver;
 pub mod tls;

@@ -7,6 +7,7 @@ pub mod double;
 pub mod etcd;
 pub mod local;
 pub mod pki;
+pub mod postgres;
 pub mod proxy;
 pub mod pty;
 pub mod redis;

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 pub use super::etcd::EtcdServer;
 pub use super::local::LocalStore;
+pub use super::postgres::PostgresServer;
 pub use super::redis::RedisServer;
 pub use super::TestConsul;
 
@@ -111,7 +112,11 @@ impl<S> World<S> {
     pub fn consem_command(&self) -> Command {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_consem"));
         cmd.env_remove("CONSUL_HTTP_ADDR");
-        for name in CONSUL_ENV.iter().chain(&super::etcd::ETCDCTL_ENV) {
+        for name in CONSUL_ENV
+            .iter()
+            .chain(&super::etcd::ETCDCTL_ENV)
+            .chain(&super::postgres::PG_ENV)
+        {
             cmd.env_remove(name);
         }
         cmd.stdin(Stdio::null());
@@ -289,6 +294,13 @@ impl World<EtcdServer> {
     /// A world on an etcd server of its own.
     pub fn etcd(name: &str) -> World<EtcdServer> {
         World::with_store(name, |dir| EtcdServer::start(&dir.join("etcd")))
+    }
+}
+
+impl World<PostgresServer> {
+    /// A world on a PostgreSQL server of its own.
+    pub fn postgres(name: &str) -> World<PostgresServer> {
+        World::with_store(name, |dir| PostgresServer::start(&dir.join("postgres")))
     }
 }
 

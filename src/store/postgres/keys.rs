@@ -1,0 +1,331 @@
+//! What the PostgreSQL store keeps in the server's lock table, and what a
+//! reading of `pg_locks` tells, without I/O. A semaphore is a family of
+//! session-level advisory locks in the two-int form `(prefix key, n)`:
+//! the slots `(p, 0)` to `(p, limit - 1)`, held exclusively by the
+//! holders; the line `(p, LINE)`, held by the first waiter, the others
+//! queued behind it in the server's lock queue; and the limit's mark
+//! `(p, MARK + limit)`, held shared by every contender from its join to
+//! its leaving, so that a contender with another limit sees it. Nothing
+//! else is written: everything goes with the session.
+
+use crate::store::{ContenderInfo, ContenderStatus, Holder, Progress, Status};
+
+/// The second key of the line lock.
+pub const LINE: u32 = 2_000_000_000;
+/// The second key of a limit's mark is `MARK + limit`.
+pub const MARK: u32 = 1_000_000_000;
+/// The largest limit: slots are `0..limit`, below every mark.
+pub const LARGEST_LIMIT: u32 = 10_000;
+
+/// The first key of a prefix's locks: FNV-1a of the prefix, 32 bits, as
+/// the signed int4 that `pg_advisory_lock(int4, int4)` takes. Two prefixes
+/// with the same key (one chance in four billion) share their slots: never
+/// more holders than the limit, maybe fewer.
+pub fn prefix_key(prefix: &str) -> i32 {
+    let mut hash: u32 = 0x811c_9dc5;
+    for byte in prefix.bytes() {
+        hash ^= u32::from(byte);
+        hash = hash.wrapping_mul(0x0100_0193);
+    }
+    hash as i32
+}
+
+/// The prefix key as `pg_locks.classid` shows it (an oid, unsigned).
+pub fn classid(key: i32) -> u32 {
+    key as u32
+}
+
+/// The channel a leaving holder notifies and the first waiter listens to.
+pub fn channel(key: i32) -> String {
+    format!("consem_{:08x}", classid(key))
+}
+
+/// Where a tag ends a statement: its description follows (see
+/// [`described`]).
+const TAG: &str = "\n-- consem ";
+
+/// The longest statement `pg_stat_activity.query` keeps by default
+/// (`track_activity_query_size`, 1024 bytes), less a margin: a longer
+/// description would be cut and unreadable.
+const SHOWN_QUERY: usize = 1000;
+
+/// `statement` with the contender's description after it, as a comment:
+/// `pg_stat_activity.query` shows a session's last statement, so that
+/// `consem status` reads who holds and who waits from there. The JSON is
+/// one line (serde escapes every control character), so that the comment
+/// cannot end early; a command too long for the statement is cut.
+pub fn described(statement: &str, info: &ContenderInfo) -> String {
+    let mut info = info.clone();
+    loop {
+        let json = serde_json::Value::Object(info.to_json()).to_string();
+        let text = format!("{statement}{TAG}{json}");
+        match &mut info.command {
+            Some(command) if text.len() > SHOWN_QUERY && !command.is_empty() => {
+                let cut = (0..command.len().saturating_sub(text.len() - SHOWN_QUERY))
+                    .rev()
+                    .find(|&i| command.is_char_boundary(i))
+                    .unwrap_or(0);
+                command.truncate(cut);
+            }
+            _ => return text,
+        }
+    }
+}
+
+/// The description a statement of [`described`] carries.
+pub fn description(query: &str) -> ContenderInfo {
+    match query.rfind(TAG) {
+        Some(at) => ContenderInfo::parse(&query.as_bytes()[at + TAG.len()..]),
+        None => ContenderInfo::default(),
+    }
+}
+
+/// One row of a prefix's advisory locks, joined with its session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockRow {
+    pub pid: i32,
+    /// The second key (`pg_locks.objid`).
+    pub key: u32,
+    pub granted: bool,
+    /// When the session started, in microseconds since the epoch: the
+    /// contenders' order of arrival.
+    pub since_micros: i64,
+    /// Its last statement, if the reader may see it.
+    pub query: Option<String>,
+}
+
+/// A contender, as the lock table shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    pub pid: i32,
+    pub limit: Option<u32>,
+    pub slot: Option<u32>,
+    pub since_micros: i64,
+    pub info: ContenderInfo,
+}
+
+/// The contenders of a prefix, in order of arrival: every session with a
+/// mark or a slot (a session that holds only the line, or waits for it, is
+/// still joining or has a mark too).
+pub fn contenders(rows: &[LockRow]) -> Vec<Seen> {
+    let mut seen: Vec<Seen> = Vec::new();
+    for row in rows {
+        let index = match seen.iter().position(|s| s.pid == row.pid) {
+            Some(index) => index,
+            None => {
+                seen.push(Seen {
+                    pid: row.pid,
+                    limit: None,
+                    slot: None,
+                    since_micros: row.since_micros,
+                    info: row.query.as_deref().map(description).unwrap_or_default(),
+                });
+                seen.len() - 1
+            }
+        };
+        let contender = &mut seen[index];
+        match row.key {
+            key if key < LARGEST_LIMIT && row.granted => contender.slot = Some(key),
+            key if (MARK..=MARK + LARGEST_LIMIT).contains(&key) && row.granted => {
+                contender.limit = Some(key - MARK)
+            }
+            _ => {}
+        }
+    }
+    seen.retain(|s| s.limit.is_some() || s.slot.is_some());
+    seen.sort_by_key(|s| (s.since_micros, s.pid));
+    seen
+}
+
+/// The limit the prefix is in use with, as the holders' marks say (else
+/// the oldest contender's); `None` when nobody is there.
+pub fn limit_in_use(seen: &[Seen]) -> Option<u32> {
+    seen.iter()
+        .filter(|s| s.slot.is_some())
+        .chain(seen)
+        .find_map(|s| s.limit)
+}
+
+/// Another limit than `ours` among the holders (or, where nobody holds,
+/// among the others): the conflict a contender refuses to join.
+pub fn other_limit(seen: &[Seen], ours: u32, me: i32) -> Option<u32> {
+    let others = || seen.iter().filter(move |s| s.pid != me);
+    let holders_limit = others()
+        .filter(|s| s.slot.is_some())
+        .find_map(|s| s.limit.filter(|&l| l != ours));
+    if others().any(|s| s.slot.is_some()) {
+        return holders_limit;
+    }
+    others().find_map(|s| s.limit.filter(|&l| l != ours))
+}
+
+fn holder(seen: &Seen) -> Holder {
+    Holder::from(&seen.info)
+}
+
+/// What a waiter tells of the slots it waits for.
+pub fn progress(seen: &[Seen], limit: u32, me: i32) -> Progress {
+    let mine = seen.iter().find(|s| s.pid == me);
+    Progress {
+        limit,
+        holders: seen
+            .iter()
+            .filter(|s| s.slot.is_some())
+            .map(holder)
+            .collect(),
+        ahead: seen
+            .iter()
+            .filter(|s| s.slot.is_none() && s.pid != me)
+            .filter(|s| mine.is_none_or(|m| (s.since_micros, s.pid) < (m.since_micros, m.pid)))
+            .count(),
+    }
+}
+
+fn contender_status(seen: &Seen) -> ContenderStatus {
+    ContenderStatus::new(
+        seen.pid.to_string(),
+        seen.info.clone(),
+        u64::try_from(seen.since_micros).unwrap_or_default(),
+    )
+}
+
+/// `consem status` of a prefix, from its lock rows.
+pub fn status(prefix: &str, rows: &[LockRow]) -> Status {
+    let seen = contenders(rows);
+    let limit = limit_in_use(&seen);
+    let mut status = Status {
+        prefix: prefix.to_string(),
+        limit,
+        layout: None,
+        holders: seen
+            .iter()
+            .filter(|s| s.slot.is_some())
+            .map(contender_status)
+            .collect(),
+        waiters: seen
+            .iter()
+            .filter(|s| s.slot.is_none())
+            .map(contender_status)
+            .collect(),
+        // A slot goes with its session: no holder outlives its consem.
+        dead_holders: Vec::new(),
+        store: "postgres",
+        conflict: None,
+        stale: Vec::new(),
+        lock_delay_ms: None,
+    };
+    let limits: std::collections::BTreeSet<u32> = seen.iter().filter_map(|s| s.limit).collect();
+    status.conflict = status.over_limit().or_else(|| {
+        (limits.len() > 1).then(|| {
+            format!(
+                "{prefix} is in use with several limits ({}): the contenders of the later ones wait to be refused",
+                limits
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        })
+    });
+    status
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(pid: i32, key: u32, granted: bool, since: i64) -> LockRow {
+        LockRow {
+            pid,
+            key,
+            granted,
+            since_micros: since,
+            query: None,
+        }
+    }
+
+    #[test]
+    fn a_prefix_key_is_fnv1a_and_stable() {
+        // FNV-1a 32 of "" and "a", as published.
+        assert_eq!(classid(prefix_key("")), 0x811c_9dc5);
+        assert_eq!(classid(prefix_key("a")), 0xe40c_292c);
+        assert_ne!(prefix_key("jobs/a"), prefix_key("jobs/b"));
+        assert_eq!(channel(prefix_key("a")), "consem_e40c292c");
+    }
+
+    #[test]
+    fn a_description_rides_in_a_comment_and_reads_back() {
+        let info = ContenderInfo {
+            host: Some("h".into()),
+            pid: Some(7),
+            command: Some("echo 'x' \n-- consem {}\x1b".into()),
+            started: Some("2026-11-27T10:00:00.000Z".into()),
+        };
+        let text = described("SELECT 1", &info);
+        assert!(text.starts_with("SELECT 1\n-- consem {"), "{text}");
+        assert_eq!(text.lines().count(), 2, "one comment line: {text:?}");
+        assert_eq!(description(&text), info);
+        assert_eq!(description("SELECT 1"), ContenderInfo::default());
+        let long = ContenderInfo {
+            command: Some("é".repeat(2000)),
+            ..info
+        };
+        let text = described("SELECT 1", &long);
+        assert!(text.len() <= SHOWN_QUERY, "{}", text.len());
+        assert!(description(&text).command.unwrap().starts_with('é'));
+    }
+
+    #[test]
+    fn holders_waiters_and_the_limit_come_from_the_lock_rows() {
+        let rows = [
+            row(30, MARK + 2, true, 300),
+            row(30, LINE, false, 300),
+            row(10, MARK + 2, true, 100),
+            row(10, 1, true, 100),
+            row(20, MARK + 2, true, 200),
+            row(20, LINE, true, 200),
+            row(40, MARK + 2, true, 50),
+            row(40, 0, true, 50),
+            row(50, 3, false, 10),
+        ];
+        let status = status("p", &rows);
+        assert_eq!(status.limit, Some(2));
+        let pids = |list: &[ContenderStatus]| {
+            list.iter()
+                .map(|c| c.session.clone())
+                .collect::<Vec<String>>()
+        };
+        assert_eq!(pids(&status.holders), ["40", "10"]);
+        assert_eq!(pids(&status.waiters), ["20", "30"]);
+        assert_eq!(status.conflict, None);
+        let seen = contenders(&rows);
+        assert_eq!(progress(&seen, 2, 30).ahead, 1);
+        assert_eq!(progress(&seen, 2, 20).ahead, 0);
+        assert_eq!(progress(&seen, 2, 20).holders.len(), 2);
+        assert_eq!(other_limit(&seen, 2, 20), None);
+        assert_eq!(other_limit(&seen, 3, 20), Some(2));
+    }
+
+    #[test]
+    fn another_limit_counts_among_holders_first() {
+        // A waiter with limit 3 behind holders of limit 2: the holders'
+        // limit stands; the newcomer with 2 joins.
+        let rows = [
+            row(1, MARK + 2, true, 1),
+            row(1, 0, true, 1),
+            row(2, MARK + 3, true, 2),
+        ];
+        let seen = contenders(&rows);
+        assert_eq!(other_limit(&seen, 2, 9), None);
+        assert_eq!(other_limit(&seen, 3, 2), Some(2));
+        assert_eq!(limit_in_use(&seen), Some(2));
+        assert!(status("p", &rows)
+            .conflict
+            .unwrap()
+            .contains("several limits (2, 3)"));
+        // Nobody holds: any other limit among the contenders.
+        let rows = [row(2, MARK + 3, true, 2)];
+        assert_eq!(other_limit(&contenders(&rows), 2, 9), Some(3));
+        assert_eq!(other_limit(&contenders(&rows), 3, 9), None);
+    }
+}

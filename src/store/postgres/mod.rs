@@ -1,0 +1,450 @@
+//! The PostgreSQL store: N slots as session-level advisory locks, in order
+//! of arrival through the server's own lock queue, gone with the session
+//! that held them (see docs/design.md, "The PostgreSQL store", and
+//! `keys` for the locks). `link` is the connection, `admin` the operators'
+//! side.
+
+pub mod admin;
+pub mod keys;
+pub mod link;
+
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+use self::admin::PostgresAdmin;
+use self::keys::{LockRow, LINE, MARK};
+use self::link::{failure, number, text, Connection, Link, Row, Waited};
+use super::driver::{self, Gate, Grant, Recipe, Stop};
+use super::kind::{Lease, Store, StoreSettings};
+use super::lease;
+use super::{
+    Admin, Contend, ContenderInfo, Notify, Progress, ReleaseError, Released, SlotBackend,
+    SlotEvent, StoreError, Unfinished,
+};
+use crate::report;
+
+pub const STORE: Store = Store {
+    name: "postgres",
+    title: "PostgreSQL",
+    schemes: &["postgres://", "postgresql://"],
+    largest_limit: keys::LARGEST_LIMIT,
+    lease: Some(Lease {
+        shortest: Duration::from_secs(2),
+        longest: Duration::from_secs(86_400),
+        default_ttl: Duration::from_secs(15),
+    }),
+    // The session ends with consem's connection, and its locks with it.
+    frees_slot_at_death: true,
+};
+
+/// How often the first waiter of a limit above 1 looks at the slots
+/// again when no holder said it left: a holder whose session ended
+/// without a word (killed, cut off) sends no notification.
+const UNANNOUNCED_LOOK: Duration = Duration::from_millis(500);
+
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub connection: Connection,
+    /// The bound on the server's detection of a vanished client, and on
+    /// a holder's lease counted from its last confirmed round trip.
+    pub ttl: Duration,
+}
+
+impl StoreSettings for Settings {
+    fn open_run(
+        &self,
+        prefix: &str,
+        limit: u32,
+        info: ContenderInfo,
+    ) -> Result<Arc<dyn SlotBackend>, StoreError> {
+        Ok(Arc::new(PostgresSemaphore::new(
+            self.clone(),
+            prefix,
+            limit,
+            info,
+        )))
+    }
+
+    fn open_admin(&self, prefix: &str) -> Result<Box<dyn Admin>, StoreError> {
+        Ok(Box::new(PostgresAdmin::new(self.clone(), prefix)))
+    }
+}
+
+/// Where a run's contender thread stands, for `release` to wait on.
+#[derive(Debug, Default)]
+struct Phase {
+    /// The contender thread runs (it holds the connection).
+    contending: bool,
+    /// Why the server ended our session before we left, if it did.
+    taken: Option<String>,
+    /// The clean leave did not finish: why.
+    unfinished: Option<String>,
+}
+
+pub struct PostgresSemaphore {
+    settings: Settings,
+    prefix: String,
+    limit: u32,
+    info: ContenderInfo,
+    key: i32,
+    gate: Gate<()>,
+    /// Set once release begins: the thread's waits end on it.
+    closing: watch::Sender<bool>,
+    phase: Mutex<Phase>,
+    phase_changed: Condvar,
+}
+
+/// A slot won: the connection that holds it, and which.
+pub struct Held {
+    link: Link,
+    slot: u32,
+    /// When the last round trip the server answered was sent.
+    confirmed: Instant,
+}
+
+impl PostgresSemaphore {
+    fn new(settings: Settings, prefix: &str, limit: u32, info: ContenderInfo) -> Self {
+        PostgresSemaphore {
+            settings,
+            prefix: prefix.to_string(),
+            limit,
+            info,
+            key: keys::prefix_key(prefix),
+            gate: Gate::default(),
+            closing: watch::channel(false).0,
+            phase: Mutex::new(Phase::default()),
+            phase_changed: Condvar::new(),
+        }
+    }
+
+    fn phase(&self) -> std::sync::MutexGuard<'_, Phase> {
+        self.phase.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The contender thread is done with the connection.
+    fn finished(&self, taken: Option<String>, unfinished: Option<String>) {
+        let mut phase = self.phase();
+        phase.contending = false;
+        phase.taken = phase.taken.take().or(taken);
+        phase.unfinished = phase.unfinished.take().or(unfinished);
+        self.phase_changed.notify_all();
+    }
+
+    /// `statement` with our description, for `status` to read.
+    fn sql(&self, statement: &str) -> String {
+        keys::described(statement, &self.info)
+    }
+
+    fn failed(&self, doing: &str, error: &tokio_postgres::Error) -> StoreError {
+        failure(&self.settings.connection, doing, error)
+    }
+
+    /// The prefix's advisory locks, with their sessions.
+    fn lock_rows(&self, link: &Link) -> Result<Vec<LockRow>, StoreError> {
+        let rows = link
+            .run(&self.sql(&admin::lock_rows_query(self.key)))
+            .map_err(|e| self.failed("reading pg_locks", &e))?;
+        Ok(admin::lock_rows(&rows))
+    }
+
+    fn conflict(&self, other: u32) -> StoreError {
+        StoreError::conflict(format!(
+            "{} is in use with --limit {other}, and --limit is {}: use --limit {other}, or wait until nobody holds or waits there",
+            self.prefix, self.limit
+        ))
+    }
+
+    /// Runs `sql`, which may wait in the server (a lock wait), until it
+    /// answers, the connection ends, or release begins (the wait is then
+    /// cancelled, so that the session leaves the lock queue at once).
+    fn wait_in_server(&self, link: &Link, sql: &str, doing: &str) -> Result<Vec<Row>, Stop> {
+        let mut closing = self.closing.subscribe();
+        let ended = link.ended();
+        link.block_on(async {
+            tokio::select! {
+                answer = link::rows(link.client(), sql) => {
+                    answer.map_err(|e| Stop::Failed(self.failed(doing, &e)))
+                }
+                why = ended => Err(Stop::Failed(StoreError::unavailable(format!(
+                    "{}: the server ended our session while {doing}: {why}",
+                    self.settings.connection.shown
+                )))),
+                _ = closing.wait_for(|closing| *closing) => {
+                    link.cancel().await;
+                    Err(Stop::Closing)
+                }
+            }
+        })
+    }
+
+    /// Joins, waits in line and takes a slot; see docs/design.md.
+    fn contend_on(&self, link: &mut Link, mode: Contend) -> Result<(u32, u64, Instant), Stop> {
+        let (p, limit) = (self.key, self.limit);
+        // The mark first, then a look: a contender with another limit is
+        // seen by us or sees us.
+        link.run(&self.sql(&format!(
+            "SELECT pg_advisory_lock_shared({p}, {})",
+            MARK + limit
+        )))
+        .map_err(|e| self.failed("joining", &e))?;
+        let seen = keys::contenders(&self.lock_rows(link)?);
+        if let Some(other) = keys::other_limit(&seen, limit, link.pid) {
+            return Err(Stop::Failed(self.conflict(other)));
+        }
+        let first = link
+            .run(&self.sql(&format!("SELECT pg_try_advisory_lock({p}, {LINE})")))
+            .map_err(|e| self.failed("joining the line", &e))?;
+        if text(first.first().unwrap_or(&Vec::new()), 0) != "t" {
+            if mode == Contend::Try {
+                return Err(Stop::NoSlot);
+            }
+            self.gate
+                .waiting(&self.prefix, keys::progress(&seen, limit, link.pid));
+            self.wait_in_server(
+                link,
+                &self.sql(&format!("SELECT pg_advisory_lock({p}, {LINE})")),
+                "waiting in line",
+            )?;
+        }
+        // First in line: nobody else takes a slot now, holders only leave.
+        let channel = keys::channel(p);
+        if limit > 1 {
+            link.run(&format!("LISTEN {channel}"))
+                .map_err(|e| self.failed("listening", &e))?;
+        }
+        let mut told: Option<Progress> = None;
+        let slot = loop {
+            let seen = keys::contenders(&self.lock_rows(link)?);
+            if let Some(other) = keys::other_limit(&seen, limit, link.pid) {
+                return Err(Stop::Failed(self.conflict(other)));
+            }
+            link.forget_notes();
+            let taken = link
+                .run(&self.sql(&format!(
+                    "SELECT k FROM generate_series(0, {}) AS k WHERE pg_try_advisory_lock({p}, k) LIMIT 1",
+                    limit - 1
+                )))
+                .map_err(|e| self.failed("taking a slot", &e))?;
+            if let Some(slot) = taken.first().and_then(|row| number(row, 0)) {
+                break slot as u32;
+            }
+            if mode == Contend::Try {
+                return Err(Stop::NoSlot);
+            }
+            self.gate.waiting_if_changed(
+                &self.prefix,
+                keys::progress(&seen, limit, link.pid),
+                &mut told,
+            );
+            if limit == 1 {
+                // One slot: wait for it in the server, woken the moment
+                // its holder's session lets it go, however it ends.
+                self.wait_in_server(
+                    link,
+                    &self.sql(&format!("SELECT pg_advisory_lock({p}, 0)")),
+                    "waiting for the slot",
+                )?;
+                break 0;
+            }
+            self.wait_for_a_departure(link)?;
+        };
+        let sent = Instant::now();
+        let mut unlisten = String::new();
+        if limit > 1 {
+            unlisten = format!("; UNLISTEN {channel}");
+        }
+        let fenced = link
+            .run(&self.sql(&format!(
+                "SELECT txid_current(), pg_advisory_unlock({p}, {LINE}){unlisten}"
+            )))
+            .map_err(|e| self.failed("reading the fence", &e))?;
+        let fence = fenced.first().and_then(|row| number(row, 0)).unwrap_or(0);
+        Ok((slot, fence as u64, sent))
+    }
+
+    /// The first waiter of a limit above 1: sleeps until a holder says it
+    /// left (a notification), the connection ends, release begins, or it
+    /// is time to look for a slot freed without a word.
+    fn wait_for_a_departure(&self, link: &mut Link) -> Result<(), Stop> {
+        match link.wait_for_note(UNANNOUNCED_LOOK, self.closing.subscribe()) {
+            Waited::Note | Waited::Timeout => Ok(()),
+            Waited::Closing => Err(Stop::Closing),
+            Waited::Ended(why) => Err(Stop::Failed(StoreError::unavailable(format!(
+                "{}: the server ended our session while we waited: {why}",
+                self.settings.connection.shown
+            )))),
+        }
+    }
+
+    /// Holds the slot: a round trip every TTL/3, each confirmed one a
+    /// lease of the TTL from its sending; the session's end is a loss at
+    /// once. Returns why the slot was lost, or `None` once we left.
+    fn hold_on(&self, held: &mut Held) -> Option<String> {
+        let ttl = self.settings.ttl;
+        let period = lease::renew_period(ttl);
+        let shown = self.settings.connection.shown.clone();
+        loop {
+            let mut closing = self.closing.subscribe();
+            let ended = held.link.ended();
+            let lease_end = lease::lease_end(held.confirmed, ttl);
+            let next = self.sql("SELECT 1");
+            let outcome = held.link.block_on(async {
+                tokio::select! {
+                    _ = closing.wait_for(|closing| *closing) => Err(None),
+                    why = ended => Err(Some(format!("the server ended our session ({why})"))),
+                    answer = async {
+                        tokio::time::sleep(period).await;
+                        let sent = Instant::now();
+                        tokio::select! {
+                            answer = held.link.client().simple_query(&next) => Ok(answer.map(|_| sent)),
+                            _ = tokio::time::sleep_until(lease_end.into()) => Err(()),
+                        }
+                    } => Ok(answer),
+                }
+            });
+            match outcome {
+                Err(None) => return None,
+                Err(Some(why)) => return Some(format!("{shown}: {why}; the slot went with it")),
+                Ok(Err(())) => {
+                    return Some(format!(
+                        "{shown} did not answer within the lease (--ttl {}): the server may have dropped our session",
+                        crate::duration::human(ttl)
+                    ))
+                }
+                Ok(Ok(Err(error))) => {
+                    return Some(format!("{shown}: {error}; the slot went with the session"))
+                }
+                Ok(Ok(Ok(sent))) => {
+                    held.confirmed = sent;
+                    self.gate.notify(SlotEvent::Leased {
+                        until: lease::lease_end(sent, ttl),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Lets the slot go and says so to the first waiter, then ends the
+    /// session.
+    fn leave(&self, held: &mut Held) -> Option<String> {
+        let p = self.key;
+        let mut sql = format!("SELECT pg_advisory_unlock({p}, {})", held.slot);
+        if self.limit > 1 {
+            sql.push_str(&format!("; NOTIFY {}, '{}'", keys::channel(p), held.slot));
+        }
+        let left = held.link.block_on(async {
+            tokio::time::timeout(Duration::from_secs(2), link::rows(held.link.client(), &sql)).await
+        });
+        held.link.close();
+        match left {
+            Ok(Ok(_)) => None,
+            Ok(Err(error)) => Some(error.to_string()),
+            Err(_) => Some("no answer within 2s".to_string()),
+        }
+    }
+}
+
+impl Recipe for PostgresSemaphore {
+    type Shared = ();
+    type Held = Held;
+
+    fn gate(&self) -> &Gate<()> {
+        &self.gate
+    }
+
+    fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    fn acquire(self: &Arc<Self>, mode: Contend) -> Result<Grant<Held>, Stop> {
+        if *self.closing.borrow() {
+            self.finished(None, None);
+            return Err(Stop::Closing);
+        }
+        let mut link = match Link::open(&self.settings.connection, self.settings.ttl) {
+            Ok(link) => link,
+            Err(error) => {
+                self.finished(None, None);
+                return Err(Stop::Failed(error));
+            }
+        };
+        match self.contend_on(&mut link, mode) {
+            Ok((slot, fence, sent)) => Ok(Grant {
+                fence,
+                lease: Some(lease::lease_end(sent, self.settings.ttl)),
+                held: Held {
+                    link,
+                    slot,
+                    confirmed: sent,
+                },
+            }),
+            Err(stop) => {
+                link.close();
+                self.finished(None, None);
+                Err(stop)
+            }
+        }
+    }
+
+    fn hold(self: &Arc<Self>, mut held: Held) -> Option<String> {
+        report::event("holding", &[("prefix", &self.prefix), ("slot", &held.slot)]);
+        match self.hold_on(&mut held) {
+            None => {
+                let unfinished = self.leave(&mut held);
+                self.finished(None, unfinished);
+                None
+            }
+            Some(lost) => {
+                held.link.close();
+                self.finished(Some(lost.clone()), None);
+                Some(lost)
+            }
+        }
+    }
+}
+
+impl SlotBackend for PostgresSemaphore {
+    fn contend(self: Arc<Self>, mode: Contend, notify: Notify) {
+        self.phase().contending = true;
+        driver::contend(self, mode, notify);
+    }
+
+    fn release(&self, budget: Duration) -> Result<Released, ReleaseError> {
+        let _ = self.gate.stop(Duration::ZERO);
+        self.closing.send_replace(true);
+        let phase = self.phase();
+        let (phase, waited) = self
+            .phase_changed
+            .wait_timeout_while(phase, budget, |phase| phase.contending)
+            .unwrap_or_else(|e| e.into_inner());
+        report::event("released", &[("prefix", &self.prefix)]);
+        if waited.timed_out() {
+            return Err(ReleaseError(vec![Unfinished::step(format!(
+                "leaving {}",
+                self.prefix
+            ))
+            .cleanup(
+                "the server drops our session, and its locks, when consem exits",
+            )]));
+        }
+        if let Some(why) = &phase.unfinished {
+            return Err(ReleaseError(vec![Unfinished::step(format!(
+                "letting our slot of {} go: {why}",
+                self.prefix
+            ))
+            .cleanup(
+                "the server dropped our session, and its locks, as we closed it",
+            )]));
+        }
+        Ok(match &phase.taken {
+            Some(why) => Released::TakenBefore(why.clone()),
+            None => Released::Left,
+        })
+    }
+
+    fn frees_slot_at_death(&self) -> bool {
+        STORE.frees_slot_at_death
+    }
+}
