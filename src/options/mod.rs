@@ -697,7 +697,7 @@ mod tests {
         // does not.
         assert_eq!(
             local(&["--ttl", "20s"]).unwrap_err(),
-            "--ttl applies to Consul, Redis and etcd, whose slots are leases; the local store's slot is a kernel lock, which lasts as long as consem lives, with no lease to renew and no session to name: drop it"
+            "--ttl applies to Consul, Redis, etcd and PostgreSQL, whose slots are leases; the local store's slot is a kernel lock, which lasts as long as consem lives, with no lease to renew and no session to name: drop it"
         );
         assert_eq!(
             local(&["--monitor-retry", "2"]).unwrap_err(),

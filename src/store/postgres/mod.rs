@@ -197,11 +197,11 @@ impl PostgresSemaphore {
             .run(&self.sql(&format!("SELECT pg_try_advisory_lock({p}, {LINE})")))
             .map_err(|e| self.failed("joining the line", &e))?;
         if text(first.first().unwrap_or(&Vec::new()), 0) != "t" {
+            let picture = keys::progress(&seen, limit, link.pid);
             if mode == Contend::Try {
-                return Err(Stop::NoSlot);
+                return Err(Stop::NoSlot(picture));
             }
-            self.gate
-                .waiting(&self.prefix, keys::progress(&seen, limit, link.pid));
+            self.gate.waiting(&self.prefix, picture);
             self.wait_in_server(
                 link,
                 &self.sql(&format!("SELECT pg_advisory_lock({p}, {LINE})")),
@@ -230,14 +230,12 @@ impl PostgresSemaphore {
             if let Some(slot) = taken.first().and_then(|row| number(row, 0)) {
                 break slot as u32;
             }
+            let picture = keys::progress(&seen, limit, link.pid);
             if mode == Contend::Try {
-                return Err(Stop::NoSlot);
+                return Err(Stop::NoSlot(picture));
             }
-            self.gate.waiting_if_changed(
-                &self.prefix,
-                keys::progress(&seen, limit, link.pid),
-                &mut told,
-            );
+            self.gate
+                .waiting_if_changed(&self.prefix, picture, &mut told);
             if limit == 1 {
                 // One slot: wait for it in the server, woken the moment
                 // its holder's session lets it go, however it ends.
