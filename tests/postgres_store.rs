@@ -7,6 +7,7 @@
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use crate::common::postgres::PgBouncer;
 use crate::common::proxy::DelayingProxy;
 use crate::common::wait_until;
 use crate::common::world::*;
@@ -113,7 +114,7 @@ fn a_holder_cut_off_stops_its_command_before_the_waiter_starts() {
         assert_eq!(holder.try_wait().unwrap(), None, "the holder ended early");
         std::fs::read_to_string(&log).is_ok_and(|l| l.contains("holder-started"))
     });
-    proxy.swallow_requests_with("SELECT 1");
+    proxy.swallow_requests_with("SELECT pg_backend_pid()\n");
     let waiter = world.spawn(
         1,
         &[],
@@ -134,4 +135,183 @@ fn a_holder_cut_off_stops_its_command_before_the_waiter_starts() {
         "the order of events"
     );
     world.assert_clean();
+}
+
+/// Behind PgBouncer in transaction pooling, a second contender is handed
+/// the server session whose locks the first holds (advisory locks are
+/// re-entrant: it would hold the same slot): it sees locks it did not
+/// take, and refuses, naming the pooling (78); the first holds on.
+#[test]
+fn pgbouncer_in_transaction_pooling_is_refused_with_its_name() {
+    let world = World::postgres("pg-bouncer-transaction");
+    let bouncer = PgBouncer::start(&world.store, &world.dir.join("bouncer"), "transaction");
+    let holder = world
+        .consem_via(
+            &bouncer.address(),
+            1,
+            &["--ttl", "60s"],
+            &strs(&world.held_until("ready", "go", 0)),
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until(PROMPT, "the holder's command to start", || {
+        world.exists("ready")
+    });
+    let second = world
+        .consem_via(&bouncer.address(), 1, &[], &["touch", &world.path("ran")])
+        .output()
+        .unwrap();
+    assert_eq!(second.status.code(), Some(78), "{}", stderr(&second));
+    assert!(
+        stderr(&second).contains("pool_mode = transaction"),
+        "{}",
+        stderr(&second)
+    );
+    assert!(!world.exists("ran"));
+    world.touch("go");
+    let held = finish(holder);
+    assert_eq!(held.status.code(), Some(0), "{}", stderr(&held));
+}
+
+/// Behind PgBouncer in session pooling, each contender has a server
+/// session of its own: the waiter waits, then takes the slot; a killed
+/// holder's session is reset by PgBouncer (DISCARD ALL), its locks with it.
+#[test]
+fn pgbouncer_in_session_pooling_works() {
+    let world = World::postgres("pg-bouncer-session");
+    let bouncer = PgBouncer::start(&world.store, &world.dir.join("bouncer"), "session");
+    let spawn = |command: Vec<String>| {
+        world
+            .consem_via(&bouncer.address(), 1, &[], &strs(&command))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut holder = spawn(world.held_until("ready", "go", 0));
+    wait_until(PROMPT, "the holder's command to start", || {
+        world.exists("ready")
+    });
+    let waiter = spawn(world.held_until("waiter-ran", "go", 0));
+    wait_until(PROMPT, "the waiter to join", || world.contender_keys() == 2);
+    assert!(!world.exists("waiter-ran"));
+    holder.kill().unwrap();
+    let _ = holder.wait();
+    wait_until(PROMPT, "the waiter's command to start", || {
+        world.exists("waiter-ran")
+    });
+    world.touch("go");
+    let waited = finish(waiter);
+    assert_eq!(waited.status.code(), Some(0), "{}", stderr(&waited));
+    world.assert_clean();
+}
+
+/// A role with LOGIN alone (CONNECT comes from PUBLIC) is all consem
+/// needs; one refused CONNECT is 77, naming the right and its GRANT.
+#[test]
+fn a_role_needs_only_connect_and_without_it_is_77_naming_it() {
+    let world = World::postgres("pg-roles");
+    world.store.psql("CREATE ROLE plain LOGIN");
+    world.store.psql("CREATE DATABASE jobs");
+    let address = format!("postgres://plain@{}/jobs", world.server_addr());
+    let run = |command: &[&str]| {
+        world
+            .consem_command()
+            .args([
+                "run",
+                "--prefix",
+                &world.prefix,
+                "--limit",
+                "2",
+                "--store",
+                &address,
+                "--",
+            ])
+            .args(command)
+            .output()
+            .unwrap()
+    };
+    let ran = run(&["true"]);
+    assert_eq!(ran.status.code(), Some(0), "{}", stderr(&ran));
+    let status = world
+        .consem_command()
+        .args(["status", "--prefix", &world.prefix, "--store", &address])
+        .output()
+        .unwrap();
+    assert_eq!(status.status.code(), Some(1), "{}", stderr(&status));
+    world
+        .store
+        .psql("REVOKE CONNECT ON DATABASE jobs FROM PUBLIC");
+    let refused = run(&["touch", &world.path("ran")]);
+    assert_eq!(refused.status.code(), Some(77), "{}", stderr(&refused));
+    assert!(
+        stderr(&refused).contains("GRANT CONNECT ON DATABASE jobs TO plain"),
+        "{}",
+        stderr(&refused)
+    );
+    assert!(!world.exists("ran"));
+}
+
+/// A wrong password is 77 and never shown, from the address or from
+/// PGPASSWORD.
+#[test]
+fn a_wrong_password_is_77_and_never_shown() {
+    let world = World::postgres("pg-password");
+    world.store.psql(
+        "SET password_encryption = 'scram-sha-256'; CREATE ROLE alice LOGIN PASSWORD 'Right-1'",
+    );
+    world
+        .store
+        .hba_first("host all alice 127.0.0.1/32 scram-sha-256");
+    let run = |address: &str, password: Option<&str>| {
+        let mut command = world.consem_command();
+        command.args([
+            "run",
+            "--prefix",
+            &world.prefix,
+            "--limit",
+            "1",
+            "--store",
+            address,
+            "--",
+            "true",
+        ]);
+        if let Some(password) = password {
+            command.env("PGPASSWORD", password);
+        }
+        command.output().unwrap()
+    };
+    let server = world.server_addr();
+    let good = run(&format!("postgres://alice:Right-1@{server}/postgres"), None);
+    assert_eq!(good.status.code(), Some(0), "{}", stderr(&good));
+    let good = run(
+        &format!("postgres://alice@{server}/postgres"),
+        Some("Right-1"),
+    );
+    assert_eq!(good.status.code(), Some(0), "{}", stderr(&good));
+    for (address, password) in [
+        (format!("postgres://alice:Wrong-2@{server}/postgres"), None),
+        (
+            format!("postgres://alice@{server}/postgres"),
+            Some("Wrong-2"),
+        ),
+    ] {
+        let refused = run(&address, password);
+        assert_eq!(refused.status.code(), Some(77), "{}", stderr(&refused));
+        assert!(
+            !stderr(&refused).contains("Wrong-2"),
+            "{}",
+            stderr(&refused)
+        );
+        assert!(stderr(&refused).contains("alice"), "{}", stderr(&refused));
+    }
+    let missing = run(&format!("postgres://alice@{server}/postgres"), None);
+    assert_eq!(missing.status.code(), Some(77), "{}", stderr(&missing));
+    assert!(
+        stderr(&missing).contains("PGPASSWORD"),
+        "{}",
+        stderr(&missing)
+    );
 }

@@ -249,6 +249,15 @@ impl PostgresServer {
         }
     }
 
+    /// Puts `line` first in pg_hba.conf (the first line that matches a
+    /// connection decides) and reloads the configuration.
+    pub fn hba_first(&self, line: &str) {
+        let path = self.data.join("pg_hba.conf");
+        let rest = std::fs::read_to_string(&path).unwrap();
+        std::fs::write(&path, format!("{line}\n{rest}")).unwrap();
+        self.psql("SELECT pg_reload_conf()");
+    }
+
     /// The address consem is given: TCP, so that its keepalives apply.
     pub fn url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
@@ -333,5 +342,71 @@ impl ServerStore for PostgresServer {
 
     fn point_through(&self, addr: &str, command: &mut Command) {
         command.args(["--store", &format!("postgres://postgres@{addr}/postgres")]);
+    }
+}
+
+/// A PgBouncer in front of a [`PostgresServer`], pooling its `postgres`
+/// database in `mode` (`session`, `transaction` or `statement`), trusting
+/// every client; stopped when dropped.
+pub struct PgBouncer {
+    pub port: u16,
+    process: Child,
+}
+
+impl PgBouncer {
+    pub fn start(server: &PostgresServer, dir: &Path, mode: &str) -> PgBouncer {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join("users.txt"), "\"postgres\" \"\"\n").unwrap();
+        loop {
+            let port = free_port();
+            let ini = dir.join("pgbouncer.ini");
+            std::fs::write(
+                &ini,
+                format!(
+                    "[databases]\npostgres = host=127.0.0.1 port={} dbname=postgres\n\
+                     [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n\
+                     auth_type = trust\nauth_file = {}\npool_mode = {mode}\n\
+                     logfile = {}\nmax_client_conn = 100\ndefault_pool_size = 20\n",
+                    server.port,
+                    dir.join("users.txt").display(),
+                    dir.join("pgbouncer.log").display()
+                ),
+            )
+            .unwrap();
+            give_to_server_user(dir);
+            let mut process = as_server_user(Path::new("pgbouncer"))
+                .arg(&ini)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("pgbouncer is not installed: scripts/test-servers installs it");
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                    return PgBouncer { port, process };
+                }
+                if process.try_wait().unwrap().is_some() {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "pgbouncer did not listen within 20 s; see {}",
+                    dir.join("pgbouncer.log").display()
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+
+    pub fn address(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for PgBouncer {
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
     }
 }

@@ -40,6 +40,23 @@ pub fn channel(key: i32) -> String {
     format!("consem_{:08x}", classid(key))
 }
 
+/// A statement that runs `call` (an expression, or a query of one value
+/// in parentheses) only on the session `pid`, and says which session it
+/// ran on: `(pid, value as text)`, the value NULL where it did not run. A
+/// pooler that hands server sessions from one client to another between
+/// transactions (PgBouncer's transaction and statement pooling) would let
+/// a statement reach a session whose advisory locks are another
+/// contender's, and advisory locks are re-entrant: two contenders would
+/// then hold the same slot.
+pub fn guarded(pid: i32, call: &str) -> String {
+    let call = if call.starts_with("SELECT ") {
+        format!("({call})")
+    } else {
+        call.to_string()
+    };
+    format!("SELECT pg_backend_pid(), CASE WHEN pg_backend_pid() = {pid} THEN ({call})::text END")
+}
+
 /// Where a tag ends a statement: its description follows (see
 /// [`described`]).
 const TAG: &str = "\n-- consem ";
@@ -251,6 +268,16 @@ mod tests {
         assert_eq!(classid(prefix_key("a")), 0xe40c_292c);
         assert_ne!(prefix_key("jobs/a"), prefix_key("jobs/b"));
         assert_eq!(channel(prefix_key("a")), "consem_e40c292c");
+    }
+
+    #[test]
+    fn a_guarded_call_runs_only_on_its_session_and_says_where_it_ran() {
+        assert_eq!(
+            guarded(42, "pg_try_advisory_lock(1, 2)"),
+            "SELECT pg_backend_pid(), CASE WHEN pg_backend_pid() = 42 THEN (pg_try_advisory_lock(1, 2))::text END"
+        );
+        assert!(guarded(42, "SELECT k FROM t LIMIT 1")
+            .contains("THEN ((SELECT k FROM t LIMIT 1))::text"));
     }
 
     #[test]

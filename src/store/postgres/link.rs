@@ -134,7 +134,8 @@ impl Link {
             .collect();
         let setup = format!(
             "SELECT set_config(s.name, s.value, false) FROM (VALUES {}) AS s(name, value) WHERE s.name IN (SELECT name FROM pg_settings); \
-             SELECT pg_backend_pid(), pg_is_in_recovery()",
+             SELECT pg_backend_pid(), pg_is_in_recovery(), \
+             (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid())",
             names.join(", ")
         );
         let rows = link
@@ -147,6 +148,11 @@ impl Link {
                 "{} is a standby (in recovery): its advisory locks are not the primary's; point --store at the primary",
                 connection.shown
             )));
+        }
+        // A new session holds no advisory lock: one that does was
+        // another client's, handed to us by a pooler.
+        if number(&last, 2) != Some(0) {
+            return Err(pooled(connection));
         }
         Ok(link)
     }
@@ -262,7 +268,10 @@ pub fn failure(connection: &Connection, doing: &str, error: &tokio_postgres::Err
     let user = connection.user();
     let database = connection.database();
     let Some(db) = error.as_db_error() else {
-        let cause = network_cause(&error.to_string());
+        let mut cause = network_cause(&error.to_string());
+        if let Some(source) = std::error::Error::source(error) {
+            cause = format!("{cause}: {}", network_cause(&source.to_string()));
+        }
         if cause.contains("password missing") {
             return StoreError::denied(format!(
                 "{shown} asks the role {user} for a password, and none is given: set PGPASSWORD, add a line to ~/.pgpass (or PGPASSFILE), or put it in the address"
@@ -298,6 +307,14 @@ pub fn failure(connection: &Connection, doing: &str, error: &tokio_postgres::Err
         StoreError::unavailable(format!("{shown}: {doing}: {said}"))
     };
     kind_error.caused_by(error_of(error))
+}
+
+/// The error of a session that is not ours: a pooler in the way.
+pub fn pooled(connection: &Connection) -> StoreError {
+    StoreError::config(format!(
+        "{}: our statements reached a server session that is not the one holding our locks, or one that already held advisory locks: a pooler shares server sessions between clients (PgBouncer with pool_mode = transaction or statement); session-level advisory locks need a session of their own: use pool_mode = session, or connect to PostgreSQL directly",
+        connection.shown
+    ))
 }
 
 /// The client's error as a cause (its type is not `Clone`).

@@ -15,7 +15,7 @@ use tokio::sync::watch;
 
 use self::admin::PostgresAdmin;
 use self::keys::{LockRow, LINE, MARK};
-use self::link::{failure, number, text, Connection, Link, Row, Waited};
+use self::link::{failure, number, Connection, Link, Row, Waited};
 use super::driver::{self, Gate, Grant, Recipe, Stop};
 use super::kind::{Lease, Store, StoreSettings};
 use super::lease;
@@ -77,6 +77,8 @@ impl StoreSettings for Settings {
 struct Phase {
     /// The contender thread runs (it holds the connection).
     contending: bool,
+    /// A slot was ours.
+    held: bool,
     /// Why the server ended our session before we left, if it did.
     taken: Option<String>,
     /// The clean leave did not finish: why.
@@ -156,15 +158,42 @@ impl PostgresSemaphore {
         ))
     }
 
-    /// Runs `sql`, which may wait in the server (a lock wait), until it
+    /// Our statements reached a session other than ours: a pooler shares
+    /// server sessions between clients.
+    fn pooled(&self) -> StoreError {
+        link::pooled(&self.settings.connection)
+    }
+
+    /// The answer of a statement of [`keys::guarded`] on our session, or
+    /// the error that it ran on another.
+    fn on_our_session(&self, link: &Link, rows: &[Row]) -> Result<Option<String>, StoreError> {
+        match rows.last() {
+            Some(row) if number(row, 0) == Some(i64::from(link.pid)) => {
+                Ok(row.get(1).cloned().flatten())
+            }
+            _ => Err(self.pooled()),
+        }
+    }
+
+    /// Runs `call` on our session (see [`keys::guarded`]) and returns its
+    /// value as text.
+    fn call(&self, link: &Link, call: &str, doing: &str) -> Result<Option<String>, StoreError> {
+        let rows = link
+            .run(&self.sql(&keys::guarded(link.pid, call)))
+            .map_err(|e| self.failed(doing, &e))?;
+        self.on_our_session(link, &rows)
+    }
+
+    /// Runs `call`, which may wait in the server (a lock wait), until it
     /// answers, the connection ends, or release begins (the wait is then
     /// cancelled, so that the session leaves the lock queue at once).
-    fn wait_in_server(&self, link: &Link, sql: &str, doing: &str) -> Result<Vec<Row>, Stop> {
+    fn wait_in_server(&self, link: &Link, call: &str, doing: &str) -> Result<(), Stop> {
         let mut closing = self.closing.subscribe();
         let ended = link.ended();
-        link.block_on(async {
+        let sql = self.sql(&keys::guarded(link.pid, call));
+        let rows = link.block_on(async {
             tokio::select! {
-                answer = link::rows(link.client(), sql) => {
+                answer = link::rows(link.client(), &sql) => {
                     answer.map_err(|e| Stop::Failed(self.failed(doing, &e)))
                 }
                 why = ended => Err(Stop::Failed(StoreError::unavailable(format!(
@@ -176,7 +205,9 @@ impl PostgresSemaphore {
                     Err(Stop::Closing)
                 }
             }
-        })
+        })?;
+        self.on_our_session(link, &rows)?;
+        Ok(())
     }
 
     /// Joins, waits in line and takes a slot; see docs/design.md.
@@ -184,19 +215,21 @@ impl PostgresSemaphore {
         let (p, limit) = (self.key, self.limit);
         // The mark first, then a look: a contender with another limit is
         // seen by us or sees us.
-        link.run(&self.sql(&format!(
-            "SELECT pg_advisory_lock_shared({p}, {})",
-            MARK + limit
-        )))
-        .map_err(|e| self.failed("joining", &e))?;
+        self.call(
+            link,
+            &format!("pg_advisory_lock_shared({p}, {})", MARK + limit),
+            "joining",
+        )?;
         let seen = keys::contenders(&self.lock_rows(link)?);
         if let Some(other) = keys::other_limit(&seen, limit, link.pid) {
             return Err(Stop::Failed(self.conflict(other)));
         }
-        let first = link
-            .run(&self.sql(&format!("SELECT pg_try_advisory_lock({p}, {LINE})")))
-            .map_err(|e| self.failed("joining the line", &e))?;
-        if text(first.first().unwrap_or(&Vec::new()), 0) != "t" {
+        let first = self.call(
+            link,
+            &format!("pg_try_advisory_lock({p}, {LINE})"),
+            "joining the line",
+        )?;
+        if first.as_deref() != Some("true") {
             let picture = keys::progress(&seen, limit, link.pid);
             if mode == Contend::Try {
                 return Err(Stop::NoSlot(picture));
@@ -204,7 +237,7 @@ impl PostgresSemaphore {
             self.gate.waiting(&self.prefix, picture);
             self.wait_in_server(
                 link,
-                &self.sql(&format!("SELECT pg_advisory_lock({p}, {LINE})")),
+                &format!("pg_advisory_lock({p}, {LINE})"),
                 "waiting in line",
             )?;
         }
@@ -221,14 +254,16 @@ impl PostgresSemaphore {
                 return Err(Stop::Failed(self.conflict(other)));
             }
             link.forget_notes();
-            let taken = link
-                .run(&self.sql(&format!(
+            let taken = self.call(
+                link,
+                &format!(
                     "SELECT k FROM generate_series(0, {}) AS k WHERE pg_try_advisory_lock({p}, k) LIMIT 1",
                     limit - 1
-                )))
-                .map_err(|e| self.failed("taking a slot", &e))?;
-            if let Some(slot) = taken.first().and_then(|row| number(row, 0)) {
-                break slot as u32;
+                ),
+                "taking a slot",
+            )?;
+            if let Some(slot) = taken.and_then(|k| k.parse().ok()) {
+                break slot;
             }
             let picture = keys::progress(&seen, limit, link.pid);
             if mode == Contend::Try {
@@ -241,7 +276,7 @@ impl PostgresSemaphore {
                 // its holder's session lets it go, however it ends.
                 self.wait_in_server(
                     link,
-                    &self.sql(&format!("SELECT pg_advisory_lock({p}, 0)")),
+                    &format!("pg_advisory_lock({p}, 0)"),
                     "waiting for the slot",
                 )?;
                 break 0;
@@ -249,17 +284,18 @@ impl PostgresSemaphore {
             self.wait_for_a_departure(link)?;
         };
         let sent = Instant::now();
-        let mut unlisten = String::new();
+        let fence = self.call(link, "txid_current()", "reading the fence")?;
+        self.call(
+            link,
+            &format!("pg_advisory_unlock({p}, {LINE})"),
+            "leaving the line",
+        )?;
         if limit > 1 {
-            unlisten = format!("; UNLISTEN {channel}");
+            link.run(&format!("UNLISTEN {channel}"))
+                .map_err(|e| self.failed("leaving the line", &e))?;
         }
-        let fenced = link
-            .run(&self.sql(&format!(
-                "SELECT txid_current(), pg_advisory_unlock({p}, {LINE}){unlisten}"
-            )))
-            .map_err(|e| self.failed("reading the fence", &e))?;
-        let fence = fenced.first().and_then(|row| number(row, 0)).unwrap_or(0);
-        Ok((slot, fence as u64, sent))
+        let fence = fence.and_then(|f| f.parse().ok()).unwrap_or(0);
+        Ok((slot, fence, sent))
     }
 
     /// The first waiter of a limit above 1: sleeps until a holder says it
@@ -287,7 +323,7 @@ impl PostgresSemaphore {
             let mut closing = self.closing.subscribe();
             let ended = held.link.ended();
             let lease_end = lease::lease_end(held.confirmed, ttl);
-            let next = self.sql("SELECT 1");
+            let next = self.sql("SELECT pg_backend_pid()");
             let outcome = held.link.block_on(async {
                 tokio::select! {
                     _ = closing.wait_for(|closing| *closing) => Err(None),
@@ -296,7 +332,7 @@ impl PostgresSemaphore {
                         tokio::time::sleep(period).await;
                         let sent = Instant::now();
                         tokio::select! {
-                            answer = held.link.client().simple_query(&next) => Ok(answer.map(|_| sent)),
+                            answer = link::rows(held.link.client(), &next) => Ok(answer.map(|rows| (rows, sent))),
                             _ = tokio::time::sleep_until(lease_end.into()) => Err(()),
                         }
                     } => Ok(answer),
@@ -314,7 +350,10 @@ impl PostgresSemaphore {
                 Ok(Ok(Err(error))) => {
                     return Some(format!("{shown}: {error}; the slot went with the session"))
                 }
-                Ok(Ok(Ok(sent))) => {
+                Ok(Ok(Ok((rows, _)))) if rows.first().and_then(|row| number(row, 0)) != Some(i64::from(held.link.pid)) => {
+                    return Some(self.pooled().to_string());
+                }
+                Ok(Ok(Ok((_, sent)))) => {
                     held.confirmed = sent;
                     self.gate.notify(SlotEvent::Leased {
                         until: lease::lease_end(sent, ttl),
@@ -324,23 +363,33 @@ impl PostgresSemaphore {
         }
     }
 
-    /// Lets the slot go and says so to the first waiter, then ends the
-    /// session.
+    /// Lets the slot go (every lock of ours: a pooler in session mode
+    /// resets a session it takes back, but we do not count on it) and says
+    /// so to the first waiter, then ends the session.
     fn leave(&self, held: &mut Held) -> Option<String> {
-        let p = self.key;
-        let mut sql = format!("SELECT pg_advisory_unlock({p}, {})", held.slot);
+        let mut sql = self.sql(&keys::guarded(held.link.pid, "pg_advisory_unlock_all()"));
         if self.limit > 1 {
-            sql.push_str(&format!("; NOTIFY {}, '{}'", keys::channel(p), held.slot));
+            // Sent as the statements' implicit transaction commits, after
+            // the unlock.
+            sql = format!(
+                "NOTIFY {}, '{}';\n{sql}",
+                keys::channel(self.key),
+                held.slot
+            );
         }
         let left = held.link.block_on(async {
             tokio::time::timeout(Duration::from_secs(2), link::rows(held.link.client(), &sql)).await
         });
-        held.link.close();
-        match left {
-            Ok(Ok(_)) => None,
+        let unfinished = match left {
+            Ok(Ok(rows)) => self
+                .on_our_session(&held.link, &rows[..1.min(rows.len())])
+                .err()
+                .map(|e| e.to_string()),
             Ok(Err(error)) => Some(error.to_string()),
             Err(_) => Some("no answer within 2s".to_string()),
-        }
+        };
+        held.link.close();
+        unfinished
     }
 }
 
@@ -369,15 +418,18 @@ impl Recipe for PostgresSemaphore {
             }
         };
         match self.contend_on(&mut link, mode) {
-            Ok((slot, fence, sent)) => Ok(Grant {
-                fence,
-                lease: Some(lease::lease_end(sent, self.settings.ttl)),
-                held: Held {
-                    link,
-                    slot,
-                    confirmed: sent,
-                },
-            }),
+            Ok((slot, fence, sent)) => {
+                self.phase().held = true;
+                Ok(Grant {
+                    fence,
+                    lease: Some(lease::lease_end(sent, self.settings.ttl)),
+                    held: Held {
+                        link,
+                        slot,
+                        confirmed: sent,
+                    },
+                })
+            }
             Err(stop) => {
                 link.close();
                 self.finished(None, None);
@@ -417,7 +469,10 @@ impl SlotBackend for PostgresSemaphore {
             .phase_changed
             .wait_timeout_while(phase, budget, |phase| phase.contending)
             .unwrap_or_else(|e| e.into_inner());
-        report::event("released", &[("prefix", &self.prefix)]);
+        report::event(
+            driver::leaving_event(phase.held),
+            &[("prefix", &self.prefix)],
+        );
         if waited.timed_out() {
             return Err(ReleaseError(vec![Unfinished::step(format!(
                 "leaving {}",
