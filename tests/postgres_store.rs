@@ -315,3 +315,57 @@ fn a_wrong_password_is_77_and_never_shown() {
         stderr(&missing)
     );
 }
+
+/// `sslmode=verify-full` against a server with a certificate of the test
+/// CA, which takes nothing but TLS over TCP: the chain and the name are
+/// verified; another CA is refused (69, saying why); plain text is refused
+/// by the server (77).
+#[test]
+fn tls_verify_full_against_a_test_certificate() {
+    let pki = crate::common::pki::TestPki::new();
+    let world = World::with_store("pg-tls", |dir| {
+        let files = pki.write_to(&dir.join("pki"));
+        PostgresServer::start_tls(&dir.join("postgres"), &files)
+    });
+    world.store.hba_first("hostnossl all all 0.0.0.0/0 reject");
+    let files = pki.write_to(&world.dir.join("client-pki"));
+    let run = |host: &str, query: &str| {
+        let address = format!(
+            "postgres://postgres@{host}:{}/postgres?{query}",
+            world.store.port
+        );
+        world
+            .consem_command()
+            .args([
+                "run",
+                "--prefix",
+                &world.prefix,
+                "--limit",
+                "1",
+                "--store",
+                &address,
+            ])
+            .args(["--", "sh", "-c", "printf %s \"$CONSEM_FENCE\""])
+            .output()
+            .unwrap()
+    };
+    let ca = format!("sslmode=verify-full&sslrootcert={}", files.ca.display());
+    for host in ["localhost", "127.0.0.1"] {
+        let ran = run(host, &ca);
+        assert_eq!(ran.status.code(), Some(0), "{host}: {}", stderr(&ran));
+    }
+    let other = run(
+        "127.0.0.1",
+        &format!(
+            "sslmode=verify-full&sslrootcert={}",
+            files.other_ca.display()
+        ),
+    );
+    assert_eq!(other.status.code(), Some(69), "{}", stderr(&other));
+    assert!(stderr(&other).contains("certificate"), "{}", stderr(&other));
+    let plain = run("127.0.0.1", "sslmode=disable");
+    assert_eq!(plain.status.code(), Some(77), "{}", stderr(&plain));
+    let unverified = run("127.0.0.1", "sslmode=require");
+    assert_eq!(unverified.status.code(), Some(0), "{}", stderr(&unverified));
+    world.assert_clean();
+}

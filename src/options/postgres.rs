@@ -8,6 +8,9 @@ use std::str::FromStr as _;
 
 use super::{OptionsError, StoreFlags};
 use crate::store::kind::StoreSettings;
+use std::path::PathBuf;
+
+use crate::store::postgres::tls::{Roots, SslMode, Tls};
 use crate::store::postgres::{self, link::Connection};
 use crate::store::without_credentials;
 
@@ -22,12 +25,11 @@ enum PostgresFlagsError {
         shown: String,
         why: String,
     },
-    TlsNotSupported {
-        mode: String,
-    },
     UnknownSslMode {
         mode: String,
     },
+    /// A TLS setting that cannot be used, in its own words.
+    Tls(String),
 }
 
 impl std::fmt::Display for PostgresFlagsError {
@@ -37,14 +39,11 @@ impl std::fmt::Display for PostgresFlagsError {
                 f,
                 "{source}: '{shown}' is not a PostgreSQL address ({why}): write postgres://user@host:port/database"
             ),
-            PostgresFlagsError::TlsNotSupported { mode } => write!(
-                f,
-                "sslmode={mode}: the PostgreSQL store does not speak TLS yet; use sslmode=disable or prefer (plain), or reach the server through a TLS tunnel"
-            ),
             PostgresFlagsError::UnknownSslMode { mode } => write!(
                 f,
                 "sslmode={mode} is not one of disable, allow, prefer, require, verify-ca, verify-full"
             ),
+            PostgresFlagsError::Tls(why) => f.write_str(why),
         }
     }
 }
@@ -64,27 +63,31 @@ pub fn configure(flags: &StoreFlags<'_>) -> Result<Box<dyn StoreSettings>, Optio
     }))
 }
 
-/// The address's own `sslmode` (taken out: the client's parser knows
-/// fewer modes than libpq), and the rest.
-fn split_ssl_mode(address: &str) -> (String, Option<String>) {
+/// The address's own `sslmode` and `sslrootcert` (taken out: the
+/// client's parser knows neither as libpq does), and the rest.
+fn split_tls_params(address: &str) -> (String, Option<String>, Option<String>) {
     let Some((base, query)) = address.split_once('?') else {
-        return (address.to_string(), None);
+        return (address.to_string(), None, None);
     };
-    let mut mode = None;
+    let (mut mode, mut root) = (None, None);
     let kept: Vec<&str> = query
         .split('&')
-        .filter(|pair| match pair.strip_prefix("sslmode=") {
-            Some(value) => {
+        .filter(|pair| {
+            if let Some(value) = pair.strip_prefix("sslmode=") {
                 mode = Some(value.to_string());
                 false
+            } else if let Some(value) = pair.strip_prefix("sslrootcert=") {
+                root = Some(value.to_string());
+                false
+            } else {
+                !pair.is_empty()
             }
-            None => !pair.is_empty(),
         })
         .collect();
     if kept.is_empty() {
-        (base.to_string(), mode)
+        (base.to_string(), mode, root)
     } else {
-        (format!("{base}?{}", kept.join("&")), mode)
+        (format!("{base}?{}", kept.join("&")), mode, root)
     }
 }
 
@@ -100,14 +103,22 @@ fn connection(
     } else {
         text
     };
-    let (address, mode) = split_ssl_mode(address);
-    match mode.or_else(|| var("PGSSLMODE")).as_deref() {
-        None | Some("disable" | "allow" | "prefer") => {}
-        Some(mode @ ("require" | "verify-ca" | "verify-full")) => {
-            return Err(PostgresFlagsError::TlsNotSupported { mode: mode.into() })
-        }
-        Some(mode) => return Err(PostgresFlagsError::UnknownSslMode { mode: mode.into() }),
-    }
+    let (address, mode, root) = split_tls_params(address);
+    let mode = mode.or_else(|| var("PGSSLMODE"));
+    let mode = match mode.as_deref() {
+        None => SslMode::Prefer,
+        Some(text) => SslMode::parse(text)
+            .ok_or_else(|| PostgresFlagsError::UnknownSslMode { mode: text.into() })?,
+    };
+    let roots = match root.or_else(|| var("PGSSLROOTCERT")) {
+        Some(system) if system == "system" => Roots::System,
+        Some(path) => Roots::File(percent_decoded(&path).into()),
+        None => match var("HOME").map(|home| PathBuf::from(home).join(".postgresql/root.crt")) {
+            Some(path) if path.exists() => Roots::File(path),
+            _ => Roots::None,
+        },
+    };
+    let tls = Tls::new(mode, &roots).map_err(|e| PostgresFlagsError::Tls(e.to_string()))?;
     let address = match var("PGPORT") {
         Some(port) if !names_a_port(&address) => with_port(&address, &port),
         _ => address,
@@ -119,7 +130,7 @@ fn connection(
             why: error.to_string(),
         }
     })?;
-    config.ssl_mode(tokio_postgres::config::SslMode::Disable);
+    config.ssl_mode(mode.client_mode());
     if config.get_hosts().is_empty() {
         let hosts = var("PGHOST").unwrap_or_else(|| {
             if std::path::Path::new(DEFAULT_SOCKET_DIR).is_dir() {
@@ -179,7 +190,7 @@ fn connection(
             config.password(password);
         }
     }
-    Ok(Connection { config, shown })
+    Ok(Connection { config, tls, shown })
 }
 
 /// Whether the address gives a port (the client's parser fills in 5432
@@ -217,6 +228,31 @@ fn with_port(address: &str, port: &str) -> String {
         .map(|host| format!("{host}:{port}"))
         .collect();
     format!("{scheme}://{credentials}{}{tail}", hosts.join(","))
+}
+
+/// `%XX` escapes decoded, as in a URL's query.
+fn percent_decoded(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (
+            bytes[i],
+            bytes.get(i + 1).and_then(|&b| hex(b)),
+            bytes.get(i + 2).and_then(|&b| hex(b)),
+        ) {
+            (b'%', Some(high), Some(low)) => {
+                out.push((high * 16 + low) as u8);
+                i += 3;
+            }
+            (byte, _, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The user this process runs as, libpq's default role.
@@ -321,6 +357,11 @@ mod tests {
             [tokio_postgres::config::Host::Unix("/tmp/sock".into())]
         );
         assert_eq!(c.config.get_dbname(), Some("db"));
+        let c = read("postgres://u@%2Ftmp%2Fsock/d", &[]).unwrap();
+        assert_eq!(
+            c.config.get_hosts(),
+            [tokio_postgres::config::Host::Unix("/tmp/sock".into())]
+        );
         let c = read("postgres://u@h:7/d", &[("PGPORT", "6432")]).unwrap();
         assert_eq!(c.config.get_ports(), [7]);
         let c = read("postgres://u@[::1]/d", &[("PGPORT", "6432")]).unwrap();
@@ -328,15 +369,19 @@ mod tests {
     }
 
     #[test]
-    fn ssl_modes_are_read_and_tls_ones_refused_for_now() {
+    fn ssl_modes_and_root_certificates_are_read_as_libpq_reads_them() {
         assert!(read("postgres://h/d?sslmode=disable", &[]).is_ok());
         assert!(read("postgres://h/d?sslmode=prefer&connect_timeout=3", &[]).is_ok());
-        assert_eq!(
-            read("postgres://h/d?sslmode=verify-full", &[]).unwrap_err(),
-            PostgresFlagsError::TlsNotSupported {
-                mode: "verify-full".into()
-            }
-        );
+        assert!(read("postgres://h/d?sslmode=require", &[]).is_ok());
+        assert!(matches!(
+            read("postgres://h/d?sslmode=verify-full", &[("HOME", "/nonexistent")]),
+            Err(PostgresFlagsError::Tls(why)) if why.contains("no root certificate")
+        ));
+        assert!(matches!(
+            read("postgres://h/d?sslmode=verify-ca&sslrootcert=%2Fnonexistent%2Fca.pem", &[]),
+            Err(PostgresFlagsError::Tls(why)) if why.contains("cannot read /nonexistent/ca.pem")
+        ));
+        assert!(read("postgres://h/d?sslmode=verify-full&sslrootcert=system", &[]).is_ok());
         assert!(matches!(
             read("postgres://h/d", &[("PGSSLMODE", "bogus")]),
             Err(PostgresFlagsError::UnknownSslMode { .. })

@@ -123,6 +123,8 @@ pub struct PostgresServer {
     pub port: u16,
     pub socket_dir: PathBuf,
     data: PathBuf,
+    /// Settings given to the server (`-c name=value` each).
+    settings: Vec<String>,
     log: PathBuf,
     process: Option<Child>,
 }
@@ -130,6 +132,31 @@ pub struct PostgresServer {
 impl PostgresServer {
     /// Starts one in `dir`, and waits until it takes connections.
     pub fn start(dir: &Path) -> PostgresServer {
+        PostgresServer::start_with(dir, &[])
+    }
+
+    /// One that speaks TLS with the test PKI's server certificate
+    /// (`localhost`, `127.0.0.1`), as well as plain text.
+    pub fn start_tls(dir: &Path, files: &super::pki::PkiFiles) -> PostgresServer {
+        let tls = dir.join("tls");
+        std::fs::create_dir_all(&tls).unwrap();
+        let (cert, key) = (tls.join("server.pem"), tls.join("server-key.pem"));
+        std::fs::copy(&files.server, &cert).unwrap();
+        std::fs::copy(&files.server_key, &key).unwrap();
+        std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .unwrap();
+        PostgresServer::start_with(
+            dir,
+            &[
+                "ssl=on".to_string(),
+                format!("ssl_cert_file={}", cert.display()),
+                format!("ssl_key_file={}", key.display()),
+            ],
+        )
+    }
+
+    /// Starts one in `dir` with `settings` (`name=value`).
+    pub fn start_with(dir: &Path, settings: &[String]) -> PostgresServer {
         std::fs::create_dir_all(dir).unwrap();
         let data = dir.join("data");
         let status = Command::new("cp")
@@ -146,6 +173,7 @@ impl PostgresServer {
             port: 0,
             socket_dir,
             data,
+            settings: settings.to_vec(),
             log: dir.join("postgres.log"),
             process: None,
         };
@@ -183,6 +211,11 @@ impl PostgresServer {
                 "-c",
                 "log_min_messages=warning",
             ])
+            .args(
+                self.settings
+                    .iter()
+                    .flat_map(|setting| ["-c", setting.as_str()]),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{AsyncMessage, Client, NoTls, SimpleQueryMessage};
+use tokio_postgres::{AsyncMessage, Client, SimpleQueryMessage};
+
+use super::tls::Tls;
 
 use crate::store::{network_cause, StoreError};
 
@@ -16,6 +18,8 @@ use crate::store::{network_cause, StoreError};
 #[derive(Debug, Clone)]
 pub struct Connection {
     pub config: tokio_postgres::Config,
+    /// TLS as `sslmode` asks.
+    pub tls: Tls,
     /// The address as messages show it, without a password.
     pub shown: String,
 }
@@ -85,6 +89,7 @@ pub struct Link {
     client: Option<Client>,
     ended: watch::Receiver<Option<String>>,
     notes: mpsc::UnboundedReceiver<String>,
+    tls: Tls,
     /// The session's backend process: its identifier in `status`.
     pub pid: i32,
 }
@@ -104,7 +109,7 @@ impl Link {
             config.connect_timeout(CONNECT_TIMEOUT);
         }
         let (client, mut pending) = runtime
-            .block_on(config.connect(NoTls))
+            .block_on(config.connect(connection.tls.clone()))
             .map_err(|error| failure(connection, "connecting", &error))?;
         let (ended_tx, ended) = watch::channel(None);
         let (notes_tx, notes) = mpsc::unbounded_channel();
@@ -126,6 +131,7 @@ impl Link {
             client: Some(client),
             ended,
             notes,
+            tls: connection.tls.clone(),
             pid: 0,
         };
         let names: Vec<String> = session_settings(ttl)
@@ -210,7 +216,7 @@ impl Link {
     /// through a connection of its own, as libpq's cancel does.
     pub async fn cancel(&self) {
         let token = self.client().cancel_token();
-        let _ = tokio::time::timeout(CLOSE_WAIT, token.cancel_query(NoTls)).await;
+        let _ = tokio::time::timeout(CLOSE_WAIT, token.cancel_query(self.tls.clone())).await;
     }
 
     /// Ends the session (the server drops what it held) and waits for the

@@ -7,6 +7,7 @@
 pub mod admin;
 pub mod keys;
 pub mod link;
+pub mod tls;
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
