@@ -4,7 +4,7 @@
 //! slot goes to the next waiter at once; a holder cut off from the server
 //! stops its command before the server can give its slot away.
 
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::common::postgres::PgBouncer;
@@ -19,6 +19,22 @@ fn holder_pids(world: &World<PostgresServer>) -> Vec<i32> {
         crate::common::postgres::prefix_classid(&world.prefix)
     ));
     text.lines().filter_map(|line| line.parse().ok()).collect()
+}
+
+/// `consem run` on the world's prefix, at `address` rather than the
+/// world's own.
+fn run_at(world: &World<PostgresServer>, address: &str, limit: u32, command: &[&str]) -> Command {
+    let mut run = world.consem_command();
+    run.args([
+        "run",
+        "--prefix",
+        &world.prefix,
+        "--limit",
+        &limit.to_string(),
+    ])
+    .args(["--store", address, "--"])
+    .args(command);
+    run
 }
 
 #[test]
@@ -216,23 +232,7 @@ fn a_role_needs_only_connect_and_without_it_is_77_naming_it() {
     world.store.psql("CREATE ROLE plain LOGIN");
     world.store.psql("CREATE DATABASE jobs");
     let address = format!("postgres://plain@{}/jobs", world.server_addr());
-    let run = |command: &[&str]| {
-        world
-            .consem_command()
-            .args([
-                "run",
-                "--prefix",
-                &world.prefix,
-                "--limit",
-                "2",
-                "--store",
-                &address,
-                "--",
-            ])
-            .args(command)
-            .output()
-            .unwrap()
-    };
+    let run = |command: &[&str]| run_at(&world, &address, 2, command).output().unwrap();
     let ran = run(&["true"]);
     assert_eq!(ran.status.code(), Some(0), "{}", stderr(&ran));
     let status = world
@@ -266,18 +266,7 @@ fn a_wrong_password_is_77_and_never_shown() {
         .store
         .hba_first("host all alice 127.0.0.1/32 scram-sha-256");
     let run = |address: &str, password: Option<&str>| {
-        let mut command = world.consem_command();
-        command.args([
-            "run",
-            "--prefix",
-            &world.prefix,
-            "--limit",
-            "1",
-            "--store",
-            address,
-            "--",
-            "true",
-        ]);
+        let mut command = run_at(&world, address, 1, &["true"]);
         if let Some(password) = password {
             command.env("PGPASSWORD", password);
         }
@@ -334,20 +323,14 @@ fn tls_verify_full_against_a_test_certificate() {
             "postgres://postgres@{host}:{}/postgres?{query}",
             world.store.port
         );
-        world
-            .consem_command()
-            .args([
-                "run",
-                "--prefix",
-                &world.prefix,
-                "--limit",
-                "1",
-                "--store",
-                &address,
-            ])
-            .args(["--", "sh", "-c", "printf %s \"$CONSEM_FENCE\""])
-            .output()
-            .unwrap()
+        run_at(
+            &world,
+            &address,
+            1,
+            &["sh", "-c", "printf %s \"$CONSEM_FENCE\""],
+        )
+        .output()
+        .unwrap()
     };
     let ca = format!("sslmode=verify-full&sslrootcert={}", files.ca.display());
     for host in ["localhost", "127.0.0.1"] {
