@@ -245,7 +245,7 @@ impl PostgresSemaphore {
         // First in line: nobody else takes a slot now, holders only leave.
         let channel = keys::channel(p);
         if limit > 1 {
-            link.run(&format!("LISTEN {channel}"))
+            link.run(&self.sql(&format!("LISTEN {channel}")))
                 .map_err(|e| self.failed("listening", &e))?;
         }
         let mut told: Option<Progress> = None;
@@ -292,7 +292,7 @@ impl PostgresSemaphore {
             "leaving the line",
         )?;
         if limit > 1 {
-            link.run(&format!("UNLISTEN {channel}"))
+            link.run(&self.sql(&format!("UNLISTEN {channel}")))
                 .map_err(|e| self.failed("leaving the line", &e))?;
         }
         let fence = fence.and_then(|f| f.parse().ok()).unwrap_or(0);
