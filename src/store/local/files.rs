@@ -171,7 +171,7 @@ fn refuse_network_filesystem(path: &Path) -> Result<(), StoreError> {
     let kind = info.f_type as i64;
     match NETWORK.iter().find(|(magic, _)| *magic == kind) {
         Some((_, name)) => Err(StoreError::usage(format!(
-            "{} is on {name}, a network filesystem, where file locks do not hold slots reliably: use a local directory (--store local:DIR), or the Consul store for slots across hosts",
+            "{} is on {name}, a network filesystem, where file locks do not hold slots reliably: use a local directory (--store local:DIR), or a store with a server (Consul, Redis, etcd) for slots across hosts",
             path.display()
         ))),
         None => Ok(()),
