@@ -62,6 +62,28 @@ pub struct Holder {
     pub since: Option<std::time::SystemTime>,
 }
 
+impl Holder {
+    /// `web-3 pid 812, started 4m12s ago`, as far as it describes itself
+    /// (`?` for a host it does not name), dated by `now`; printable.
+    pub fn describe(&self, now: std::time::SystemTime) -> String {
+        use crate::report;
+        let host = self.host.as_deref().unwrap_or("?");
+        let mut text = report::abbreviated(&report::printable(host)).into_owned();
+        if let Some(pid) = self.pid {
+            text.push_str(&format!(" pid {pid}"));
+        }
+        if let Some(up) = self.since.and_then(|since| now.duration_since(since).ok()) {
+            // Whole seconds: a holder that just started is `0s`, not `0ms`.
+            let up = match up.as_secs() {
+                0 => "0s".to_string(),
+                whole => crate::duration::human(std::time::Duration::from_secs(whole)),
+            };
+            text.push_str(&format!(", started {up} ago"));
+        }
+        text
+    }
+}
+
 impl From<&ContenderInfo> for Holder {
     fn from(info: &ContenderInfo) -> Holder {
         Holder {

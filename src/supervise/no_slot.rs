@@ -5,7 +5,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use crate::store::{Holder, Progress};
+use crate::store::Progress;
 use crate::{duration, report};
 
 /// Holders named in the line; the others are counted, so that a limit of
@@ -26,6 +26,7 @@ pub struct NoSlot {
 impl NoSlot {
     /// The line, without `consem: ` before it; `now` dates the holders.
     pub fn describe(&self, prefix: &str, now: SystemTime) -> String {
+        let prefix = report::abbreviated(prefix);
         let waited = match self.timeout {
             Some(timeout) => format!(
                 "timed out after {} waiting for a slot at {prefix}",
@@ -42,7 +43,7 @@ impl NoSlot {
             .iter()
             .filter(|holder| holder.host.is_some())
             .take(NAMED_HOLDERS)
-            .map(|holder| describe_holder(holder, now))
+            .map(|holder| holder.describe(now))
             .collect();
         if !named.is_empty() {
             let others = seen.holders.len() - named.len();
@@ -63,29 +64,10 @@ impl NoSlot {
     }
 }
 
-/// `web-3 pid 812, started 4m12s ago`, as far as the holder describes
-/// itself.
-fn describe_holder(holder: &Holder, now: SystemTime) -> String {
-    let host = holder.host.as_deref().unwrap_or("?");
-    let mut text = report::abbreviated(host).into_owned();
-    if let Some(pid) = holder.pid {
-        text.push_str(&format!(" pid {pid}"));
-    }
-    if let Some(up) = holder
-        .since
-        .and_then(|since| now.duration_since(since).ok())
-    {
-        text.push_str(&format!(
-            ", started {} ago",
-            duration::human(Duration::from_secs(up.as_secs()))
-        ));
-    }
-    text
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Holder;
 
     fn holder(host: Option<&str>, pid: u64, held: u64, now: SystemTime) -> Holder {
         Holder {
@@ -155,6 +137,26 @@ mod tests {
             undescribed.describe("jobs", now),
             "no free slot at jobs: 2/2 held (db-1 pid 9, started 5s ago; 1 more), 4 waiting"
         );
+        // A holder that just started, a host that would drive a terminal,
+        // a prefix of a kilobyte: the line stays one readable line.
+        let odd = NoSlot {
+            timeout: Some(Duration::from_secs(1)),
+            seen: Some(Progress {
+                limit: 1,
+                holders: vec![Holder {
+                    host: Some("evil\x1b[2J".into()),
+                    pid: None,
+                    since: Some(now - Duration::from_millis(300)),
+                }],
+                ahead: 1,
+            }),
+        };
+        let line = odd.describe(&"p".repeat(1024), now);
+        assert!(
+            line.ends_with(": 1/1 held (evil\\x1b[2J, started 0s ago), 1 ahead"),
+            "{line}"
+        );
+        assert!(line.len() < 300, "{line}");
         let unanswered = NoSlot {
             timeout: Some(Duration::from_millis(500)),
             seen: None,
