@@ -75,6 +75,15 @@ pub fn measured(duration: Duration) -> String {
     human(Duration::from_millis(duration.as_millis() as u64))
 }
 
+/// Formats how long something has lasted, in whole seconds: `4m12s`,
+/// and `0s` for less than one (not `0ms`).
+pub fn whole_seconds(duration: Duration) -> String {
+    match duration.as_secs() {
+        0 => "0s".to_string(),
+        whole => human(Duration::from_secs(whole)),
+    }
+}
+
 /// Formats a duration for people, exactly, in the form `parse` reads:
 /// `15s`, `1m30s`, `250ms`, `1.5s`, `0.1ms` (so that a value is never
 /// echoed back as one the operator did not give, nor a limit as the value

@@ -121,17 +121,7 @@ impl Picture {
         let holders = progress
             .holders
             .iter()
-            .map(|holder| {
-                let host = holder.host.as_deref().unwrap_or("?");
-                let mut text = report::abbreviated(&report::printable(host)).into_owned();
-                if let Some(pid) = holder.pid {
-                    text.push_str(&format!(" pid {pid}"));
-                }
-                if let Some(up) = held_for(holder.since) {
-                    text.push_str(&format!(", started {} ago", seconds(up)));
-                }
-                text
-            })
+            .map(|holder| holder.describe(now))
             .collect();
         let seconds = waited.as_secs();
         let clock = if seconds >= 3600 {
@@ -236,7 +226,7 @@ impl Picture {
             })
             .collect();
         if let Some(oldest) = self.oldest {
-            let oldest = seconds(oldest);
+            let oldest = duration::whole_seconds(oldest);
             if count > 1 {
                 details.push(Some(format!("oldest started {oldest} ago")));
                 details.push(Some(format!("oldest {oldest}")));
@@ -247,14 +237,6 @@ impl Picture {
         }
         details.push(None);
         details
-    }
-}
-
-/// A holder's time, in whole seconds (`4m12s`, `0s`).
-fn seconds(held: Duration) -> String {
-    match held.as_secs() {
-        0 => "0s".to_string(),
-        whole => duration::human(Duration::from_secs(whole)),
     }
 }
 

@@ -73,12 +73,10 @@ impl Holder {
             text.push_str(&format!(" pid {pid}"));
         }
         if let Some(up) = self.since.and_then(|since| now.duration_since(since).ok()) {
-            // Whole seconds: a holder that just started is `0s`, not `0ms`.
-            let up = match up.as_secs() {
-                0 => "0s".to_string(),
-                whole => crate::duration::human(std::time::Duration::from_secs(whole)),
-            };
-            text.push_str(&format!(", started {up} ago"));
+            text.push_str(&format!(
+                ", started {} ago",
+                crate::duration::whole_seconds(up)
+            ));
         }
         text
     }
