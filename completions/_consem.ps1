@@ -45,7 +45,7 @@ Register-ArgumentCompleter -Native -CommandName 'consem' -ScriptBlock {
             [CompletionResult]::new('--monitor-retry', '--monitor-retry', [CompletionResultType]::ParameterName, 'Give a held slot up after N failed attempts in a row to reach the store (default: keep trying while the slot''s lease lasts)')
             [CompletionResult]::new('--name', '--name', [CompletionResultType]::ParameterName, 'Session name (default: "consem: <command> at <prefix>")')
             [CompletionResult]::new('--redis-wait-replicas', '--redis-wait-replicas', [CompletionResultType]::ParameterName, 'Use a slot, and count each renewal, only once N replicas have acknowledged it')
-            [CompletionResult]::new('--store', '--store', [CompletionResultType]::ParameterName, 'Where the semaphore lives: consul, local, redis://host:port, etcd://host:port or postgres://host/database [default: CONSEM_STORE, else consul]')
+            [CompletionResult]::new('--store', '--store', [CompletionResultType]::ParameterName, 'Where the semaphore lives: consul, local, redis://host:port, etcd://host:port, postgres://host/database or zk://host:port [default: CONSEM_STORE, else consul]')
             [CompletionResult]::new('--http-addr', '--http-addr', [CompletionResultType]::ParameterName, 'Consul HTTP API address: host:port, http://host:port or https://host:port (host:port means https with CONSUL_HTTP_SSL=true) [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]')
             [CompletionResult]::new('--token', '--token', [CompletionResultType]::ParameterName, 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]; HTTP basic auth, if the agent sits behind it, comes from CONSUL_HTTP_AUTH (user:password)')
             [CompletionResult]::new('--token-file', '--token-file', [CompletionResultType]::ParameterName, 'File holding the ACL token; wins over a token [default: CONSUL_HTTP_TOKEN_FILE]')
@@ -77,7 +77,7 @@ Register-ArgumentCompleter -Native -CommandName 'consem' -ScriptBlock {
         }
         'consem;status' {
             [CompletionResult]::new('--prefix', '--prefix', [CompletionResultType]::ParameterName, 'Name of the semaphore (a KV prefix on Consul)')
-            [CompletionResult]::new('--store', '--store', [CompletionResultType]::ParameterName, 'Where the semaphore lives: consul, local, redis://host:port, etcd://host:port or postgres://host/database [default: CONSEM_STORE, else consul]')
+            [CompletionResult]::new('--store', '--store', [CompletionResultType]::ParameterName, 'Where the semaphore lives: consul, local, redis://host:port, etcd://host:port, postgres://host/database or zk://host:port [default: CONSEM_STORE, else consul]')
             [CompletionResult]::new('--http-addr', '--http-addr', [CompletionResultType]::ParameterName, 'Consul HTTP API address: host:port, http://host:port or https://host:port (host:port means https with CONSUL_HTTP_SSL=true) [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]')
             [CompletionResult]::new('--token', '--token', [CompletionResultType]::ParameterName, 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]; HTTP basic auth, if the agent sits behind it, comes from CONSUL_HTTP_AUTH (user:password)')
             [CompletionResult]::new('--token-file', '--token-file', [CompletionResultType]::ParameterName, 'File holding the ACL token; wins over a token [default: CONSUL_HTTP_TOKEN_FILE]')
@@ -106,7 +106,7 @@ Register-ArgumentCompleter -Native -CommandName 'consem' -ScriptBlock {
             [CompletionResult]::new('--session', '--session', [CompletionResultType]::ParameterName, 'The holder''s session ID, or a unique beginning of it')
             [CompletionResult]::new('--host', '--host', [CompletionResultType]::ParameterName, 'The holder''s host (with --pid)')
             [CompletionResult]::new('--pid', '--pid', [CompletionResultType]::ParameterName, 'The holder''s consem process ID (with --host)')
-            [CompletionResult]::new('--store', '--store', [CompletionResultType]::ParameterName, 'Where the semaphore lives: consul, local, redis://host:port, etcd://host:port or postgres://host/database [default: CONSEM_STORE, else consul]')
+            [CompletionResult]::new('--store', '--store', [CompletionResultType]::ParameterName, 'Where the semaphore lives: consul, local, redis://host:port, etcd://host:port, postgres://host/database or zk://host:port [default: CONSEM_STORE, else consul]')
             [CompletionResult]::new('--http-addr', '--http-addr', [CompletionResultType]::ParameterName, 'Consul HTTP API address: host:port, http://host:port or https://host:port (host:port means https with CONSUL_HTTP_SSL=true) [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]')
             [CompletionResult]::new('--token', '--token', [CompletionResultType]::ParameterName, 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]; HTTP basic auth, if the agent sits behind it, comes from CONSUL_HTTP_AUTH (user:password)')
             [CompletionResult]::new('--token-file', '--token-file', [CompletionResultType]::ParameterName, 'File holding the ACL token; wins over a token [default: CONSUL_HTTP_TOKEN_FILE]')
@@ -131,7 +131,7 @@ Register-ArgumentCompleter -Native -CommandName 'consem' -ScriptBlock {
         }
         'consem;reset' {
             [CompletionResult]::new('--prefix', '--prefix', [CompletionResultType]::ParameterName, 'Name of the semaphore (a KV prefix on Consul)')
-            [CompletionResult]::new('--store', '--store', [CompletionResultType]::ParameterName, 'Where the semaphore lives: consul, local, redis://host:port, etcd://host:port or postgres://host/database [default: CONSEM_STORE, else consul]')
+            [CompletionResult]::new('--store', '--store', [CompletionResultType]::ParameterName, 'Where the semaphore lives: consul, local, redis://host:port, etcd://host:port, postgres://host/database or zk://host:port [default: CONSEM_STORE, else consul]')
             [CompletionResult]::new('--http-addr', '--http-addr', [CompletionResultType]::ParameterName, 'Consul HTTP API address: host:port, http://host:port or https://host:port (host:port means https with CONSUL_HTTP_SSL=true) [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]')
             [CompletionResult]::new('--token', '--token', [CompletionResultType]::ParameterName, 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]; HTTP basic auth, if the agent sits behind it, comes from CONSUL_HTTP_AUTH (user:password)')
             [CompletionResult]::new('--token-file', '--token-file', [CompletionResultType]::ParameterName, 'File holding the ACL token; wins over a token [default: CONSUL_HTTP_TOKEN_FILE]')

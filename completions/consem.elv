@@ -41,7 +41,7 @@ set edit:completion:arg-completer[consem] = {|@words|
             cand --monitor-retry 'Give a held slot up after N failed attempts in a row to reach the store (default: keep trying while the slot''s lease lasts)'
             cand --name 'Session name (default: "consem: <command> at <prefix>")'
             cand --redis-wait-replicas 'Use a slot, and count each renewal, only once N replicas have acknowledged it'
-            cand --store 'Where the semaphore lives: consul, local, redis://host:port, etcd://host:port or postgres://host/database [default: CONSEM_STORE, else consul]'
+            cand --store 'Where the semaphore lives: consul, local, redis://host:port, etcd://host:port, postgres://host/database or zk://host:port [default: CONSEM_STORE, else consul]'
             cand --http-addr 'Consul HTTP API address: host:port, http://host:port or https://host:port (host:port means https with CONSUL_HTTP_SSL=true) [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]'
             cand --token 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]; HTTP basic auth, if the agent sits behind it, comes from CONSUL_HTTP_AUTH (user:password)'
             cand --token-file 'File holding the ACL token; wins over a token [default: CONSUL_HTTP_TOKEN_FILE]'
@@ -72,7 +72,7 @@ set edit:completion:arg-completer[consem] = {|@words|
         }
         &'consem;status'= {
             cand --prefix 'Name of the semaphore (a KV prefix on Consul)'
-            cand --store 'Where the semaphore lives: consul, local, redis://host:port, etcd://host:port or postgres://host/database [default: CONSEM_STORE, else consul]'
+            cand --store 'Where the semaphore lives: consul, local, redis://host:port, etcd://host:port, postgres://host/database or zk://host:port [default: CONSEM_STORE, else consul]'
             cand --http-addr 'Consul HTTP API address: host:port, http://host:port or https://host:port (host:port means https with CONSUL_HTTP_SSL=true) [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]'
             cand --token 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]; HTTP basic auth, if the agent sits behind it, comes from CONSUL_HTTP_AUTH (user:password)'
             cand --token-file 'File holding the ACL token; wins over a token [default: CONSUL_HTTP_TOKEN_FILE]'
@@ -100,7 +100,7 @@ set edit:completion:arg-completer[consem] = {|@words|
             cand --session 'The holder''s session ID, or a unique beginning of it'
             cand --host 'The holder''s host (with --pid)'
             cand --pid 'The holder''s consem process ID (with --host)'
-            cand --store 'Where the semaphore lives: consul, local, redis://host:port, etcd://host:port or postgres://host/database [default: CONSEM_STORE, else consul]'
+            cand --store 'Where the semaphore lives: consul, local, redis://host:port, etcd://host:port, postgres://host/database or zk://host:port [default: CONSEM_STORE, else consul]'
             cand --http-addr 'Consul HTTP API address: host:port, http://host:port or https://host:port (host:port means https with CONSUL_HTTP_SSL=true) [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]'
             cand --token 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]; HTTP basic auth, if the agent sits behind it, comes from CONSUL_HTTP_AUTH (user:password)'
             cand --token-file 'File holding the ACL token; wins over a token [default: CONSUL_HTTP_TOKEN_FILE]'
@@ -124,7 +124,7 @@ set edit:completion:arg-completer[consem] = {|@words|
         }
         &'consem;reset'= {
             cand --prefix 'Name of the semaphore (a KV prefix on Consul)'
-            cand --store 'Where the semaphore lives: consul, local, redis://host:port, etcd://host:port or postgres://host/database [default: CONSEM_STORE, else consul]'
+            cand --store 'Where the semaphore lives: consul, local, redis://host:port, etcd://host:port, postgres://host/database or zk://host:port [default: CONSEM_STORE, else consul]'
             cand --http-addr 'Consul HTTP API address: host:port, http://host:port or https://host:port (host:port means https with CONSUL_HTTP_SSL=true) [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]'
             cand --token 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]; HTTP basic auth, if the agent sits behind it, comes from CONSUL_HTTP_AUTH (user:password)'
             cand --token-file 'File holding the ACL token; wins over a token [default: CONSUL_HTTP_TOKEN_FILE]'

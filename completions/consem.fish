@@ -43,7 +43,7 @@ complete -c consem -n "__fish_consem_using_subcommand run" -l ttl -d 'The lease 
 complete -c consem -n "__fish_consem_using_subcommand run" -l monitor-retry -d 'Give a held slot up after N failed attempts in a row to reach the store (default: keep trying while the slot\'s lease lasts)' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l name -d 'Session name (default: "consem: <command> at <prefix>")' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l redis-wait-replicas -d 'Use a slot, and count each renewal, only once N replicas have acknowledged it' -r
-complete -c consem -n "__fish_consem_using_subcommand run" -l store -d 'Where the semaphore lives: consul, local, redis://host:port, etcd://host:port or postgres://host/database [default: CONSEM_STORE, else consul]' -r -f -a "consul\t''
+complete -c consem -n "__fish_consem_using_subcommand run" -l store -d 'Where the semaphore lives: consul, local, redis://host:port, etcd://host:port, postgres://host/database or zk://host:port [default: CONSEM_STORE, else consul]' -r -f -a "consul\t''
 local\t''
 local:\t''
 redis://\t''
@@ -53,7 +53,8 @@ rediss+sentinel://\t''
 etcd://\t''
 etcds://\t''
 postgres://\t''
-postgresql://\t''"
+postgresql://\t''
+zk://\t''"
 complete -c consem -n "__fish_consem_using_subcommand run" -l http-addr -d 'Consul HTTP API address: host:port, http://host:port or https://host:port (host:port means https with CONSUL_HTTP_SSL=true) [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l token -d 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]; HTTP basic auth, if the agent sits behind it, comes from CONSUL_HTTP_AUTH (user:password)' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l token-file -d 'File holding the ACL token; wins over a token [default: CONSUL_HTTP_TOKEN_FILE]' -r -F
@@ -78,7 +79,7 @@ complete -c consem -n "__fish_consem_using_subcommand run" -l redis-allow-evicti
 complete -c consem -n "__fish_consem_using_subcommand run" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c consem -n "__fish_consem_using_subcommand run" -s V -l version -d 'Print version'
 complete -c consem -n "__fish_consem_using_subcommand status" -l prefix -d 'Name of the semaphore (a KV prefix on Consul)' -r
-complete -c consem -n "__fish_consem_using_subcommand status" -l store -d 'Where the semaphore lives: consul, local, redis://host:port, etcd://host:port or postgres://host/database [default: CONSEM_STORE, else consul]' -r -f -a "consul\t''
+complete -c consem -n "__fish_consem_using_subcommand status" -l store -d 'Where the semaphore lives: consul, local, redis://host:port, etcd://host:port, postgres://host/database or zk://host:port [default: CONSEM_STORE, else consul]' -r -f -a "consul\t''
 local\t''
 local:\t''
 redis://\t''
@@ -88,7 +89,8 @@ rediss+sentinel://\t''
 etcd://\t''
 etcds://\t''
 postgres://\t''
-postgresql://\t''"
+postgresql://\t''
+zk://\t''"
 complete -c consem -n "__fish_consem_using_subcommand status" -l http-addr -d 'Consul HTTP API address: host:port, http://host:port or https://host:port (host:port means https with CONSUL_HTTP_SSL=true) [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]' -r
 complete -c consem -n "__fish_consem_using_subcommand status" -l token -d 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]; HTTP basic auth, if the agent sits behind it, comes from CONSUL_HTTP_AUTH (user:password)' -r
 complete -c consem -n "__fish_consem_using_subcommand status" -l token-file -d 'File holding the ACL token; wins over a token [default: CONSUL_HTTP_TOKEN_FILE]' -r -F
@@ -112,7 +114,7 @@ complete -c consem -n "__fish_consem_using_subcommand release" -l prefix -d 'Nam
 complete -c consem -n "__fish_consem_using_subcommand release" -l session -d 'The holder\'s session ID, or a unique beginning of it' -r
 complete -c consem -n "__fish_consem_using_subcommand release" -l host -d 'The holder\'s host (with --pid)' -r
 complete -c consem -n "__fish_consem_using_subcommand release" -l pid -d 'The holder\'s consem process ID (with --host)' -r
-complete -c consem -n "__fish_consem_using_subcommand release" -l store -d 'Where the semaphore lives: consul, local, redis://host:port, etcd://host:port or postgres://host/database [default: CONSEM_STORE, else consul]' -r -f -a "consul\t''
+complete -c consem -n "__fish_consem_using_subcommand release" -l store -d 'Where the semaphore lives: consul, local, redis://host:port, etcd://host:port, postgres://host/database or zk://host:port [default: CONSEM_STORE, else consul]' -r -f -a "consul\t''
 local\t''
 local:\t''
 redis://\t''
@@ -122,7 +124,8 @@ rediss+sentinel://\t''
 etcd://\t''
 etcds://\t''
 postgres://\t''
-postgresql://\t''"
+postgresql://\t''
+zk://\t''"
 complete -c consem -n "__fish_consem_using_subcommand release" -l http-addr -d 'Consul HTTP API address: host:port, http://host:port or https://host:port (host:port means https with CONSUL_HTTP_SSL=true) [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]' -r
 complete -c consem -n "__fish_consem_using_subcommand release" -l token -d 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]; HTTP basic auth, if the agent sits behind it, comes from CONSUL_HTTP_AUTH (user:password)' -r
 complete -c consem -n "__fish_consem_using_subcommand release" -l token-file -d 'File holding the ACL token; wins over a token [default: CONSUL_HTTP_TOKEN_FILE]' -r -F
@@ -142,7 +145,7 @@ complete -c consem -n "__fish_consem_using_subcommand release" -l key -d 'PEM pr
 complete -c consem -n "__fish_consem_using_subcommand release" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c consem -n "__fish_consem_using_subcommand release" -s V -l version -d 'Print version'
 complete -c consem -n "__fish_consem_using_subcommand reset" -l prefix -d 'Name of the semaphore (a KV prefix on Consul)' -r
-complete -c consem -n "__fish_consem_using_subcommand reset" -l store -d 'Where the semaphore lives: consul, local, redis://host:port, etcd://host:port or postgres://host/database [default: CONSEM_STORE, else consul]' -r -f -a "consul\t''
+complete -c consem -n "__fish_consem_using_subcommand reset" -l store -d 'Where the semaphore lives: consul, local, redis://host:port, etcd://host:port, postgres://host/database or zk://host:port [default: CONSEM_STORE, else consul]' -r -f -a "consul\t''
 local\t''
 local:\t''
 redis://\t''
@@ -152,7 +155,8 @@ rediss+sentinel://\t''
 etcd://\t''
 etcds://\t''
 postgres://\t''
-postgresql://\t''"
+postgresql://\t''
+zk://\t''"
 complete -c consem -n "__fish_consem_using_subcommand reset" -l http-addr -d 'Consul HTTP API address: host:port, http://host:port or https://host:port (host:port means https with CONSUL_HTTP_SSL=true) [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]' -r
 complete -c consem -n "__fish_consem_using_subcommand reset" -l token -d 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]; HTTP basic auth, if the agent sits behind it, comes from CONSUL_HTTP_AUTH (user:password)' -r
 complete -c consem -n "__fish_consem_using_subcommand reset" -l token-file -d 'File holding the ACL token; wins over a token [default: CONSUL_HTTP_TOKEN_FILE]' -r -F

@@ -211,8 +211,8 @@ pub struct RunArgs {
 
     /// Time between SIGTERM and SIGKILL when consem must stop the command
     ///
-    /// Default 5s; on Consul, Redis and etcd, at most what fits in the
-    /// lease of --ttl.
+    /// Default 5s; on Consul, Redis, etcd and ZooKeeper, at most what fits
+    /// in the lease of --ttl.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = COMMAND, hide_short_help = true)]
     pub kill_grace: Option<Duration>,
 
@@ -224,7 +224,8 @@ pub struct RunArgs {
     /// The lease of a slot, renewed every TTL/3 (default 15s)
     ///
     /// Consul's session TTL, 10s to 24h; a Redis permit's or an etcd
-    /// lease's, 2s to 24h.
+    /// lease's, 2s to 24h; ZooKeeper's session timeout, 2s to 1h within
+    /// the server's bounds.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = LEASES, hide_short_help = true)]
     pub ttl: Option<Duration>,
 
@@ -268,7 +269,7 @@ pub struct RunArgs {
 const WAITING: &str = "Waiting for a slot";
 const OUTPUT: &str = "What consem writes";
 const COMMAND: &str = "Running the command";
-const LEASES: &str = "Leases (Consul, Redis and etcd)";
+const LEASES: &str = "Leases (Consul, Redis, etcd and ZooKeeper)";
 const CONSUL: &str = "Consul options";
 const REDIS: &str = "Redis options";
 
@@ -276,8 +277,8 @@ const REDIS: &str = "Redis options";
 #[derive(Debug, Args)]
 pub struct StoreArgs {
     /// Where the semaphore lives: consul, local, redis://host:port,
-    /// etcd://host:port or postgres://host/database [default: CONSEM_STORE,
-    /// else consul]
+    /// etcd://host:port, postgres://host/database or zk://host:port
+    /// [default: CONSEM_STORE, else consul]
     ///
     /// consul; local (this host only, no server) or local:DIR;
     /// redis://[user[:password]@]host[:port][/db] or rediss://... (TLS; the
@@ -287,7 +288,9 @@ pub struct StoreArgs {
     /// etcd://host:port[,host:port...] or etcds://... (TLS; etcd alone:
     /// ETCDCTL_ENDPOINTS); postgres://[user[:password]@]host[:port][/database]
     /// or postgresql://... (libpq's PG* variables and ~/.pgpass fill in what
-    /// it leaves out; postgres alone: those variables).
+    /// it leaves out; postgres alone: those variables);
+    /// zk://host:port[,host:port...][/chroot] (ZooKeeper, shared with Apache
+    /// Curator's InterProcessSemaphoreV2 at --prefix).
     #[arg(long, value_name = "STORE", value_parser = StoreText, hide_possible_values = true)]
     pub store: Option<String>,
 
@@ -656,7 +659,7 @@ mod tests {
                 "Waiting for a slot:",
                 "What consem writes:",
                 "Running the command:",
-                "Leases (Consul, Redis and etcd):",
+                "Leases (Consul, Redis, etcd and ZooKeeper):",
                 "Consul options:",
                 "Redis options:",
                 "etcd options:",

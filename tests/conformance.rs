@@ -36,6 +36,9 @@ macro_rules! on_every_store {
         mod postgres {
             $( #[test] fn $test() { super::$test(super::World::postgres) } )*
         }
+        mod zookeeper {
+            $( #[test] fn $test() { super::$test(super::World::zookeeper) } )*
+        }
     };
 }
 
@@ -110,6 +113,9 @@ macro_rules! on_every_store_with_a_lease {
         mod leased_etcd {
             $( #[test] fn $test() { super::$test(super::World::etcd) } )*
         }
+        mod leased_zookeeper {
+            $( #[test] fn $test() { super::$test(super::World::zookeeper) } )*
+        }
     };
 }
 
@@ -125,6 +131,9 @@ macro_rules! on_every_store_with_a_short_lease {
         }
         mod short_etcd {
             $( #[test] fn $test() { super::$test(super::World::etcd) } )*
+        }
+        mod short_zookeeper {
+            $( #[test] fn $test() { super::$test(super::World::zookeeper) } )*
         }
     };
 }

@@ -78,7 +78,7 @@ fn consul_options_and_ttls_are_refused_with_one_line() {
         ),
         (
             &["--ttl", "20s"],
-            "--ttl applies to Consul, Redis, etcd and PostgreSQL, whose slots are leases; the local store's slot is",
+            "--ttl applies to Consul, Redis, etcd, PostgreSQL and ZooKeeper, whose slots are leases; the local store's slot is",
         ),
     ] {
         let output = world

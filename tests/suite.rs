@@ -32,3 +32,4 @@ mod run;
 mod security;
 mod simulation;
 mod unix_citizen;
+mod zookeeper_store;

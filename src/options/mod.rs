@@ -10,6 +10,7 @@ mod local;
 mod postgres;
 mod redis;
 pub mod stores;
+mod zookeeper;
 
 use std::ffi::OsString;
 use std::time::Duration;
@@ -659,12 +660,12 @@ mod tests {
             chosen("etcd", "etcd", "CONSEM_STORE")
         );
         assert_eq!(
-            choice(None, Some("zookeeper")).unwrap_err(),
-            "CONSEM_STORE 'zookeeper' is not a store: use consul, local, local:DIR, redis://host:port, etcd://host:port or postgres://user@host:port/database"
+            choice(None, Some("memcached")).unwrap_err(),
+            "CONSEM_STORE 'memcached' is not a store: use consul, local, local:DIR, redis://host:port, etcd://host:port, postgres://user@host:port/database or zk://host:port[/chroot]"
         );
         assert_eq!(
             choice(Some("redis:/:S3cret@h"), None).unwrap_err(),
-            "--store 'redis:…@h' is not a store: use consul, local, local:DIR, redis://host:port, etcd://host:port or postgres://user@host:port/database"
+            "--store 'redis:…@h' is not a store: use consul, local, local:DIR, redis://host:port, etcd://host:port, postgres://user@host:port/database or zk://host:port[/chroot]"
         );
         assert!(parse(&["--prefix", "p", "--store", "local:"], &[])
             .unwrap_err()
@@ -697,7 +698,7 @@ mod tests {
         // does not.
         assert_eq!(
             local(&["--ttl", "20s"]).unwrap_err(),
-            "--ttl applies to Consul, Redis, etcd and PostgreSQL, whose slots are leases; the local store's slot is a kernel lock, which lasts as long as consem lives, with no lease to renew and no session to name: drop it"
+            "--ttl applies to Consul, Redis, etcd, PostgreSQL and ZooKeeper, whose slots are leases; the local store's slot is a kernel lock, which lasts as long as consem lives, with no lease to renew and no session to name: drop it"
         );
         assert_eq!(
             local(&["--monitor-retry", "2"]).unwrap_err(),

@@ -5,7 +5,7 @@
 //! entry here (see docs/design.md, "Adding a store").
 
 use crate::store::kind::Store;
-use crate::store::{consul, etcd, local, postgres, redis};
+use crate::store::{consul, etcd, local, postgres, redis, zookeeper};
 
 use super::Configure;
 
@@ -111,6 +111,17 @@ pub static STORES: &[Entry] = &[
         limit_bound_by: "the PostgreSQL store keeps",
         ttl_bound_by: "the PostgreSQL store takes",
         configure: super::postgres::configure,
+    },
+    Entry {
+        store: &zookeeper::STORE,
+        written: &["zk://host:port[/chroot]"],
+        options: &[],
+        refuses: &["--name", "--monitor-retry"],
+        slot_is: "a lease node of a ZooKeeper session, which the session's pings keep",
+        segments_refused: "which ZooKeeper's paths do not take",
+        limit_bound_by: "the ZooKeeper store keeps",
+        ttl_bound_by: "the ZooKeeper store takes (the server bounds it further)",
+        configure: super::zookeeper::configure,
     },
 ];
 

@@ -15,6 +15,7 @@ pub mod postgres;
 pub mod redis;
 pub mod resolver;
 pub mod tls;
+pub mod zookeeper;
 
 use std::sync::Arc;
 

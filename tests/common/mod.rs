@@ -14,6 +14,7 @@ pub mod redis;
 pub mod redis_cluster;
 pub mod redis_sentinel;
 pub mod world;
+pub mod zookeeper;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

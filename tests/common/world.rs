@@ -12,6 +12,7 @@ pub use super::etcd::EtcdServer;
 pub use super::local::LocalStore;
 pub use super::postgres::PostgresServer;
 pub use super::redis::RedisServer;
+pub use super::zookeeper::ZkServer;
 pub use super::TestConsul;
 
 use super::double::Fault;
@@ -301,6 +302,13 @@ impl World<PostgresServer> {
     /// A world on a PostgreSQL server of its own.
     pub fn postgres(name: &str) -> World<PostgresServer> {
         World::with_store(name, |dir| PostgresServer::start(&dir.join("postgres")))
+    }
+}
+
+impl World<ZkServer> {
+    /// A world on a ZooKeeper server of its own.
+    pub fn zookeeper(name: &str) -> World<ZkServer> {
+        World::with_store(name, |dir| ZkServer::start(&dir.join("zookeeper")))
     }
 }
 

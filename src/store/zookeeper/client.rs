@@ -1,0 +1,748 @@
+//! A ZooKeeper client of what consem needs, over one blocking TCP
+//! connection: a session (its timeout negotiated, pings, resumed on another
+//! server after a broken connection), create (ephemeral-sequential, with
+//! the new node's stat), delete, getChildren and exists with a watch,
+//! getData, setData. ZooKeeper's jute encoding: big-endian
+//! integers, length-prefixed buffers, strings and vectors, each packet
+//! prefixed with its length. docs/design.md says why it is written here.
+
+use std::collections::VecDeque;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::time::{Duration, Instant};
+
+/// Operation codes of ZooKeeper's protocol.
+const OP_DELETE: i32 = 2;
+const OP_EXISTS: i32 = 3;
+const OP_GET_DATA: i32 = 4;
+const OP_SET_DATA: i32 = 5;
+const OP_GET_CHILDREN: i32 = 8;
+const OP_PING: i32 = 11;
+const OP_CREATE2: i32 = 15;
+const OP_CLOSE_SESSION: i32 = -11;
+
+/// Reserved xids: watch events, ping replies.
+const XID_WATCH_EVENT: i32 = -1;
+const XID_PING: i32 = -2;
+
+/// Create modes.
+pub const PERSISTENT: i32 = 0;
+pub const EPHEMERAL_SEQUENTIAL: i32 = 3;
+
+/// Watch event types.
+pub const NODE_DELETED: i32 = 2;
+
+/// Error codes a caller decides on.
+pub const NO_NODE: i32 = -101;
+pub const NO_AUTH: i32 = -102;
+pub const BAD_VERSION: i32 = -103;
+pub const NODE_EXISTS: i32 = -110;
+pub const NOT_EMPTY: i32 = -111;
+pub const SESSION_EXPIRED: i32 = -112;
+
+/// The largest packet accepted from a server (its own jute.maxbuffer
+/// default is 1 MiB; listings of many children are larger).
+const MAX_PACKET: usize = 64 << 20;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ZkError {
+    /// The connection broke or no server answered: the session may live
+    /// on, and may be resumed on another server.
+    Connection(String),
+    /// The server ended the session (its timeout passed without a word
+    /// from us), or refused to resume it.
+    Expired,
+    /// The server refused the request with this code.
+    Code(i32),
+    /// The server said something this client cannot read.
+    Protocol(String),
+}
+
+impl ZkError {
+    pub fn code(&self) -> Option<i32> {
+        match self {
+            ZkError::Code(code) => Some(*code),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for ZkError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ZkError::Connection(why) => f.write_str(why),
+            ZkError::Expired => f.write_str("the ZooKeeper session expired"),
+            ZkError::Code(code) => write!(f, "ZooKeeper answered {}", code_name(*code)),
+            ZkError::Protocol(why) => write!(f, "unreadable answer from ZooKeeper: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for ZkError {}
+
+fn code_name(code: i32) -> String {
+    match code {
+        NO_NODE => "no node".into(),
+        NO_AUTH => "not authorised (NoAuth)".into(),
+        NODE_EXISTS => "node exists".into(),
+        NOT_EMPTY => "node not empty".into(),
+        BAD_VERSION => "bad version".into(),
+        SESSION_EXPIRED => "session expired".into(),
+        -108 => "no children for ephemerals".into(),
+        -4 => "connection loss".into(),
+        -7 => "operation timeout".into(),
+        other => format!("error {other}"),
+    }
+}
+
+/// The node's metadata, as far as consem reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Stat {
+    /// The transaction that created it: grows from one node to the next.
+    pub czxid: i64,
+    /// How many times its data was set: what a conditional write names.
+    pub version: i32,
+    pub ephemeral_owner: i64,
+}
+
+/// A watch that fired.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchEvent {
+    pub kind: i32,
+    pub path: String,
+}
+
+/// Where and how to reach an ensemble.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Connection {
+    /// `host:port` of each server, in the order given.
+    pub servers: Vec<String>,
+    /// Prepended to every path (`/chroot`), or empty.
+    pub chroot: String,
+    /// How long to wait for a server's answer.
+    pub request_timeout: Duration,
+}
+
+/// One session with the ensemble.
+pub struct Session {
+    connection: Connection,
+    stream: TcpStream,
+    id: i64,
+    password: Vec<u8>,
+    /// The session timeout the server granted.
+    timeout: Duration,
+    last_zxid: i64,
+    next_xid: i32,
+    /// When the latest request the server answered was sent: the server
+    /// had heard from us then, and keeps the session a timeout from then.
+    heard: Instant,
+    /// When the last ping was sent, unanswered yet.
+    ping_sent: Option<Instant>,
+    events: VecDeque<WatchEvent>,
+    /// Which server of the list this connection is to.
+    server: usize,
+}
+
+impl Session {
+    /// A new session, asking for `timeout`, on the first server that
+    /// answers.
+    pub fn open(connection: &Connection, timeout: Duration) -> Result<Session, ZkError> {
+        let mut last = ZkError::Connection("no ZooKeeper server given".into());
+        for server in 0..connection.servers.len() {
+            match handshake(connection, server, timeout, 0, &[0; 16], 0) {
+                Ok((stream, granted, id, password, sent)) => {
+                    return Ok(Session {
+                        connection: connection.clone(),
+                        stream,
+                        id,
+                        password,
+                        timeout: granted,
+                        last_zxid: 0,
+                        next_xid: 1,
+                        heard: sent,
+                        ping_sent: None,
+                        events: VecDeque::new(),
+                        server,
+                    });
+                }
+                Err(error) => last = error,
+            }
+        }
+        Err(last)
+    }
+
+    pub fn id(&self) -> i64 {
+        self.id
+    }
+
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// When the latest answered request was sent.
+    pub fn heard(&self) -> Instant {
+        self.heard
+    }
+
+    /// Resumes this session over a new connection, trying each server in
+    /// turn from the one after the current: the watches set before are
+    /// gone, the caller sets them again. `Expired` if the session is over.
+    pub fn resume(&mut self) -> Result<(), ZkError> {
+        let count = self.connection.servers.len();
+        let mut last = ZkError::Connection("no ZooKeeper server given".into());
+        for step in 1..=count {
+            let server = (self.server + step) % count;
+            match handshake(
+                &self.connection,
+                server,
+                self.timeout,
+                self.id,
+                &self.password,
+                self.last_zxid,
+            ) {
+                Ok((stream, _, _, _, sent)) => {
+                    self.stream = stream;
+                    self.server = server;
+                    self.heard = self.heard.max(sent);
+                    self.ping_sent = None;
+                    return Ok(());
+                }
+                Err(ZkError::Expired) => return Err(ZkError::Expired),
+                Err(error) => last = error,
+            }
+        }
+        Err(last)
+    }
+
+    pub fn full_path(&self, path: &str) -> String {
+        format!("{}{path}", self.connection.chroot)
+    }
+
+    fn strip_chroot(&self, path: String) -> String {
+        match path.strip_prefix(&self.connection.chroot) {
+            Some(rest) if !self.connection.chroot.is_empty() => rest.to_string(),
+            _ => path,
+        }
+    }
+
+    /// Creates `path` with `data`, open to all, in `mode`; its path (with
+    /// the sequence number) and stat.
+    pub fn create(
+        &mut self,
+        path: &str,
+        data: &[u8],
+        mode: i32,
+    ) -> Result<(String, Stat), ZkError> {
+        let mut body = Vec::new();
+        put_str(&mut body, &self.full_path(path));
+        put_bytes(&mut body, Some(data));
+        // One ACL: world:anyone with every permission (OPEN_ACL_UNSAFE),
+        // what Curator's recipes create by default.
+        put_i32(&mut body, 1);
+        put_i32(&mut body, 31);
+        put_str(&mut body, "world");
+        put_str(&mut body, "anyone");
+        put_i32(&mut body, mode);
+        let mut reply = self.call(OP_CREATE2, &body)?;
+        let created = reply.string()?;
+        let stat = reply.stat()?;
+        Ok((self.strip_chroot(created), stat))
+    }
+
+    /// Creates `path` and each missing parent, persistent and empty; one
+    /// that exists is fine.
+    pub fn create_parents(&mut self, path: &str) -> Result<(), ZkError> {
+        let mut at = String::new();
+        for segment in path.split('/').filter(|s| !s.is_empty()) {
+            at.push('/');
+            at.push_str(segment);
+            match self.create(&at, &[], PERSISTENT) {
+                Ok(_) => {}
+                Err(ZkError::Code(NODE_EXISTS)) => {}
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes `path`, whatever its version.
+    pub fn delete(&mut self, path: &str) -> Result<(), ZkError> {
+        let mut body = Vec::new();
+        put_str(&mut body, &self.full_path(path));
+        put_i32(&mut body, -1);
+        self.call(OP_DELETE, &body).map(|_| ())
+    }
+
+    /// The stat of `path`, or `None`; with `watch`, a watch on its
+    /// creation, change or deletion.
+    pub fn exists(&mut self, path: &str, watch: bool) -> Result<Option<Stat>, ZkError> {
+        let mut body = Vec::new();
+        put_str(&mut body, &self.full_path(path));
+        body.push(u8::from(watch));
+        match self.call(OP_EXISTS, &body) {
+            Ok(mut reply) => Ok(Some(reply.stat()?)),
+            Err(ZkError::Code(NO_NODE)) => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// The data and stat of `path`.
+    pub fn get_data(&mut self, path: &str) -> Result<(Vec<u8>, Stat), ZkError> {
+        let mut body = Vec::new();
+        put_str(&mut body, &self.full_path(path));
+        body.push(0);
+        let mut reply = self.call(OP_GET_DATA, &body)?;
+        let data = reply.bytes()?.unwrap_or_default();
+        Ok((data, reply.stat()?))
+    }
+
+    /// Sets `path`'s data if its version is still `version` (-1: any).
+    pub fn set_data(&mut self, path: &str, data: &[u8], version: i32) -> Result<(), ZkError> {
+        let mut body = Vec::new();
+        put_str(&mut body, &self.full_path(path));
+        put_bytes(&mut body, Some(data));
+        put_i32(&mut body, version);
+        self.call(OP_SET_DATA, &body).map(|_| ())
+    }
+
+    /// The names of `path`'s children; with `watch`, a watch on them.
+    pub fn children(&mut self, path: &str, watch: bool) -> Result<Vec<String>, ZkError> {
+        let mut body = Vec::new();
+        put_str(&mut body, &self.full_path(path));
+        body.push(u8::from(watch));
+        let mut reply = self.call(OP_GET_CHILDREN, &body)?;
+        let count = reply.i32()?;
+        (0..count.max(0)).map(|_| reply.string()).collect()
+    }
+
+    /// Ends the session: the server deletes its ephemeral nodes at once.
+    pub fn close(&mut self) -> Result<(), ZkError> {
+        self.call(OP_CLOSE_SESSION, &[]).map(|_| ())
+    }
+
+    /// Waits until a watch fires or `until`, pinging the server every
+    /// third of the session timeout meanwhile; `None` at `until`, once a
+    /// ping was answered (the session's lease moved on: see
+    /// [`Session::heard`]), or as soon as `wake` (the read end of a pipe)
+    /// becomes readable.
+    pub fn next_event(
+        &mut self,
+        until: Instant,
+        wake: Option<BorrowedFd<'_>>,
+    ) -> Result<Option<WatchEvent>, ZkError> {
+        loop {
+            if let Some(event) = self.events.pop_front() {
+                return Ok(Some(event));
+            }
+            let now = Instant::now();
+            if now >= until {
+                return Ok(None);
+            }
+            let ping_due = self.heard + self.timeout / 3;
+            if self.ping_sent.is_none() && now >= ping_due {
+                self.send(XID_PING, OP_PING, &[])?;
+                self.ping_sent = Some(now);
+            }
+            if let Some(sent) = self.ping_sent {
+                if now >= sent + self.connection.request_timeout {
+                    return Err(ZkError::Connection("no answer to a ping in time".into()));
+                }
+            }
+            let wake_at = match self.ping_sent {
+                Some(sent) => until.min(sent + self.connection.request_timeout),
+                None => until.min(ping_due),
+            };
+            match readable(&self.stream, wake, wake_at.saturating_duration_since(now)) {
+                Readiness::Woken => return Ok(None),
+                Readiness::Nothing => {}
+                Readiness::Stream => {
+                    let pinging = self.ping_sent.is_some();
+                    self.read_one(Duration::from_millis(1), None)?;
+                    if pinging && self.ping_sent.is_none() {
+                        return Ok(None);
+                    }
+                }
+            }
+        }
+    }
+
+    /// A watch event already received, if any.
+    pub fn pending_event(&mut self) -> Option<WatchEvent> {
+        self.events.pop_front()
+    }
+
+    fn call(&mut self, op: i32, body: &[u8]) -> Result<Reader, ZkError> {
+        let xid = self.next_xid;
+        self.next_xid = self.next_xid.wrapping_add(1).max(1);
+        let sent = Instant::now();
+        self.send(xid, op, body)?;
+        self.reply_to(xid, sent)
+    }
+
+    fn send(&mut self, xid: i32, op: i32, body: &[u8]) -> Result<(), ZkError> {
+        let mut packet = Vec::with_capacity(12 + body.len());
+        put_i32(&mut packet, (8 + body.len()) as i32);
+        put_i32(&mut packet, xid);
+        put_i32(&mut packet, op);
+        packet.extend_from_slice(body);
+        self.stream
+            .set_write_timeout(Some(self.connection.request_timeout))
+            .and_then(|()| self.stream.write_all(&packet))
+            .map_err(|e| connection_error(&e))
+    }
+
+    /// Reads until the answer to `xid` (sent at `sent`) arrives, within
+    /// the request timeout.
+    fn reply_to(&mut self, xid: i32, sent: Instant) -> Result<Reader, ZkError> {
+        let deadline = sent + self.connection.request_timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(ZkError::Connection(
+                    "no answer from ZooKeeper in time".into(),
+                ));
+            }
+            if let Some(reply) = self.read_one(left, Some(xid))? {
+                self.heard = self.heard.max(sent);
+                return reply;
+            }
+        }
+    }
+
+    /// Reads one packet within `wait` (none: fine): a watch event is
+    /// queued, a ping's answer noted, and the answer to `xid` returned.
+    #[allow(clippy::type_complexity)]
+    fn read_one(
+        &mut self,
+        wait: Duration,
+        xid: Option<i32>,
+    ) -> Result<Option<Result<Reader, ZkError>>, ZkError> {
+        let Some(packet) = read_packet(&mut self.stream, wait)? else {
+            return Ok(None);
+        };
+        let mut reader = Reader::new(packet);
+        let got = reader.i32()?;
+        let zxid = reader.i64()?;
+        let err = reader.i32()?;
+        if zxid > 0 {
+            self.last_zxid = self.last_zxid.max(zxid);
+        }
+        match got {
+            XID_WATCH_EVENT => {
+                let kind = reader.i32()?;
+                let state = reader.i32()?;
+                let path = reader.string()?;
+                if state == -112 {
+                    return Err(ZkError::Expired);
+                }
+                self.events.push_back(WatchEvent {
+                    kind,
+                    path: self.strip_chroot(path),
+                });
+                Ok(None)
+            }
+            XID_PING => {
+                if let Some(sent) = self.ping_sent.take() {
+                    self.heard = self.heard.max(sent);
+                }
+                Ok(None)
+            }
+            _ if Some(got) == xid => {
+                if err == SESSION_EXPIRED {
+                    return Err(ZkError::Expired);
+                }
+                Ok(Some(if err == 0 {
+                    Ok(reader)
+                } else {
+                    Err(ZkError::Code(err))
+                }))
+            }
+            other => Err(ZkError::Protocol(format!(
+                "an answer to request {other} where {xid:?} was awaited"
+            ))),
+        }
+    }
+}
+
+/// Connects to `servers[server]` and asks for a session (new where `id` is
+/// 0): the stream, the granted timeout, the session's id and password, and
+/// when the request was sent.
+fn handshake(
+    connection: &Connection,
+    server: usize,
+    timeout: Duration,
+    id: i64,
+    password: &[u8],
+    last_zxid: i64,
+) -> Result<(TcpStream, Duration, i64, Vec<u8>, Instant), ZkError> {
+    let address = &connection.servers[server];
+    let addrs: Vec<SocketAddr> = address
+        .to_socket_addrs()
+        .map_err(|e| {
+            ZkError::Connection(format!(
+                "{address}: {}",
+                super::super::network_cause(&e.to_string())
+            ))
+        })?
+        .collect();
+    let mut last = ZkError::Connection(format!("{address}: no address"));
+    for addr in addrs {
+        let sent = Instant::now();
+        let mut stream = match TcpStream::connect_timeout(&addr, connection.request_timeout) {
+            Ok(stream) => stream,
+            Err(e) => {
+                last = ZkError::Connection(format!(
+                    "{address}: {}",
+                    super::super::network_cause(&e.to_string())
+                ));
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let mut body = Vec::new();
+        put_i32(&mut body, 0);
+        put_i64(&mut body, last_zxid);
+        put_i32(
+            &mut body,
+            i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX),
+        );
+        put_i64(&mut body, id);
+        put_bytes(&mut body, Some(password));
+        body.push(0);
+        let mut packet = Vec::new();
+        put_i32(&mut packet, body.len() as i32);
+        packet.extend_from_slice(&body);
+        let written = stream
+            .set_write_timeout(Some(connection.request_timeout))
+            .and_then(|()| stream.write_all(&packet));
+        if let Err(e) = written {
+            last = connection_error(&e);
+            continue;
+        }
+        let answer = match read_packet(&mut stream, connection.request_timeout) {
+            Ok(Some(answer)) => answer,
+            Ok(None) => {
+                last = ZkError::Connection(format!("{address}: no answer in time"));
+                continue;
+            }
+            Err(error) => {
+                last = error;
+                continue;
+            }
+        };
+        let mut reader = Reader::new(answer);
+        let _protocol = reader.i32()?;
+        let granted = reader.i32()?;
+        let new_id = reader.i64()?;
+        let new_password = reader.bytes()?.unwrap_or_default();
+        // A timeout of 0 is how the server says the session is over.
+        if granted <= 0 {
+            return Err(ZkError::Expired);
+        }
+        return Ok((
+            stream,
+            Duration::from_millis(granted as u64),
+            new_id,
+            new_password,
+            sent,
+        ));
+    }
+    Err(last)
+}
+
+enum Readiness {
+    Stream,
+    Woken,
+    Nothing,
+}
+
+/// Waits up to `wait` for `stream` to have something to read, or `wake`.
+fn readable(stream: &TcpStream, wake: Option<BorrowedFd<'_>>, wait: Duration) -> Readiness {
+    let mut fds = [
+        libc::pollfd {
+            fd: stream.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: wake.map_or(-1, |fd| fd.as_raw_fd()),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    let millis = libc::c_int::try_from(wait.as_millis().max(1)).unwrap_or(libc::c_int::MAX);
+    // SAFETY: two valid pollfd entries (a negative fd is ignored by poll).
+    let ready = unsafe { libc::poll(fds.as_mut_ptr(), 2, millis) };
+    if ready <= 0 {
+        // A signal's interruption is a wait that ended early: the caller
+        // loops.
+        return Readiness::Nothing;
+    }
+    if fds[1].revents != 0 {
+        return Readiness::Woken;
+    }
+    // An error or hang-up is for the read to report.
+    Readiness::Stream
+}
+
+fn connection_error(error: &std::io::Error) -> ZkError {
+    ZkError::Connection(super::super::network_cause(&error.to_string()))
+}
+
+/// One length-prefixed packet, or `None` if none began within `wait`.
+fn read_packet(stream: &mut TcpStream, wait: Duration) -> Result<Option<Vec<u8>>, ZkError> {
+    let mut length = [0u8; 4];
+    stream
+        .set_read_timeout(Some(wait.max(Duration::from_millis(1))))
+        .map_err(|e| connection_error(&e))?;
+    let mut got = 0;
+    while got < 4 {
+        match stream.read(&mut length[got..]) {
+            Ok(0) => {
+                return Err(ZkError::Connection(
+                    "ZooKeeper closed the connection".into(),
+                ))
+            }
+            Ok(n) => got += n,
+            Err(e)
+                if got == 0
+                    && matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+            {
+                return Ok(None)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(connection_error(&e)),
+        }
+    }
+    let length = i32::from_be_bytes(length);
+    let length = usize::try_from(length)
+        .ok()
+        .filter(|&l| l <= MAX_PACKET)
+        .ok_or_else(|| ZkError::Protocol(format!("a packet of {length} bytes")))?;
+    let mut packet = vec![0; length];
+    // The rest of a packet that began follows at once.
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| connection_error(&e))?;
+    stream
+        .read_exact(&mut packet)
+        .map_err(|e| connection_error(&e))?;
+    Ok(Some(packet))
+}
+
+fn put_i32(out: &mut Vec<u8>, value: i32) {
+    out.extend_from_slice(&value.to_be_bytes());
+}
+
+fn put_i64(out: &mut Vec<u8>, value: i64) {
+    out.extend_from_slice(&value.to_be_bytes());
+}
+
+fn put_bytes(out: &mut Vec<u8>, value: Option<&[u8]>) {
+    match value {
+        Some(bytes) => {
+            put_i32(out, bytes.len() as i32);
+            out.extend_from_slice(bytes);
+        }
+        None => put_i32(out, -1),
+    }
+}
+
+fn put_str(out: &mut Vec<u8>, value: &str) {
+    put_bytes(out, Some(value.as_bytes()));
+}
+
+/// Reads jute values from a packet.
+struct Reader {
+    packet: Vec<u8>,
+    at: usize,
+}
+
+impl Reader {
+    fn new(packet: Vec<u8>) -> Reader {
+        Reader { packet, at: 0 }
+    }
+
+    fn take(&mut self, n: usize) -> Result<&[u8], ZkError> {
+        let end = self
+            .at
+            .checked_add(n)
+            .filter(|&end| end <= self.packet.len())
+            .ok_or_else(|| ZkError::Protocol("a packet ends too soon".into()))?;
+        let bytes = &self.packet[self.at..end];
+        self.at = end;
+        Ok(bytes)
+    }
+
+    fn i32(&mut self) -> Result<i32, ZkError> {
+        Ok(i32::from_be_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
+    }
+
+    fn i64(&mut self) -> Result<i64, ZkError> {
+        Ok(i64::from_be_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
+    }
+
+    fn bytes(&mut self) -> Result<Option<Vec<u8>>, ZkError> {
+        let length = self.i32()?;
+        if length < 0 {
+            return Ok(None);
+        }
+        Ok(Some(self.take(length as usize)?.to_vec()))
+    }
+
+    fn string(&mut self) -> Result<String, ZkError> {
+        let bytes = self.bytes()?.unwrap_or_default();
+        String::from_utf8(bytes).map_err(|_| ZkError::Protocol("a name that is not UTF-8".into()))
+    }
+
+    fn stat(&mut self) -> Result<Stat, ZkError> {
+        let czxid = self.i64()?;
+        // mzxid, ctime, mtime.
+        self.take(8 * 3)?;
+        let version = self.i32()?;
+        // cversion, aversion.
+        self.take(4 * 2)?;
+        let ephemeral_owner = self.i64()?;
+        // dataLength, numChildren, pzxid.
+        self.take(4 + 4 + 8)?;
+        Ok(Stat {
+            czxid,
+            version,
+            ephemeral_owner,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stat_reads_its_creation_zxid_and_owner_and_skips_the_rest() {
+        let mut packet = Vec::new();
+        put_i64(&mut packet, 42);
+        packet.extend_from_slice(&[0; 36]);
+        put_i64(&mut packet, 7);
+        packet.extend_from_slice(&[0; 16]);
+        put_str(&mut packet, "after");
+        let mut reader = Reader::new(packet);
+        assert_eq!(
+            reader.stat().unwrap(),
+            Stat {
+                czxid: 42,
+                version: 0,
+                ephemeral_owner: 7
+            }
+        );
+        assert_eq!(reader.string().unwrap(), "after");
+        assert!(reader.i32().is_err());
+    }
+}

@@ -1,0 +1,362 @@
+//! A real ZooKeeper server for one test (Debian's `zookeeperd`, run
+//! standalone): a free loopback port, a scratch data directory, a tick of
+//! 500 ms so that sessions expire promptly, session timeouts of 1 s to an
+//! hour; killed with the test, stopped when dropped. The checks read it
+//! with consem's own client.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use consem::store::zookeeper::client::{Connection, Session, ZkError, NO_NODE};
+use consem::store::zookeeper::{semaphore_path, LEASES, LOCKS};
+
+use super::redis::free_port;
+use super::world::{LeasedStore, ServerStore, TestStore};
+
+/// Debian's jars that the standalone server needs.
+const CLASSPATH: &[&str] = &[
+    "zookeeper.jar",
+    "zookeeper-jute.jar",
+    "slf4j-api.jar",
+    "slf4j-nop.jar",
+    "netty-handler.jar",
+    "netty-transport.jar",
+    "netty-common.jar",
+    "netty-buffer.jar",
+    "netty-codec.jar",
+    "netty-resolver.jar",
+    "netty-transport-native-epoll.jar",
+    "netty-transport-native-unix-common.jar",
+    "commons-cli.jar",
+    "metrics-core.jar",
+    "snappy-java.jar",
+];
+
+/// A JVM on a loaded 2-core machine.
+const START_DEADLINE: Duration = Duration::from_secs(60);
+
+pub struct ZkServer {
+    pub port: u16,
+    /// Its maxSessionTimeout.
+    max_session: Duration,
+    dir: PathBuf,
+    process: Option<Child>,
+}
+
+impl ZkServer {
+    /// Starts one in `dir` and waits until it serves sessions.
+    pub fn start(dir: &Path) -> ZkServer {
+        ZkServer::start_granting(dir, Duration::from_secs(3600))
+    }
+
+    /// One whose sessions last `max_session` at most.
+    pub fn start_granting(dir: &Path, max_session: Duration) -> ZkServer {
+        std::fs::create_dir_all(dir.join("data")).unwrap();
+        let mut server = ZkServer {
+            port: free_port(),
+            max_session,
+            dir: dir.to_path_buf(),
+            process: None,
+        };
+        server.launch();
+        server.wait_ready();
+        server
+    }
+
+    /// Starts it again on its port and data (after [`ZkServer::stop`]):
+    /// it restores the sessions it had, and expires them if nobody
+    /// resumes them within their timeout.
+    pub fn restart(&mut self) {
+        self.launch();
+        self.wait_ready();
+    }
+
+    fn launch(&mut self) {
+        let (dir, port) = (self.dir.clone(), self.port);
+        let config = dir.join("zoo.cfg");
+        std::fs::write(
+            &config,
+            format!(
+                "tickTime=500\ndataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\nadmin.enableServer=false\n4lw.commands.whitelist=cons,ruok\nminSessionTimeout=1000\nmaxSessionTimeout={}\n",
+                dir.join("data").display(),
+                self.max_session.as_millis()
+            ),
+        )
+        .unwrap();
+        let classpath: Vec<String> = CLASSPATH
+            .iter()
+            .map(|jar| format!("/usr/share/java/{jar}"))
+            .collect();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("zookeeper.log"))
+            .unwrap();
+        let mut command = Command::new("java");
+        command
+            // A small server that starts fast: the client compiler only,
+            // the serial collector, a small heap.
+            .args(["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-Xmx128m"])
+            .args(["-cp", &classpath.join(":")])
+            .arg("org.apache.zookeeper.server.ZooKeeperServerMain")
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log);
+        // The server dies with the test, even one that a deadline killed.
+        // SAFETY: prctl(2) is async-signal-safe; the closure allocates nothing.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut command, || {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        self.process =
+            Some(command.spawn().expect(
+                "java is not installed: apt-get install zookeeperd (scripts/test-servers)",
+            ));
+    }
+
+    fn signal(&self, signal: i32) {
+        let process = self.process.as_ref().expect("a running server");
+        // SAFETY: kill(2) on a child we spawned and have not reaped.
+        assert_eq!(unsafe { libc::kill(process.id() as i32, signal) }, 0);
+    }
+
+    pub fn freeze(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    pub fn thaw(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + START_DEADLINE;
+        loop {
+            if self.session().is_ok() {
+                return;
+            }
+            let process = self.process.as_mut().expect("a started server");
+            if let Some(status) = process.try_wait().unwrap() {
+                panic!(
+                    "ZooKeeper on port {} exited ({status}) before serving; its log: {}",
+                    self.port,
+                    std::fs::read_to_string(self.dir.join("zookeeper.log")).unwrap_or_default()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "ZooKeeper on port {} did not serve within {START_DEADLINE:?}",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `zk://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("zk://127.0.0.1:{}", self.port)
+    }
+
+    /// A session of the test's own.
+    pub fn session(&self) -> Result<Session, ZkError> {
+        Session::open(
+            &Connection {
+                servers: vec![format!("127.0.0.1:{}", self.port)],
+                chroot: String::new(),
+                request_timeout: Duration::from_secs(5),
+            },
+            Duration::from_secs(10),
+        )
+    }
+
+    /// The children of `<prefix's path>/<parent>`; none if it is missing.
+    pub fn children(&self, prefix: &str, parent: &str) -> Vec<String> {
+        let mut session = self.session().unwrap();
+        let children =
+            match session.children(&format!("{}/{parent}", semaphore_path(prefix)), false) {
+                Ok(children) => children,
+                Err(ZkError::Code(NO_NODE)) => Vec::new(),
+                Err(error) => panic!("reading ZooKeeper: {error}"),
+            };
+        let _ = session.close();
+        children
+    }
+
+    /// The server's `cons`: one line per connection, with its session's
+    /// id (`sid=0x…`) and granted timeout (`to=…` ms).
+    fn connections(&self) -> String {
+        use std::io::{Read as _, Write as _};
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        stream.write_all(b"cons").unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        answer
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(mut process) = self.process.take() {
+            let _ = process.kill();
+            let _ = process.wait();
+        }
+    }
+}
+
+impl TestStore for ZkServer {
+    const NAME: &'static str = "zookeeper";
+    const HAS_LEASE: bool = true;
+
+    fn point(&self, command: &mut Command) {
+        command.arg(format!("--store={}", self.url()));
+    }
+
+    /// Each contender's nodes carry its UUID (the protected prefix
+    /// `_c_<uuid>-`): the head of the mutex's line has a lock node and a
+    /// lease node.
+    fn contenders(&self, prefix: &str) -> usize {
+        let mut contenders: Vec<String> = self
+            .children(prefix, LEASES)
+            .into_iter()
+            .chain(self.children(prefix, LOCKS))
+            .map(|node| node.get(..39).unwrap_or(&node).to_string())
+            .collect();
+        contenders.sort();
+        contenders.dedup();
+        contenders.len()
+    }
+
+    /// Curator's layout keeps its empty parents: only the contenders'
+    /// nodes must go.
+    fn assert_clean(&self, prefix: &str) {
+        assert_eq!(
+            self.children(prefix, LEASES),
+            Vec::<String>::new(),
+            "lease nodes left"
+        );
+        assert_eq!(
+            self.children(prefix, LOCKS),
+            Vec::<String>::new(),
+            "lock nodes left"
+        );
+    }
+}
+
+impl ServerStore for ZkServer {
+    fn address(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    fn point_through(&self, addr: &str, command: &mut Command) {
+        command.arg(format!("--store=zk://{addr}"));
+    }
+}
+
+/// A slot's lease is its holder's session: its timeout as the server
+/// granted it, for the sessions that own lease nodes under the prefix.
+impl LeasedStore for ZkServer {
+    fn lease_seconds(&self, prefix: &str) -> Vec<f64> {
+        let mut session = self.session().unwrap();
+        let leases = format!("{}/{LEASES}", semaphore_path(prefix));
+        let owners: Vec<i64> = self
+            .children(prefix, LEASES)
+            .iter()
+            .filter_map(|node| session.exists(&format!("{leases}/{node}"), false).unwrap())
+            .map(|stat| stat.ephemeral_owner)
+            .collect();
+        let _ = session.close();
+        let connections = self.connections();
+        owners
+            .iter()
+            .filter_map(|owner| {
+                let line = connections
+                    .lines()
+                    .find(|line| line.contains(&format!("sid=0x{owner:x},")))?;
+                let timeout = line.split("to=").nth(1)?.split([',', ')']).next()?;
+                Some(timeout.parse::<f64>().ok()? / 1000.0)
+            })
+            .collect()
+    }
+}
+
+impl Drop for ZkServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Debian's jars of Apache Curator and what it needs beside the server's.
+const CURATOR_CLASSPATH: &[&str] = &[
+    "curator-framework.jar",
+    "curator-client.jar",
+    "curator-recipes.jar",
+    "guava.jar",
+];
+
+/// tests/fixtures/curator/CuratorHolder.java compiled into `dir` with
+/// Debian's Curator jars (`libcurator-recipes-java`): a JVM holding one
+/// lease of `InterProcessSemaphoreV2`.
+pub struct CuratorHolder {
+    classpath: String,
+}
+
+impl CuratorHolder {
+    pub fn compile(dir: &Path) -> CuratorHolder {
+        let classes = dir.join("curator-classes");
+        std::fs::create_dir_all(&classes).unwrap();
+        let jars: Vec<String> = CURATOR_CLASSPATH
+            .iter()
+            .chain(CLASSPATH)
+            .map(|jar| format!("/usr/share/java/{jar}"))
+            .collect();
+        let source =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/curator/CuratorHolder.java");
+        let compiled = Command::new("javac")
+            .arg("-d")
+            .arg(&classes)
+            .args(["-cp", &jars.join(":")])
+            .arg(&source)
+            .output()
+            .expect("javac is not installed: apt-get install default-jdk-headless libcurator-recipes-java (scripts/test-servers)");
+        assert!(
+            compiled.status.success(),
+            "javac: {}",
+            String::from_utf8_lossy(&compiled.stderr)
+        );
+        CuratorHolder {
+            classpath: format!("{}:{}", classes.display(), jars.join(":")),
+        }
+    }
+
+    /// A JVM that takes one lease of `max_leases` at `path` on `server`
+    /// (`host:port`), logs `start <epoch ns>` to `log`, holds it for
+    /// `hold`, logs `end <epoch ns>` and returns it.
+    pub fn spawn(
+        &self,
+        server: &str,
+        path: &str,
+        max_leases: u32,
+        hold: Duration,
+        log: &Path,
+    ) -> Child {
+        let mut command = Command::new("java");
+        command
+            .args(["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-Xmx64m"])
+            .args(["-cp", &self.classpath, "CuratorHolder", server, path])
+            .arg(max_leases.to_string())
+            .arg(hold.as_millis().to_string())
+            .arg(log)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        // SAFETY: prctl(2) is async-signal-safe; the closure allocates nothing.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut command, || {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        command.spawn().unwrap()
+    }
+}

@@ -1,0 +1,354 @@
+//! What only the ZooKeeper store does, against a real ZooKeeper of each
+//! test's own: Curator's layout as the server shows it, the fence from the
+//! lease node, a server frozen or killed while a command runs, a frozen
+//! consem, and consem sharing one semaphore with Apache Curator's
+//! `InterProcessSemaphoreV2` in JVMs. The behaviour every store shares is
+//! in tests/conformance.rs.
+
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use crate::common::wait_until;
+use crate::common::world::*;
+use crate::common::zookeeper::CuratorHolder;
+
+/// Bound for one consem run; every test stays well under nextest's 60 s.
+const RUN_DEADLINE: Duration = Duration::from_secs(30);
+
+fn finish_within(mut child: Child, what: &str) -> std::process::Output {
+    wait_with_deadline(&mut child, RUN_DEADLINE, what);
+    child.wait_with_output().unwrap()
+}
+
+/// The epoch-nanosecond intervals of `start <ns>` / `end <ns>` lines in
+/// the logs under `dir` whose names begin with `log-`, and the most of
+/// them that overlap at once.
+fn most_at_once(dir: &std::path::Path) -> (usize, usize) {
+    let mut edges: Vec<(u128, i32)> = Vec::new();
+    let mut runs = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let entry = entry.unwrap();
+        if !entry.file_name().to_string_lossy().starts_with("log-") {
+            continue;
+        }
+        for line in std::fs::read_to_string(entry.path()).unwrap().lines() {
+            let mut words = line.split_whitespace();
+            let (Some(what), Some(at)) = (words.next(), words.next()) else {
+                continue;
+            };
+            let at: u128 = at.parse().unwrap();
+            match what {
+                "start" => {
+                    runs += 1;
+                    edges.push((at, 1));
+                }
+                "end" => edges.push((at, -1)),
+                _ => {}
+            }
+        }
+    }
+    // At the same instant an end comes before a start.
+    edges.sort();
+    let (mut now, mut most) = (0, 0);
+    for (_, step) in edges {
+        now += step;
+        most = most.max(now);
+    }
+    (runs, most as usize)
+}
+
+/// A shell command that logs its start and end as CuratorHolder does.
+fn logged_hold(log: &str, hold: &str) -> Vec<String> {
+    vec![
+        "sh".into(),
+        "-c".into(),
+        format!(
+            "echo start $(date +%s%N) >> '{log}'; sleep {hold}; echo end $(date +%s%N) >> '{log}'"
+        ),
+    ]
+}
+
+/// Slot holders of consem and of Curator, started together on one path
+/// at limit 2: each runs in turn, and never more than two at once.
+#[test]
+fn consem_and_curator_holders_share_the_limit() {
+    let world = World::zookeeper("curator-mixed");
+    let curator = CuratorHolder::compile(&world.dir);
+    let path = format!("/{}", world.prefix);
+    let mut jvms: Vec<Child> = (0..3)
+        .map(|i| {
+            curator.spawn(
+                &world.store.address(),
+                &path,
+                2,
+                Duration::from_millis(700),
+                &world.dir.join(format!("log-curator-{i}")),
+            )
+        })
+        .collect();
+    let consems: Vec<Child> = (0..3)
+        .map(|i| {
+            let log = world.path(&format!("log-consem-{i}"));
+            world.spawn(2, &[], &strs(&logged_hold(&log, "0.7")))
+        })
+        .collect();
+    for consem in consems {
+        let output = finish_within(consem, "a consem holder");
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    }
+    for jvm in jvms.iter_mut() {
+        let status = wait_with_deadline(jvm, RUN_DEADLINE, "a Curator holder");
+        assert!(status.success(), "a Curator holder failed");
+    }
+    let (runs, most) = most_at_once(&world.dir);
+    assert_eq!(runs, 6, "every holder ran once");
+    assert!(most <= 2, "{most} held at once, for a limit of 2");
+    world.assert_clean();
+}
+
+/// A Curator holder's lease is a holder in consem's status, and takes a
+/// slot from consem: at limit 1, consem waits for it.
+#[test]
+fn a_curator_lease_shows_in_status_and_holds_consem_off() {
+    let world = World::zookeeper("curator-status");
+    let curator = CuratorHolder::compile(&world.dir);
+    let path = format!("/{}", world.prefix);
+    let log = world.dir.join("log-curator");
+    let mut jvm = curator.spawn(
+        &world.store.address(),
+        &path,
+        1,
+        Duration::from_secs(3),
+        &log,
+    );
+    wait_until(RUN_DEADLINE, "the Curator holder to hold", || {
+        std::fs::read_to_string(&log).is_ok_and(|text| text.contains("start"))
+    });
+    let status = world.admin("status", &["--json"]).output().unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(json["holders"].as_array().map(Vec::len), Some(1), "{json}");
+    let consem_log = world.path("log-consem");
+    let consem = world.spawn(1, &[], &strs(&logged_hold(&consem_log, "0.1")));
+    let output = finish_within(consem, "consem after the Curator holder");
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(wait_with_deadline(&mut jvm, RUN_DEADLINE, "the Curator holder").success());
+    let (runs, most) = most_at_once(&world.dir);
+    assert_eq!(
+        (runs, most),
+        (2, 1),
+        "consem ran only after Curator returned its lease"
+    );
+    world.assert_clean();
+}
+
+/// The fence is the lease node's creation zxid, which status shows as
+/// its create_index.
+#[test]
+fn the_fence_is_the_lease_node_s_creation_zxid() {
+    let world = World::zookeeper("fence");
+    let script = format!(
+        "echo $CONSEM_FENCE > '{}'; while [ ! -e '{}' ]; do sleep 0.02; done",
+        world.path("fence"),
+        world.path("go")
+    );
+    let holder = world.spawn(1, &[], &["sh", "-c", &script]);
+    wait_until(PROMPT, "the fence", || {
+        std::fs::read_to_string(world.path("fence")).is_ok_and(|f| f.ends_with('\n'))
+    });
+    let fence: u64 = std::fs::read_to_string(world.path("fence"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let status = world.admin("status", &["--json"]).output().unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(json["holders"][0]["create_index"], fence, "{json}");
+    assert!(
+        json["holders"][0]["session"]
+            .as_str()
+            .unwrap()
+            .starts_with("_c_"),
+        "{json}"
+    );
+    world.touch("go");
+    assert_eq!(finish_within(holder, "the holder").status.code(), Some(0));
+    world.assert_clean();
+}
+
+/// Starts a holder with a 3 s session whose command writes its pid, then
+/// cuts it off from ZooKeeper with `cut_off`: the command must be gone
+/// before the session could expire on the server, within 3 s of the cut,
+/// and consem exits 76.
+fn cut_off_while_holding(world: &mut World<ZkServer>, cut_off: fn(&mut ZkServer)) {
+    let script = format!("echo $$ > '{}'; exec sleep 60", world.path("pid"));
+    let mut holder = world.spawn(
+        1,
+        &["--ttl", "3s", "--kill-grace", "500ms"],
+        &["sh", "-c", &script],
+    );
+    let pid = read_pid(world, "pid");
+    let cut = Instant::now();
+    cut_off(&mut world.store);
+    wait_until(Duration::from_secs(10), "the command to be stopped", || {
+        process_gone(pid)
+    });
+    assert!(
+        cut.elapsed() < Duration::from_secs(3),
+        "the command ran {:?} after ZooKeeper was cut off",
+        cut.elapsed()
+    );
+    wait_with_deadline(&mut holder, RUN_DEADLINE, "the holder to exit");
+    let stopped = holder.wait_with_output().unwrap();
+    assert_eq!(stopped.status.code(), Some(76), "{}", stderr(&stopped));
+}
+
+#[test]
+fn a_frozen_server_stops_the_command_before_the_session_could_expire() {
+    let mut world = World::zookeeper("frozen");
+    cut_off_while_holding(&mut world, |zk| zk.freeze());
+    world.store.thaw();
+    let next = world
+        .consem(1, &["--timeout", "20s"], &["true"])
+        .output()
+        .unwrap();
+    assert_eq!(next.status.code(), Some(0), "{}", stderr(&next));
+    world.assert_clean();
+}
+
+#[test]
+fn a_killed_server_stops_the_command_before_the_session_could_expire() {
+    let mut world = World::zookeeper("killed");
+    cut_off_while_holding(&mut world, ZkServer::stop);
+    world.store.restart();
+    let next = world
+        .consem(1, &["--timeout", "20s"], &["true"])
+        .output()
+        .unwrap();
+    assert_eq!(next.status.code(), Some(0), "{}", stderr(&next));
+    world.assert_clean();
+}
+
+/// consem frozen while its command runs: it cannot ping, the watchdog
+/// stops the command before the server may expire the session, and the
+/// next holder never overlaps it; thawed, consem exits 76.
+#[test]
+fn a_frozen_consem_s_command_is_stopped_before_the_next_holder_starts() {
+    let world = World::zookeeper("frozen-consem");
+    let beat = world.path("log-holder");
+    let script = format!(
+        "echo $$ > '{}'; echo start $(date +%s%N) >> '{beat}'; while :; do echo end $(date +%s%N) >> '{beat}'; sleep 0.05; done",
+        world.path("pid")
+    );
+    let holder = world.spawn(
+        1,
+        &["--ttl", "3s", "--kill-grace", "500ms"],
+        &["sh", "-c", &script],
+    );
+    let pid = read_pid(&world, "pid");
+    signal(&holder, libc::SIGSTOP);
+    let next_log = world.path("log-next");
+    let waiter = world.spawn(1, &[], &strs(&logged_hold(&next_log, "0")));
+    let waited = finish_within(waiter, "the next holder");
+    assert_eq!(waited.status.code(), Some(0), "{}", stderr(&waited));
+    assert!(process_gone(pid), "the frozen consem's command still runs");
+    // The holder's log: one start and many ends, the last its last beat.
+    let text = std::fs::read_to_string(&beat).unwrap();
+    let last: u128 = text
+        .lines()
+        .last()
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let next: u128 = std::fs::read_to_string(&next_log)
+        .unwrap()
+        .lines()
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(last < next, "the two commands overlapped");
+    signal(&holder, libc::SIGCONT);
+    let output = finish_within(holder, "the thawed holder");
+    assert_eq!(output.status.code(), Some(76), "{}", stderr(&output));
+    world.assert_clean();
+}
+
+/// A server that grants shorter sessions than --ttl is refused (78): the
+/// kill grace was fitted into --ttl, and the command would have no time.
+#[test]
+fn a_session_shorter_than_the_ttl_is_refused_as_the_server_s_setting() {
+    let world = World::with_store("short-sessions", |dir| {
+        ZkServer::start_granting(&dir.join("zookeeper"), Duration::from_secs(5))
+    });
+    let refused = world
+        .consem(1, &["--ttl", "10s"], &["touch", &world.path("ran")])
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(78), "{}", stderr(&refused));
+    assert!(
+        stderr(&refused).contains("maxSessionTimeout"),
+        "{}",
+        stderr(&refused)
+    );
+    assert!(!world.exists("ran"));
+    let fits = world
+        .consem(1, &["--ttl", "5s"], &["true"])
+        .output()
+        .unwrap();
+    assert_eq!(fits.status.code(), Some(0), "{}", stderr(&fits));
+    world.assert_clean();
+}
+
+/// A waiter's connection forgotten by the network (a NAT, a load
+/// balancer): its next ping finds it gone, the session is resumed on a new
+/// connection, and since the watches went with the old one, the waiter
+/// reads and watches again: it takes the slot when the holder leaves.
+#[test]
+fn a_waiter_whose_connection_was_forgotten_resumes_and_gets_the_slot() {
+    let world = World::zookeeper("forgotten");
+    let proxy = crate::common::etcd::ForgetfulProxy::start(world.store.port);
+    let holder = world.spawn(1, &[], &strs(&world.held_until("ready", "go", 0)));
+    wait_until(PROMPT, "the holder's command to start", || {
+        world.exists("ready")
+    });
+    let mut waiter = world.consem_command();
+    waiter
+        .args([
+            "run",
+            "--prefix",
+            &world.prefix,
+            "--limit",
+            "1",
+            "--ttl",
+            "3s",
+        ])
+        .arg(format!("--store=zk://127.0.0.1:{}", proxy.port))
+        .args(["--", "touch", &world.path("waiter-ran")]);
+    let waiter = waiter
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until(PROMPT, "the waiter to queue", || {
+        world.contender_keys() == 2
+    });
+    proxy.forget_all();
+    world.touch("go");
+    assert_eq!(finish_within(holder, "the holder").status.code(), Some(0));
+    let left = Instant::now();
+    let waited = finish_within(waiter, "the waiter");
+    assert_eq!(waited.status.code(), Some(0), "{}", stderr(&waited));
+    assert!(world.exists("waiter-ran"));
+    assert!(
+        left.elapsed() < PROMPT,
+        "the waiter took the slot {:?} after the holder left",
+        left.elapsed()
+    );
+    world.assert_clean();
+}
