@@ -18,8 +18,9 @@ Exit codes:
   75         no slot within --timeout (said in one line; -q: not), or none
              free with --try (said with -v); see -E
   76         the slot was lost while the command ran; it was stopped
-  77         permission denied (Consul ACLs, etcd or Redis credentials, the local
-             store's directory)
+  77         permission denied (ACLs, credentials, the local store's directory)
+  78         a store set up in a way that breaks the limit (a Redis that may
+             evict, a PostgreSQL standby, a pooler that shares sessions)
   126/127    command not executable / not found";
 
 /// Every example fits in 78 columns: one that clap had to wrap could not
@@ -58,10 +59,11 @@ Every option, more examples and the exit codes: consem run --help";
 #[command(
     name = "consem",
     version,
-    about = "Run a command while holding one of N slots of a semaphore (Consul, Redis, etcd, or this host alone)",
+    about = "Run a command while holding one of N slots of a semaphore (Consul, Redis, etcd, PostgreSQL, ZooKeeper, or this host alone)",
     long_about = "Run a command while holding one of N slots of a counting semaphore, so that at \
 most N copies of a job run at once: across many machines with HashiCorp Consul (sharing the \
-layout of `consul lock -n N`), Redis or etcd, or on this host alone with the local store, which \
+layout of `consul lock -n N`), Redis, etcd, PostgreSQL or ZooKeeper (sharing Apache Curator's \
+semaphore), or on this host alone with the local store, which \
 needs no server.",
     after_help = RUN_EXAMPLES_SHORT,
     after_long_help = format!("{RUN_EXAMPLES}\n\n{EXIT_CODES}"),

@@ -1,6 +1,6 @@
 //! consem: run a command while holding one of N slots of a counting
-//! semaphore kept in a store: Consul, Redis or etcd (fleet-wide), or the
-//! local store (one host, no server).
+//! semaphore kept in a store: Consul, Redis, etcd, PostgreSQL or ZooKeeper
+//! (fleet-wide), or the local store (one host, no server).
 //!
 //! Layers, from the outside in: `cli` and `options` (the command line and
 //! the validated settings; `options::stores` is the registry of stores),
@@ -28,6 +28,7 @@ use store::ContenderInfo;
 use supervise::Plan;
 
 pub use exit::{exit_code_of, Exit};
+pub use sys::die_of_a_closed_pipe;
 
 /// Runs `consem run` and says how to exit.
 pub fn run(options: RunOptions) -> Exit {
@@ -66,16 +67,8 @@ pub fn run(options: RunOptions) -> Exit {
     let ended = supervise::run(backend, &plan);
     match &ended {
         Err(error) => report::error(&error.to_string()),
-        // A CI step's log says why it failed; cron is not mailed every
-        // round that `--try` skips, unless `-v` asks.
-        Ok(supervise::Outcome::NoSlot(no_slot)) => {
-            let said = match no_slot.timeout {
-                Some(_) => !options.quiet,
-                None => options.verbose,
-            };
-            if said {
-                report::notice(&no_slot.describe(&options.prefix, std::time::SystemTime::now()));
-            }
+        Ok(supervise::Outcome::NoSlot(no_slot)) if options.say_no_slot => {
+            report::notice(&no_slot.describe(&options.prefix, std::time::SystemTime::now()));
         }
         Ok(_) => {}
     }

@@ -21,10 +21,14 @@ fn main() {
                 }
             }
         }
-        Command::Status(args) => consem::admin::status(args, &given, env),
+        Command::Status(args) => {
+            consem::die_of_a_closed_pipe();
+            consem::admin::status(args, &given, env)
+        }
         Command::Release(args) => consem::admin::release(args, &given, env),
         Command::Reset(args) => consem::admin::reset(args, &given, env),
         Command::Completions { shell } => {
+            consem::die_of_a_closed_pipe();
             clap_complete::generate(shell, &mut Cli::command(), "consem", &mut std::io::stdout());
             0
         }

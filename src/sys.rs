@@ -548,3 +548,12 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
+
+/// For the commands whose output is read by a pipeline (`status`,
+/// `completions`): a reader that went away (`| head`, `| true`) ends consem
+/// by SIGPIPE, as it ends `cat`, instead of a panic on a failed print.
+/// Not for `run`, which must outlive its stderr to stop its command.
+pub fn die_of_a_closed_pipe() {
+    // SAFETY: signal takes no pointers; no other thread runs yet.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+}

@@ -682,3 +682,51 @@ fn a_consul_lock_mutex_is_a_conflict_and_stays_untouched() {
     world.store.delete_tree(&format!("{}/", world.prefix));
     world.assert_clean();
 }
+
+/// A reader that went away before consem printed (`consem status | true`,
+/// `consem completions bash | head -0`) ends consem by SIGPIPE, as it ends
+/// `cat`: no panic, no message, nothing for a shell's `pipefail` but 141.
+#[test]
+fn printing_into_a_closed_pipe_ends_consem_by_sigpipe_without_a_word() {
+    use std::os::unix::process::ExitStatusExt as _;
+    let world = World::local("closed-pipe");
+    let prefix = world.prefix.clone();
+    for (args, on_the_store) in [
+        (vec!["completions", "bash"], false),
+        (vec!["status", "--prefix", prefix.as_str()], true),
+    ] {
+        // The reader is gone before consem starts: its first print fails.
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let mut command = world.consem_command();
+        command.args(&args);
+        if on_the_store {
+            world.store.point(&mut command);
+        }
+        let mut child = command
+            .stdout(writer)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The command's copy of the writer must not keep the pipe open.
+        drop(command);
+        wait_with_deadline(
+            &mut child,
+            Duration::from_secs(30),
+            "consem into a closed pipe",
+        );
+        let output = child.wait_with_output().unwrap();
+        assert_eq!(
+            output.status.signal(),
+            Some(libc::SIGPIPE),
+            "consem {args:?} into a closed pipe ended with {} and said {:?}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(
+            output.stderr.is_empty(),
+            "consem {args:?} said {:?}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}

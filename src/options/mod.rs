@@ -31,8 +31,11 @@ pub struct RunOptions {
     pub kill_grace: Duration,
     pub wait_group: bool,
     pub verbose: bool,
-    /// `-q`: no line when `--timeout` runs out.
-    pub quiet: bool,
+    /// Whether a run that ends without a slot says why on stderr: a
+    /// timeout does (a CI step's log says why it failed), `--timeout 0`
+    /// too, unless `-q`; `--try` only with `-v`, so that cron is not
+    /// mailed every round it skips.
+    pub say_no_slot: bool,
     pub log_format: crate::report::LogFormat,
     pub command: Vec<OsString>,
     /// The chosen store's settings.
@@ -377,7 +380,11 @@ impl RunOptions {
             kill_grace,
             wait_group: args.wait_group,
             verbose: args.verbose,
-            quiet: args.quiet,
+            say_no_slot: if args.try_once {
+                args.verbose
+            } else {
+                !args.quiet
+            },
             log_format: args.log_format,
             command: args.command,
             store,
@@ -552,6 +559,24 @@ mod tests {
         );
     }
 
+    /// A run without a slot says why unless asked not to: a timeout, even
+    /// `--timeout 0` (a `--timeout ${T:-0}` in CI must not fail silently),
+    /// unless `-q`; `--try` only with `-v`.
+    #[test]
+    fn a_run_without_a_slot_says_why_unless_it_was_a_quiet_try() {
+        let says = |args: &[&str]| {
+            let mut all = vec!["--prefix", "p"];
+            all.extend_from_slice(args);
+            parse(&all, &[]).unwrap().say_no_slot
+        };
+        assert!(says(&["--timeout", "1m"]));
+        assert!(says(&["--timeout", "0"]));
+        assert!(!says(&["--timeout", "0", "-q"]));
+        assert!(!says(&["--timeout", "1m", "-q"]));
+        assert!(!says(&["--try"]));
+        assert!(says(&["--try", "-v"]));
+    }
+
     /// What docs/run.md and `--help` say a run gets when it gives nothing: the
     /// agent at 127.0.0.1:8500, a lease of 15 s on every store with one,
     /// holders that retry for as long as their lease lasts (no
@@ -564,7 +589,7 @@ mod tests {
         assert_eq!(options.kill_grace, Duration::from_secs(5));
         assert_eq!((options.mode, options.timeout), (Contend::Wait, None));
         assert_eq!(options.no_slot_exit_code, 75);
-        assert!(!options.wait_group && !options.verbose && !options.quiet);
+        assert!(!options.wait_group && !options.verbose && options.say_no_slot);
         assert_eq!(options.log_format, crate::report::LogFormat::Text);
         let consul: &consul::Settings = settings(&options);
         assert_eq!(consul.connection.address.host_port, "127.0.0.1:8500");
