@@ -510,6 +510,15 @@ pub fn die_of(signal: i32) -> ! {
     std::process::exit(128 + signal)
 }
 
+/// For the commands whose output is read by a pipeline (`status`,
+/// `completions`): a reader that went away (`| head`, `| true`) ends consem
+/// by SIGPIPE, as it ends `cat`, instead of a panic on a failed print.
+/// Not for `run`, which must outlive its stderr to stop its command.
+pub fn die_of_a_closed_pipe() {
+    // SAFETY: signal takes no pointers; no other thread runs yet.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -547,13 +556,4 @@ mod tests {
         assert_eq!(find("/nonexistent/job"), Err(io::ErrorKind::NotFound));
         std::fs::remove_dir_all(&dir).unwrap();
     }
-}
-
-/// For the commands whose output is read by a pipeline (`status`,
-/// `completions`): a reader that went away (`| head`, `| true`) ends consem
-/// by SIGPIPE, as it ends `cat`, instead of a panic on a failed print.
-/// Not for `run`, which must outlive its stderr to stop its command.
-pub fn die_of_a_closed_pipe() {
-    // SAFETY: signal takes no pointers; no other thread runs yet.
-    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
 }
