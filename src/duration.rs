@@ -108,6 +108,15 @@ pub fn human(duration: Duration) -> String {
     out
 }
 
+/// How long before `now` a contender started, in whole seconds: `4m12s
+/// ago`. `None` when it is after `now` (the clocks of two hosts disagree).
+pub fn ago(since: std::time::SystemTime, now: std::time::SystemTime) -> Option<String> {
+    Some(format!(
+        "{} ago",
+        whole_seconds(now.duration_since(since).ok()?)
+    ))
+}
+
 /// `whole.fraction`, the fraction `digits` long before its trailing zeros
 /// go.
 fn decimal(whole: u32, fraction: u32, digits: usize) -> String {
@@ -121,6 +130,16 @@ fn decimal(whole: u32, fraction: u32, digits: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ages_are_said_to_the_second() {
+        let now = std::time::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let ago_ = |ms| ago(now - Duration::from_millis(ms), now);
+        assert_eq!(ago_(252_900).as_deref(), Some("4m12s ago"));
+        assert_eq!(ago_(3_600_000).as_deref(), Some("1h ago"));
+        assert_eq!(ago_(400).as_deref(), Some("0s ago"));
+        assert_eq!(ago(now + Duration::from_secs(3), now), None);
+    }
 
     #[test]
     fn measured_durations_are_shown_to_the_millisecond() {

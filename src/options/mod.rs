@@ -45,8 +45,11 @@ pub struct RunOptions {
 /// What `status`, `release` and `reset` need to open a store.
 #[derive(Debug)]
 pub struct AdminOptions {
+    /// Empty for a listing of the whole store.
     pub prefix: String,
     pub store: Box<dyn StoreSettings>,
+    /// The store chosen.
+    pub store_entry: &'static Entry,
 }
 
 /// Between SIGTERM and SIGKILL when consem stops the command.
@@ -67,6 +70,7 @@ pub struct StoreFlags<'a> {
     /// The run's options; `None` for an operator's command, which leaves
     /// them at their defaults.
     pub run: Option<&'a RunArgs>,
+    /// Empty for a listing, which names no one semaphore.
     pub prefix: &'a str,
     /// The TTL of a slot's lease, within the store's range; `None` for a
     /// store without leases.
@@ -399,8 +403,37 @@ impl AdminOptions {
         given: &GivenOptions,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<AdminOptions, OptionsError> {
+        AdminOptions::open(Some(prefix), args, given, env)
+    }
+
+    /// The options of a listing (`status` over `root`, `""` for the whole
+    /// store): the root is checked as a prefix is, and the store is
+    /// configured for no one semaphore.
+    pub fn for_listing(
+        root: &str,
+        args: &StoreArgs,
+        given: &GivenOptions,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<AdminOptions, OptionsError> {
+        let mut options = AdminOptions::open(None, args, given, env)?;
+        if !root.is_empty() {
+            options.prefix = normalize_prefix(root, options.store_entry)?;
+        }
+        Ok(options)
+    }
+
+    /// `prefix`: `None` for a listing.
+    fn open(
+        prefix: Option<&str>,
+        args: &StoreArgs,
+        given: &GivenOptions,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<AdminOptions, OptionsError> {
         let (entry, text, source) = choose_store(args.store.as_deref(), &env)?;
-        let prefix = normalize_prefix(prefix, entry)?;
+        let prefix = match prefix {
+            Some(prefix) => normalize_prefix(prefix, entry)?,
+            None => String::new(),
+        };
         refuse_foreign_options(entry, given)?;
         let ttl = entry.store.ttl(None).expect("the default TTL is in range");
         let store = (entry.configure)(&StoreFlags {
@@ -412,7 +445,11 @@ impl AdminOptions {
             ttl,
             env: &env,
         })?;
-        Ok(AdminOptions { prefix, store })
+        Ok(AdminOptions {
+            prefix,
+            store,
+            store_entry: entry,
+        })
     }
 }
 

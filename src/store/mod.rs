@@ -73,11 +73,11 @@ impl Holder {
         if let Some(pid) = self.pid {
             text.push_str(&format!(" pid {pid}"));
         }
-        if let Some(up) = self.since.and_then(|since| now.duration_since(since).ok()) {
-            text.push_str(&format!(
-                ", started {} ago",
-                crate::duration::whole_seconds(up)
-            ));
+        if let Some(ago) = self
+            .since
+            .and_then(|since| crate::duration::ago(since, now))
+        {
+            text.push_str(&format!(", started {ago}"));
         }
         text
     }
@@ -537,6 +537,71 @@ impl ContenderStatus {
     }
 }
 
+/// One semaphore of a listing (`consem status` without a prefix, or over a
+/// root): `consem status --json` prints these, the same for every store;
+/// fields are only ever added, never renamed.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Summary {
+    pub prefix: String,
+    /// `None` when the store holds no limit for the prefix (contenders
+    /// still joining, or a record consem cannot read).
+    pub limit: Option<u32>,
+    /// Live holders.
+    pub held: usize,
+    /// Live contenders without a slot.
+    pub waiting: usize,
+    /// The live holder that started first, by what it says of itself; the
+    /// first in the record when none says.
+    pub oldest_holder: Option<ContenderStatus>,
+}
+
+impl Summary {
+    /// A semaphore's summary from its holders and its count of waiters.
+    pub fn new(
+        prefix: String,
+        limit: Option<u32>,
+        holders: Vec<ContenderStatus>,
+        waiting: usize,
+    ) -> Summary {
+        let held = holders.len();
+        // A holder that says nothing of its start comes after those that do.
+        let started = |holder: &ContenderStatus| {
+            holder
+                .started
+                .as_deref()
+                .and_then(crate::report::parse_timestamp)
+                .map_or((1, std::time::UNIX_EPOCH), |at| (0, at))
+        };
+        let oldest_holder = holders.into_iter().min_by_key(started);
+        Summary {
+            prefix,
+            limit,
+            held,
+            waiting,
+            oldest_holder,
+        }
+    }
+
+    /// The summary of a semaphore whose whole status was read.
+    pub fn of(status: Status) -> Summary {
+        Summary::new(
+            status.prefix,
+            status.limit,
+            status.holders,
+            status.waiters.len(),
+        )
+    }
+}
+
+/// Whether the semaphore at `prefix` is in a listing of `root`: at it or
+/// under it; every semaphore is under the empty root.
+pub fn is_under(prefix: &str, root: &str) -> bool {
+    root.is_empty()
+        || prefix
+            .strip_prefix(root)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+}
+
 /// What `reset` did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ResetOutcome {
@@ -562,11 +627,66 @@ pub trait Admin {
     /// Deletes the limit record once no live holder remains, so that a new
     /// limit can be used; with `force`, releases the live holders first.
     fn reset(&self, force: bool) -> Result<ResetOutcome, StoreError>;
+
+    /// The semaphores at this admin's prefix and under it (every one in the
+    /// store when it was opened with the empty prefix), ordered by prefix.
+    /// Each store lists in one pass of its own (a listing of keys, a scan,
+    /// a directory), and writes nothing.
+    fn list(&self) -> Result<Vec<Summary>, StoreError>;
 }
 
 #[cfg(test)]
 mod tests {
     use super::network_cause;
+
+    #[test]
+    fn a_listing_takes_the_root_and_what_is_under_it() {
+        use super::is_under;
+        assert!(is_under("jobs", "jobs"));
+        assert!(is_under("jobs/a/b", "jobs"));
+        assert!(!is_under("jobsx", "jobs"));
+        assert!(!is_under("job", "jobs"));
+        assert!(is_under("anything", ""));
+    }
+
+    #[test]
+    fn the_oldest_holder_is_the_first_started() {
+        use super::{ContenderInfo, ContenderStatus, Summary};
+        let holder = |id: &str, started: Option<&str>| {
+            ContenderStatus::new(
+                id.into(),
+                ContenderInfo {
+                    started: started.map(String::from),
+                    ..ContenderInfo::default()
+                },
+                0,
+            )
+        };
+        let summary = Summary::new(
+            "p".into(),
+            Some(3),
+            vec![
+                holder("silent", None),
+                holder("late", Some("2026-11-22T10:04:05.123Z")),
+                holder("early", Some("2026-11-22T09:04:05.123Z")),
+            ],
+            2,
+        );
+        assert_eq!((summary.held, summary.waiting), (3, 2));
+        assert_eq!(summary.oldest_holder.unwrap().session, "early");
+        // None says when it started: the first in the record.
+        let summary = Summary::new(
+            "p".into(),
+            Some(2),
+            vec![holder("first", None), holder("second", None)],
+            0,
+        );
+        assert_eq!(summary.oldest_holder.unwrap().session, "first");
+        assert_eq!(
+            Summary::new("p".into(), None, Vec::new(), 1).oldest_holder,
+            None
+        );
+    }
 
     #[test]
     fn addresses_are_shown_without_their_credentials() {

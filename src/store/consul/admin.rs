@@ -8,7 +8,12 @@ use crate::store::consul::semaphore::{
     decode_lock, encode_lock, Conflict, HoldersForm, LockRecord, Snapshot, LOCK_KEY_NAME,
     SEMAPHORE_FLAGS,
 };
-use crate::store::{Admin, ContenderInfo, ContenderStatus, ResetOutcome, Status, StoreError};
+use std::collections::BTreeMap;
+
+use crate::store::consul::semaphore::Entry;
+use crate::store::{
+    Admin, ContenderInfo, ContenderStatus, ResetOutcome, Status, StoreError, Summary,
+};
 
 /// Attempts at a CAS on `.lock` against concurrent writers.
 const CAS_ATTEMPTS: u32 = 8;
@@ -239,5 +244,69 @@ impl Admin for ConsulAdmin {
         Err(StoreError::unavailable(format!(
             "{key} kept changing while consem tried to delete it; try again"
         )))
+    }
+
+    /// One recursive read of the prefix (of the whole KV store for the
+    /// empty one): a semaphore is a `.lock` with the semaphore's flags,
+    /// its contenders the keys beside it. Holders' sessions are not looked
+    /// up, as `status` does for their node: that would be a call each.
+    fn list(&self) -> Result<Vec<Summary>, StoreError> {
+        let listing = self
+            .client
+            .list_tree(&self.prefix, Consistency::Consistent)
+            .map_err(failure)?;
+        // Keys by the prefix they are right under, named from there.
+        let mut beside: BTreeMap<String, Vec<Entry>> = BTreeMap::new();
+        for entry in listing.entries {
+            if let Some((prefix, name)) = entry.name.rsplit_once('/') {
+                let prefix = prefix.to_string();
+                let name = name.to_string();
+                beside
+                    .entry(prefix)
+                    .or_default()
+                    .push(Entry { name, ..entry });
+            }
+        }
+        let mut semaphores = Vec::new();
+        for (prefix, entries) in beside {
+            let snapshot = Snapshot::from_entries(entries);
+            // `consul lock` without -n keeps a mutex's `.lock` without the
+            // semaphore's flags: not a semaphore.
+            let Some(lock) = snapshot
+                .lock
+                .as_ref()
+                .filter(|l| l.flags == SEMAPHORE_FLAGS)
+            else {
+                continue;
+            };
+            let record = decode_lock(&lock.value).ok();
+            let held: Vec<&String> = record
+                .as_ref()
+                .map(|r| r.holders.iter().filter(|h| snapshot.is_live(h)).collect())
+                .unwrap_or_default();
+            let describe = |entry: &Entry| {
+                ContenderStatus::new(
+                    entry.name.clone(),
+                    ContenderInfo::parse(&entry.value),
+                    entry.create_index,
+                )
+            };
+            let holders = held
+                .iter()
+                .map(|id| describe(&snapshot.contenders[id.as_str()]))
+                .collect();
+            let waiting = snapshot
+                .contenders
+                .values()
+                .filter(|e| snapshot.is_live(&e.name) && !held.contains(&&e.name))
+                .count();
+            semaphores.push(Summary::new(
+                prefix,
+                record.map(|r| r.limit),
+                holders,
+                waiting,
+            ));
+        }
+        Ok(semaphores)
     }
 }

@@ -377,6 +377,17 @@ impl Client {
         self.read_kv(&dir, &dir, true, consistency, block)
     }
 
+    /// `GET /v1/kv/<root>/?recurse` (the whole KV store for the empty
+    /// root): every key at any depth, named in full.
+    pub fn list_tree(&self, root: &str, consistency: Consistency) -> Result<Listing, ConsulError> {
+        let key = if root.is_empty() {
+            String::new()
+        } else {
+            format!("{root}/")
+        };
+        self.read_kv(&key, "", true, consistency, None)
+    }
+
     /// `GET /v1/kv/<prefix>/<name>`: one key, as a listing of at most one
     /// entry. Blocking on it wakes only when that key changes or goes.
     pub fn get(

@@ -5,7 +5,11 @@
 use super::client::{self, Client, Compare, EtcdError, KeyValue, Op};
 use super::queue;
 use super::Settings;
-use crate::store::{Admin, ContenderInfo, ContenderStatus, ResetOutcome, Status, StoreError};
+use std::collections::BTreeMap;
+
+use crate::store::{
+    Admin, ContenderInfo, ContenderStatus, ResetOutcome, Status, StoreError, Summary,
+};
 
 pub struct EtcdAdmin {
     client: Client,
@@ -175,5 +179,51 @@ impl Admin for EtcdAdmin {
             return Ok(ResetOutcome::NewHolders);
         }
         Ok(ResetOutcome::Reset { limit, evicted })
+    }
+
+    /// One range over the prefix (the whole key space for the empty one):
+    /// a semaphore is a limit record, its contenders the keys beside it.
+    fn list(&self) -> Result<Vec<Summary>, StoreError> {
+        let (from, to) = if self.prefix.is_empty() {
+            (vec![0], vec![0])
+        } else {
+            self.range.clone()
+        };
+        let listing = self.client.range(&from, &to).map_err(failure)?;
+        // Keys by the prefix they are right under.
+        let mut beside: BTreeMap<&[u8], Vec<KeyValue>> = BTreeMap::new();
+        for kv in &listing.kvs {
+            if let Some(slash) = kv.key.iter().rposition(|&b| b == b'/') {
+                beside.entry(&kv.key[..slash]).or_default().push(kv.clone());
+            }
+        }
+        let suffix = format!("/{}", queue::LIMIT_KEY_NAME);
+        let mut semaphores = Vec::new();
+        for record in &listing.kvs {
+            let Some(prefix) = record.key.strip_suffix(suffix.as_bytes()) else {
+                continue;
+            };
+            let keys = beside.get(prefix).map_or(&[][..], Vec::as_slice);
+            let contenders = queue::contenders(keys, &record.key);
+            // A record consem cannot read holds nobody it can tell.
+            let limit = match queue::read_limit(&record.value) {
+                queue::Recorded::Limit(limit) => Some(limit),
+                queue::Recorded::Unreadable(_) => None,
+            };
+            let holding = limit
+                .map_or(0, |limit| limit as usize)
+                .min(contenders.len());
+            semaphores.push(Summary::new(
+                String::from_utf8_lossy(prefix).into_owned(),
+                limit,
+                contenders[..holding]
+                    .iter()
+                    .map(|kv| Self::describe(kv))
+                    .collect(),
+                contenders.len() - holding,
+            ));
+        }
+        semaphores.sort_by(|a, b| a.prefix.cmp(&b.prefix));
+        Ok(semaphores)
     }
 }

@@ -75,7 +75,7 @@ struct JoinedWith {
     limit: Option<u32>,
 }
 
-fn io_error(what: &str, path: &Path, error: io::Error) -> StoreError {
+pub fn io_error(what: &str, path: &Path, error: io::Error) -> StoreError {
     let message = format!("{what} {}: {error}", path.display());
     match error.kind() {
         io::ErrorKind::PermissionDenied => StoreError::denied(format!(
@@ -142,6 +142,26 @@ pub fn dir_name(prefix: &str) -> Result<String, StoreError> {
         )));
     }
     Ok(name)
+}
+
+/// The prefix a directory name of [`dir_name`] stands for; `None` for a
+/// name it does not make.
+pub fn prefix_of(name: &str) -> Option<String> {
+    let mut bytes = Vec::with_capacity(name.len());
+    let mut rest = name.bytes();
+    while let Some(byte) = rest.next() {
+        match byte {
+            b'%' => {
+                let hex = [rest.next()?, rest.next()?];
+                bytes.push(u8::from_str_radix(std::str::from_utf8(&hex).ok()?, 16).ok()?);
+            }
+            byte if byte.is_ascii_alphanumeric() || b"._-".contains(&byte) => bytes.push(byte),
+            _ => return None,
+        }
+    }
+    let prefix = String::from_utf8(bytes).ok()?;
+    // Only the one name `dir_name` writes (`%2F`, not `%2f`).
+    (dir_name(&prefix).ok()? == name).then_some(prefix)
 }
 
 /// Refuses a directory on a network filesystem: `flock` there is either
@@ -363,6 +383,20 @@ impl PrefixDir {
         flock(&meta, libc::LOCK_EX)
             .map_err(|e| io_error("cannot lock", &self.path.join("meta"), e))?;
         Ok(MetaLock(meta))
+    }
+
+    /// Takes the directory's lock to read it, creating and mending
+    /// nothing; `None` when the directory has no `meta` (no contender
+    /// ever got that far).
+    pub fn lock_to_read(&self) -> Result<Option<MetaLock>, StoreError> {
+        let path = self.path.join("meta");
+        let meta = match PrefixDir::open_read(&path) {
+            Ok(meta) => meta,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(self.denied("cannot open", &path, e)),
+        };
+        flock(&meta, libc::LOCK_SH).map_err(|e| io_error("cannot lock", &path, e))?;
+        Ok(Some(MetaLock(meta)))
     }
 
     /// Takes the directory's lock unless another process keeps it past
@@ -1124,6 +1158,18 @@ impl Waker {
 mod tests {
     use super::{change_to, Change};
     use std::io;
+
+    #[test]
+    fn a_directory_name_gives_back_its_prefix() {
+        for prefix in ["jobs/nightly", "a b/ü", "{jobs}", "x%41"] {
+            let name = super::dir_name(prefix).unwrap();
+            assert_eq!(super::prefix_of(&name).as_deref(), Some(prefix), "{name}");
+        }
+        // Names `dir_name` does not write are nobody's.
+        for name in ["jobs%2fa", "a%2", "a%zz", "a b", "%FF", "lost+found"] {
+            assert_eq!(super::prefix_of(name), None, "{name}");
+        }
+    }
 
     #[test]
     fn the_first_waiter_wakes_for_changes_ahead_of_it_only() {

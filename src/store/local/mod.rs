@@ -34,7 +34,7 @@ use super::driver::{self, Gate, Grant, Recipe, Stop};
 use super::kind::{Store, StoreSettings};
 use super::{
     Admin, Contend, ContenderInfo, ContenderStatus, Holder, Notify, Progress, ReleaseError,
-    Released, ResetOutcome, SlotBackend, Status, StoreError, Unfinished,
+    Released, ResetOutcome, SlotBackend, Status, StoreError, Summary, Unfinished,
 };
 use crate::report;
 
@@ -455,41 +455,26 @@ impl SlotBackend for LocalSemaphore {
 /// The operators' commands on a local prefix.
 pub struct LocalAdmin {
     prefix: String,
+    base: PathBuf,
     place: Option<PrefixDir>,
 }
 
 impl LocalAdmin {
     /// Opens the prefix's directory if it exists: operators' commands
-    /// create nothing.
+    /// create nothing. The empty prefix, of a listing, has none.
     pub fn open(settings: &Settings, prefix: &str) -> Result<LocalAdmin, StoreError> {
         Ok(LocalAdmin {
             prefix: prefix.to_string(),
-            place: PrefixDir::open_existing(&settings.base, prefix)?,
+            base: settings.base.clone(),
+            place: match prefix {
+                "" => None,
+                _ => PrefixDir::open_existing(&settings.base, prefix)?,
+            },
         })
     }
 
-    fn empty_status(&self) -> Status {
-        Status {
-            prefix: self.prefix.clone(),
-            limit: None,
-            layout: None,
-            holders: Vec::new(),
-            waiters: Vec::new(),
-            dead_holders: Vec::new(),
-            store: "local",
-            conflict: None,
-            stale: Vec::new(),
-            lock_delay_ms: None,
-        }
-    }
-}
-
-impl Admin for LocalAdmin {
-    fn status(&self) -> Result<Status, StoreError> {
-        let Some(place) = &self.place else {
-            return Ok(self.empty_status());
-        };
-        let _meta = place.lock()?;
+    /// The semaphore in `place`; call with its directory locked.
+    fn read_status(place: &PrefixDir, prefix: &str) -> Result<Status, StoreError> {
         let state = place.read_state()?;
         let stale = place.stale_files()?;
         let live: BTreeSet<u64> = place.live_tickets()?.into_iter().collect();
@@ -507,8 +492,34 @@ impl Admin for LocalAdmin {
                 .collect(),
             dead_holders: dead.iter().map(u64::to_string).collect(),
             stale: stale_lines(&stale),
-            ..self.empty_status()
+            ..empty_status(prefix)
         })
+    }
+}
+
+/// The status of a prefix with nothing in it.
+fn empty_status(prefix: &str) -> Status {
+    Status {
+        prefix: prefix.to_string(),
+        limit: None,
+        layout: None,
+        holders: Vec::new(),
+        waiters: Vec::new(),
+        dead_holders: Vec::new(),
+        store: "local",
+        conflict: None,
+        stale: Vec::new(),
+        lock_delay_ms: None,
+    }
+}
+
+impl Admin for LocalAdmin {
+    fn status(&self) -> Result<Status, StoreError> {
+        let Some(place) = &self.place else {
+            return Ok(empty_status(&self.prefix));
+        };
+        let _meta = place.lock()?;
+        LocalAdmin::read_status(place, &self.prefix)
     }
 
     fn release(&self, session: &str) -> Result<(), StoreError> {
@@ -568,6 +579,39 @@ impl Admin for LocalAdmin {
             limit: Some(limit),
             evicted: live_holders.len(),
         })
+    }
+
+    /// One directory per prefix under the store's: each read under its
+    /// lock, as `status` reads it, but with a shared lock that creates
+    /// nothing. A directory no contender uses is left out.
+    fn list(&self) -> Result<Vec<Summary>, StoreError> {
+        let entries = match std::fs::read_dir(&self.base) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(files::io_error("cannot list", &self.base, e)),
+        };
+        let mut prefixes: Vec<String> = entries
+            .flatten()
+            .filter(|entry| entry.file_type().is_ok_and(|t| t.is_dir()))
+            .filter_map(|entry| files::prefix_of(entry.file_name().to_str()?))
+            .filter(|prefix| super::is_under(prefix, &self.prefix))
+            .collect();
+        prefixes.sort();
+        let mut semaphores = Vec::new();
+        for prefix in prefixes {
+            // Gone since the listing: nothing to show.
+            let Some(place) = PrefixDir::open_existing(&self.base, &prefix)? else {
+                continue;
+            };
+            let Some(_meta) = place.lock_to_read()? else {
+                continue;
+            };
+            let status = LocalAdmin::read_status(&place, &prefix)?;
+            if status.limit.is_some() || !status.holders.is_empty() || !status.waiters.is_empty() {
+                semaphores.push(Summary::of(status));
+            }
+        }
+        Ok(semaphores)
     }
 }
 

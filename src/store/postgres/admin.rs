@@ -10,7 +10,9 @@ use std::time::Duration;
 use super::keys::{self, LockRow};
 use super::link::{failure, number, text, Link, Row};
 use super::Settings;
-use crate::store::{Admin, ResetOutcome, Status, StoreError};
+use std::collections::BTreeMap;
+
+use crate::store::{is_under, Admin, ResetOutcome, Status, StoreError, Summary};
 
 pub struct PostgresAdmin {
     settings: Settings,
@@ -28,6 +30,15 @@ pub fn lock_rows_query(key: i32) -> String {
          AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())",
         keys::classid(key)
     )
+}
+
+/// Every two-int advisory lock in the current database, as
+/// [`lock_rows_query`] reads them, each with its first key (column 5).
+fn all_lock_rows_query() -> &'static str {
+    "SELECT l.pid, l.objid, l.granted, (extract(epoch FROM a.backend_start) * 1000000)::bigint, a.query, l.classid \
+     FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+     WHERE l.locktype = 'advisory' AND l.objsubid = 2 \
+     AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
 }
 
 pub fn lock_rows(rows: &[Row]) -> Vec<LockRow> {
@@ -139,5 +150,42 @@ impl Admin for PostgresAdmin {
             limit: Some(limit),
             evicted: holders.len(),
         })
+    }
+
+    /// One read of every advisory lock of the database, by prefix key. The
+    /// lock table keeps keys, not names: each semaphore is named by its
+    /// contenders' descriptions, or by its key (`#1a2b3c4d`, listed only
+    /// for the whole store) where none names it. Locks without a limit's
+    /// mark are another program's.
+    fn list(&self) -> Result<Vec<Summary>, StoreError> {
+        let link = self.open()?;
+        let rows = link
+            .run(all_lock_rows_query())
+            .map_err(|e| failure(&self.settings.connection, "reading pg_locks", &e))?;
+        let mut by_key: BTreeMap<u32, Vec<Row>> = BTreeMap::new();
+        for row in rows {
+            if let Some(classid) = number(&row, 5).and_then(|k| u32::try_from(k).ok()) {
+                by_key.entry(classid).or_default().push(row);
+            }
+        }
+        let mut semaphores = Vec::new();
+        for (classid, rows) in by_key {
+            let rows = lock_rows(&rows);
+            let key = classid as i32;
+            let named = rows
+                .iter()
+                .find_map(|row| keys::prefix_named(row.query.as_deref()?, key));
+            let prefix = match named {
+                Some(prefix) if is_under(&prefix, &self.prefix) => prefix,
+                None if self.prefix.is_empty() => format!("#{classid:08x}"),
+                _ => continue,
+            };
+            let status = keys::status(&prefix, &rows);
+            if status.limit.is_some() {
+                semaphores.push(Summary::of(status));
+            }
+        }
+        semaphores.sort_by(|a, b| a.prefix.cmp(&b.prefix));
+        Ok(semaphores)
     }
 }

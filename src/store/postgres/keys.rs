@@ -71,10 +71,14 @@ const SHOWN_QUERY: usize = 1000;
 /// `consem status` reads who holds and who waits from there. The JSON is
 /// one line (serde escapes every control character), so that the comment
 /// cannot end early; a command too long for the statement is cut.
-pub fn described(statement: &str, info: &ContenderInfo) -> String {
+pub fn described(statement: &str, info: &ContenderInfo, prefix: &str) -> String {
     let mut info = info.clone();
     loop {
-        let json = serde_json::Value::Object(info.to_json()).to_string();
+        let mut fields = info.to_json();
+        if prefix.len() <= NAMED_PREFIX {
+            fields.insert(PREFIX_FIELD.into(), prefix.into());
+        }
+        let json = serde_json::Value::Object(fields).to_string();
         let text = format!("{statement}{TAG}{json}");
         match &mut info.command {
             Some(command) if text.len() > SHOWN_QUERY && !command.is_empty() => {
@@ -87,6 +91,24 @@ pub fn described(statement: &str, info: &ContenderInfo) -> String {
             _ => return text,
         }
     }
+}
+
+/// The field of a description that names the prefix: the lock table
+/// keeps only the prefix's key, and a listing names each semaphore from
+/// its contenders' descriptions.
+const PREFIX_FIELD: &str = "Prefix";
+
+/// The longest prefix a description names: a longer one would crowd the
+/// command out of the statement, and its semaphore is listed by its key.
+const NAMED_PREFIX: usize = 256;
+
+/// The prefix a statement of [`described`] names, if its key is `key`.
+pub fn prefix_named(query: &str, key: i32) -> Option<String> {
+    let at = query.rfind(TAG)?;
+    let fields: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(&query[at + TAG.len()..]).ok()?;
+    let prefix = fields.get(PREFIX_FIELD)?.as_str()?;
+    (prefix_key(prefix) == key).then(|| prefix.to_string())
 }
 
 /// The description a statement of [`described`] carries.
@@ -288,7 +310,7 @@ mod tests {
             command: Some("echo 'x' \n-- consem {}\x1b".into()),
             started: Some("2026-11-27T10:00:00.000Z".into()),
         };
-        let text = described("SELECT 1", &info);
+        let text = described("SELECT 1", &info, "jobs/a");
         assert!(text.starts_with("SELECT 1\n-- consem {"), "{text}");
         assert_eq!(text.lines().count(), 2, "one comment line: {text:?}");
         assert_eq!(description(&text), info);
@@ -297,7 +319,7 @@ mod tests {
             command: Some("é".repeat(2000)),
             ..info
         };
-        let text = described("SELECT 1", &long);
+        let text = described("SELECT 1", &long, "jobs/a");
         assert!(text.len() <= SHOWN_QUERY, "{}", text.len());
         assert!(description(&text).command.unwrap().starts_with('é'));
     }

@@ -137,7 +137,7 @@ impl PostgresSemaphore {
 
     /// `statement` with our description, for `status` to read.
     fn sql(&self, statement: &str) -> String {
-        keys::described(statement, &self.info)
+        keys::described(statement, &self.info, &self.prefix)
     }
 
     fn failed(&self, doing: &str, error: &tokio_postgres::Error) -> StoreError {

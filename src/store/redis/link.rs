@@ -12,7 +12,9 @@
 use std::time::Duration;
 
 use redis::cluster::{ClusterClientBuilder, ClusterConnection};
-use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
+use redis::cluster_routing::{
+    MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr,
+};
 use redis::{
     Cmd, Connection, ConnectionInfo, ConnectionLike, ErrorKind, RedisError, RedisResult,
     ServerErrorKind, Value,
@@ -26,6 +28,9 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// The cluster client's own retries of a redirected or refused command
 /// before the error reaches the store, which retries within the lease.
 const CLUSTER_RETRIES: u32 = 3;
+
+/// How many keys a `SCAN` looks at per call: few calls, each short.
+const SCAN_COUNT: u32 = 1000;
 
 pub enum Link {
     /// One server: one named alone, which may yet turn out to be a
@@ -108,6 +113,80 @@ impl Link {
                     RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
                 )?;
                 Ok(redis::from_redis_value(value)?)
+            }
+        }
+    }
+
+    /// Every key that matches `pattern`, by `SCAN` (`KEYS` would hold the
+    /// server up): on a cluster, on every primary, each to its end. A node
+    /// named alone that turns out to be a cluster's makes this a cluster
+    /// client first, as a redirect would. A key may come more than once.
+    pub fn scan(&mut self, pattern: &str) -> RedisResult<Vec<String>> {
+        let scan = |cursor: &str| {
+            let mut cmd = redis::cmd("SCAN");
+            cmd.arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(SCAN_COUNT);
+            cmd
+        };
+        if let Link::Single {
+            connection,
+            node: Some(_),
+            ..
+        } = self
+        {
+            let info: String = redis::cmd("INFO").arg("cluster").query(connection)?;
+            if info.lines().any(|line| line.trim() == "cluster_enabled:1") {
+                self.become_cluster()?;
+            }
+        }
+        let mut keys = Vec::new();
+        match self {
+            Link::Single { connection, .. } => {
+                let mut cursor = "0".to_string();
+                loop {
+                    let (next, found): (String, Vec<String>) = scan(&cursor).query(connection)?;
+                    keys.extend(found);
+                    if next == "0" {
+                        return Ok(keys);
+                    }
+                    cursor = next;
+                }
+            }
+            Link::Cluster(cluster) => {
+                // The first page from every primary at once, named by its
+                // address; the rest from each in turn.
+                let first = cluster.route_command(
+                    &scan("0"),
+                    RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None)),
+                )?;
+                let pages: Vec<(String, (String, Vec<String>))> = redis::from_redis_value(first)?;
+                for (address, (mut cursor, found)) in pages {
+                    keys.extend(found);
+                    let (host, port) = address
+                        .rsplit_once(':')
+                        .and_then(|(host, port)| Some((host, port.parse().ok()?)))
+                        .ok_or_else(|| {
+                            RedisError::from((
+                                ErrorKind::Client,
+                                "the cluster client named a node without a port",
+                                address.clone(),
+                            ))
+                        })?;
+                    while cursor != "0" {
+                        let node = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                            host: String::from(host),
+                            port,
+                        });
+                        let page = cluster.route_command(&scan(&cursor), node)?;
+                        let (next, found): (String, Vec<String>) = redis::from_redis_value(page)?;
+                        keys.extend(found);
+                        cursor = next;
+                    }
+                }
+                Ok(keys)
             }
         }
     }

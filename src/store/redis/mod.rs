@@ -24,7 +24,8 @@ use super::lease;
 use super::outage::Outage;
 use super::{
     Admin, Contend, ContenderInfo, ContenderStatus, ErrorKind, Holder, Notify, Progress,
-    ReleaseError, Released, ResetOutcome, SlotBackend, SlotEvent, Status, StoreError, Unfinished,
+    ReleaseError, Released, ResetOutcome, SlotBackend, SlotEvent, Status, StoreError, Summary,
+    Unfinished,
 };
 use crate::report;
 pub use link::CrossSlot;
@@ -1355,6 +1356,94 @@ impl Admin for RedisAdmin {
             limit,
             evicted: live.len(),
         })
+    }
+
+    /// A `SCAN` for the limit records (on a cluster, of every primary),
+    /// then per semaphore one pipeline of reads and one `MGET` of its
+    /// holders' descriptions. On Redis Cluster the braces of a prefix's
+    /// hash tag do not count against the root: `{jobs/a}` is under
+    /// `jobs`.
+    fn list(&self) -> Result<Vec<Summary>, StoreError> {
+        let mut connection = self.connection()?;
+        let records = connection
+            .scan("semaphore:*:limit")
+            .map_err(|e| self.failure(e))?;
+        let mut prefixes: Vec<&str> = records
+            .iter()
+            .filter_map(|key| key.strip_prefix("semaphore:")?.strip_suffix(":limit"))
+            .filter(|prefix| {
+                super::is_under(prefix, &self.prefix)
+                    || super::is_under(&prefix.replace(['{', '}'], ""), &self.prefix)
+            })
+            .collect();
+        prefixes.sort_unstable();
+        prefixes.dedup();
+        let now = self.now(&mut connection)?;
+        let mut semaphores = Vec::new();
+        for prefix in prefixes {
+            let keys = Keys::new(prefix);
+            // Each read alone: a key of another type is read as absent,
+            // not as a failure of the whole listing.
+            let replies: Vec<redis::RedisResult<Value>> = redis::pipe()
+                .ignore_errors()
+                .cmd("GET")
+                .arg(&keys.limit)
+                .cmd("ZRANGE")
+                .arg(&keys.holders)
+                .arg(0)
+                .arg(-1)
+                .arg("WITHSCORES")
+                .cmd("ZRANGE")
+                .arg(&keys.queue)
+                .arg(0)
+                .arg(-1)
+                .cmd("ZRANGE")
+                .arg(&keys.alive)
+                .arg(0)
+                .arg(-1)
+                .arg("WITHSCORES")
+                .query(&mut connection)
+                .map_err(|e| self.failure(e))?;
+            let mut replies = replies.into_iter();
+            let mut next = || replies.next().and_then(Result::ok).unwrap_or(Value::Nil);
+            let limit = redis::from_redis_value::<Option<String>>(next())
+                .ok()
+                .flatten()
+                .and_then(|limit| limit.parse::<u32>().ok());
+            let live_in = |value: Value| -> Vec<String> {
+                redis::from_redis_value::<Vec<(String, f64)>>(value)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|(_, until)| *until > now)
+                    .map(|(id, _)| id)
+                    .collect()
+            };
+            let holders = live_in(next());
+            let queue: Vec<String> = redis::from_redis_value(next()).unwrap_or_default();
+            let alive = live_in(next());
+            let waiting = queue.iter().filter(|id| alive.contains(id)).count();
+            let infos: Vec<Option<String>> = if holders.is_empty() {
+                Vec::new()
+            } else {
+                redis::cmd("MGET")
+                    .arg(holders.iter().map(|id| keys.info(id)).collect::<Vec<_>>())
+                    .query(&mut connection)
+                    .map_err(|e| self.failure(e))?
+            };
+            let holders = holders
+                .into_iter()
+                .zip(infos.into_iter().chain(std::iter::repeat(None)))
+                .enumerate()
+                .map(|(index, (id, info))| {
+                    let info = info
+                        .map(|i| ContenderInfo::parse(i.as_bytes()))
+                        .unwrap_or_default();
+                    ContenderStatus::new(id, info, index as u64)
+                })
+                .collect();
+            semaphores.push(Summary::new(prefix.to_string(), limit, holders, waiting));
+        }
+        Ok(semaphores)
     }
 }
 

@@ -8,7 +8,9 @@ use super::{
     failure, recorded_limit, semaphore_path, sequence, Settings, LEASES, LEASE_NAME, LOCKS,
     LOCK_NAME,
 };
-use crate::store::{Admin, ContenderInfo, ContenderStatus, ResetOutcome, Status, StoreError};
+use crate::store::{
+    Admin, ContenderInfo, ContenderStatus, ResetOutcome, Status, StoreError, Summary,
+};
 
 /// An operator's commands last a few requests: the shortest session will do.
 const ADMIN_SESSION: Duration = Duration::from_secs(10);
@@ -180,6 +182,48 @@ impl Admin for ZkAdmin {
         };
         let _ = session.close();
         Ok(outcome)
+    }
+
+    /// ZooKeeper lists one level at a time: a walk of the tree under the
+    /// prefix, each node with a `leases` child a semaphore, read as `status`
+    /// reads it (in a session of its own). Writes nothing.
+    fn list(&self) -> Result<Vec<Summary>, StoreError> {
+        let mut session = self.session()?;
+        let mut semaphores = Vec::new();
+        let mut unvisited = vec![self.path.clone()];
+        while let Some(path) = unvisited.pop() {
+            let children = match session.children(&path, false) {
+                Ok(children) => children,
+                // Gone since its parent was listed.
+                Err(ZkError::Code(client::NO_NODE)) => continue,
+                Err(error) => {
+                    let _ = session.close();
+                    return Err(failure(error));
+                }
+            };
+            let semaphore = children.iter().any(|child| child == LEASES);
+            if semaphore {
+                let prefix = path.trim_start_matches('/');
+                let status = ZkAdmin::new(self.settings.clone(), prefix).status()?;
+                if !status.holders.is_empty() || !status.waiters.is_empty() {
+                    semaphores.push(Summary::of(status));
+                }
+            }
+            for child in children {
+                // A semaphore's own nodes, and ZooKeeper's.
+                let own = semaphore && (child == LEASES || child == LOCKS);
+                if own || (path == "/" && child == "zookeeper") {
+                    continue;
+                }
+                unvisited.push(match path.as_str() {
+                    "/" => format!("/{child}"),
+                    _ => format!("{path}/{child}"),
+                });
+            }
+        }
+        let _ = session.close();
+        semaphores.sort_by(|a, b| a.prefix.cmp(&b.prefix));
+        Ok(semaphores)
     }
 }
 
