@@ -64,7 +64,8 @@ on_every_store!(
     odd_prefixes_work_and_clean_up,
     prefixes_with_control_characters_or_too_long_are_usage_errors,
     another_limit_is_a_conflict_while_the_semaphore_is_in_use,
-    status_of_an_empty_prefix_says_nothing_is_there,
+    status_of_an_unused_prefix_says_it_is_idle,
+    status_lists_every_semaphore_under_a_root,
     status_shows_holders_and_waiters,
     release_by_session_stops_the_holder_with_76,
     release_by_host_and_pid_frees_the_slot_for_a_waiter,
@@ -159,6 +160,7 @@ on_redis_cluster!(
     a_signal_while_waiting_ends_the_wait_promptly,
     a_lost_slot_stops_the_command_and_its_background_jobs_with_76,
     status_shows_holders_and_waiters,
+    status_lists_every_semaphore_under_a_root,
     reset_refuses_while_held_and_force_evicts_first,
     a_freed_slot_wakes_its_waiter_at_once_all_down_the_queue,
 );
@@ -178,6 +180,7 @@ on_redis_sentinel!(
     waiters_get_their_slot_in_order_of_arrival,
     a_lost_slot_stops_the_command_and_its_background_jobs_with_76,
     status_shows_holders_and_waiters,
+    status_lists_every_semaphore_under_a_root,
 );
 
 fn output<S: TestStore>(world: &World<S>, limit: u32, extra: &[&str], command: &[&str]) -> Output {
@@ -734,17 +737,25 @@ fn another_limit_is_a_conflict_while_the_semaphore_is_in_use<S: TestStore>(make:
     world.assert_clean();
 }
 
-fn status_of_an_empty_prefix_says_nothing_is_there<S: TestStore>(make: MakeWorld<S>) {
+fn status_of_an_unused_prefix_says_it_is_idle<S: TestStore>(make: MakeWorld<S>) {
     let world = make("status-empty");
+    // Nothing is kept of a semaphore nobody uses; run ends, status says
+    // so, and that is no error.
+    let run = output(&world, 2, &[], &["true"]);
+    assert_eq!(run.status.code(), Some(0), "{}", stderr(&run));
     let output = admin(&world, "status", &[]);
-    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
-    assert!(
-        stdout(&output).contains("no semaphore"),
-        "{}",
-        stdout(&output)
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(
+        stdout(&output),
+        format!(
+            "{}: idle, nobody holds a slot or waits for one ({} store)\n",
+            world.prefix,
+            world.store_name()
+        )
     );
+    assert_eq!(stderr(&output), "");
     let (code, json) = status_json(&world);
-    assert_eq!(code, Some(1));
+    assert_eq!(code, Some(0));
     assert_eq!(json["prefix"], world.prefix.as_str());
     assert_eq!(json["store"], world.store_name());
     assert!(json["limit"].is_null());
@@ -786,6 +797,161 @@ fn status_shows_holders_and_waiters<S: TestStore>(make: MakeWorld<S>) {
     assert_eq!(finish(holder).status.code(), Some(0));
     assert_eq!(finish_within(waiter, "the waiter").status.code(), Some(0));
     world.assert_clean();
+}
+
+/// `consem run --prefix <prefix> --limit <limit> -- <command>` on the
+/// world's store, at a prefix other than the world's.
+fn spawn_at<S: TestStore>(world: &World<S>, prefix: &str, limit: u32, command: &[String]) -> Child {
+    let mut cmd = world.consem_command();
+    cmd.args(["run", "--prefix", prefix, "--limit", &limit.to_string()]);
+    world.store.point(&mut cmd);
+    cmd.arg("--")
+        .args(command)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// `consem status <args>` on the world's store, without the world's
+/// prefix.
+fn status_of<S: TestStore>(world: &World<S>, args: &[&str]) -> Output {
+    let mut cmd = world.consem_command();
+    cmd.arg("status").args(args);
+    world.store.point(&mut cmd);
+    let child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    finish_within(child, "consem status to exit")
+}
+
+fn listing_json<S: TestStore>(world: &World<S>, args: &[&str]) -> serde_json::Value {
+    let output = status_of(world, &[args, &["--json"]].concat());
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}{}", stdout(&output), stderr(&output)))
+}
+
+/// The prefixes of a listing, and what it says of each.
+fn listed(listing: &serde_json::Value) -> Vec<(String, serde_json::Value)> {
+    listing["semaphores"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no semaphores: {listing}"))
+        .iter()
+        .map(|s| (s["prefix"].as_str().unwrap().to_string(), s.clone()))
+        .collect()
+}
+
+fn status_lists_every_semaphore_under_a_root<S: TestStore>(make: MakeWorld<S>) {
+    let world = make("status-list");
+    // On Redis Cluster a prefix is braced, so that its keys share a slot;
+    // the braces do not count against the root.
+    let (root, braced) = match world.prefix.strip_prefix('{') {
+        Some(bare) => (bare.trim_end_matches('}').to_string(), true),
+        None => (world.prefix.clone(), false),
+    };
+    let at = |name: &str| match braced {
+        true => format!("{{{root}/{name}}}"),
+        false => format!("{root}/{name}"),
+    };
+    let (a, nested) = (at("a"), at("b/c"));
+    // Beside the root, not under it.
+    let beside = match braced {
+        true => format!("{{{root}-beside}}"),
+        false => format!("{root}-beside"),
+    };
+    let holder_a = spawn_at(&world, &a, 2, &world.held_until("ready-a", "go", 0));
+    let holder_nested = spawn_at(&world, &nested, 1, &world.held_until("ready-c", "go", 0));
+    let holder_beside = spawn_at(&world, &beside, 1, &world.held_until("ready-x", "go", 0));
+    wait_until(PROMPT, "the holders' commands to start", || {
+        world.exists("ready-a") && world.exists("ready-c") && world.exists("ready-x")
+    });
+    let waiter = spawn_at(&world, &nested, 1, &["true".to_string()]);
+    let under_root = format!("{root}/");
+    wait_until(PROMPT, "the waiter to be listed", || {
+        let listing = listing_json(&world, &["--prefix", &under_root]);
+        listed(&listing)
+            .iter()
+            .any(|(prefix, s)| *prefix == nested && s["waiting"] == 1)
+    });
+    let listing = listing_json(&world, &["--prefix", &under_root]);
+    assert_eq!(listing["root"], root.as_str(), "{listing}");
+    assert_eq!(listing["store"], world.store_name(), "{listing}");
+    let semaphores = listed(&listing);
+    let prefixes: Vec<&str> = semaphores.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(prefixes, [a.as_str(), nested.as_str()], "{listing}");
+    let (of_a, of_nested) = (&semaphores[0].1, &semaphores[1].1);
+    assert_eq!(
+        (&of_a["limit"], &of_a["held"], &of_a["waiting"]),
+        (&2.into(), &1.into(), &0.into()),
+        "{listing}"
+    );
+    assert_eq!(
+        (
+            &of_nested["limit"],
+            &of_nested["held"],
+            &of_nested["waiting"]
+        ),
+        (&1.into(), &1.into(), &1.into()),
+        "{listing}"
+    );
+    assert_eq!(of_a["oldest_holder"]["pid"], holder_a.id(), "{listing}");
+    assert!(of_a["oldest_holder"]["started"].is_string(), "{listing}");
+    // The whole store: these three among whatever else it holds.
+    let everything = listed(&listing_json(&world, &[]));
+    for prefix in [&a, &nested, &beside] {
+        assert!(
+            everything.iter().any(|(p, _)| p == prefix),
+            "{prefix} not in {everything:?}"
+        );
+    }
+    // One line each, in columns.
+    let output = status_of(&world, &["--prefix", &under_root]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let table = stdout(&output);
+    let line_of = |prefix: &str| {
+        table
+            .lines()
+            .find(|line| line.split_whitespace().next() == Some(prefix))
+            .unwrap_or_else(|| panic!("no line for {prefix}: {table}"))
+            .split_whitespace()
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(line_of(&a)[1..4], ["2", "1", "0"], "{table}");
+    assert_eq!(line_of(&nested)[1..4], ["1", "1", "1"], "{table}");
+    assert!(
+        line_of(&a)
+            .join(" ")
+            .contains(&format!("pid {}, started ", holder_a.id())),
+        "{table}"
+    );
+    assert!(!table.contains(&beside), "{table}");
+    world.touch("go");
+    for (child, what) in [
+        (holder_a, "the holder at a"),
+        (holder_nested, "the holder at b/c"),
+        (holder_beside, "the holder beside"),
+        (waiter, "the waiter"),
+    ] {
+        let output = finish_within(child, what);
+        assert_eq!(output.status.code(), Some(0), "{what}: {}", stderr(&output));
+    }
+    // Nothing in use under the root any more: an empty listing, no error.
+    let listing = listing_json(&world, &["--prefix", &under_root]);
+    assert_eq!(listing["semaphores"], serde_json::json!([]), "{listing}");
+    let output = status_of(&world, &["--prefix", &under_root]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(
+        stdout(&output).starts_with(&format!("no semaphore in use under {root}/")),
+        "{}",
+        stdout(&output)
+    );
+    for prefix in [&a, &nested, &beside] {
+        world.store.assert_clean(prefix);
+    }
 }
 
 fn release_by_session_stops_the_holder_with_76<S: TestStore>(make: MakeWorld<S>) {

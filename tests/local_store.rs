@@ -1016,3 +1016,42 @@ fn a_dead_contender_of_another_user_is_skipped() {
     assert_eq!(code(&ran), Some(0), "{}", stderr(&ran));
     crate::common::local::assert_local_clean(&users.base);
 }
+
+/// A listing reads each prefix's directory under its lock, and makes and
+/// mends nothing: a directory no contender finished making stays as it
+/// was, and one made by hand is nobody's semaphore.
+#[test]
+fn a_listing_changes_nothing_in_the_store() {
+    let world = World::local("list-nothing-made");
+    let holder = hold_slot(&world, 2, "ready", "go");
+    let base = world.store.base.clone();
+    // Made by a contender that died before it made `meta`.
+    let unfinished = base.join("consem-test%2Funfinished");
+    std::fs::create_dir(&unfinished).unwrap();
+    std::fs::create_dir(base.join("not a prefix")).unwrap();
+    let listing_of = || {
+        let output = world
+            .consem_command()
+            .args(["status", "--json"])
+            .arg(format!("--store=local:{}", base.display()))
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+        serde_json::from_slice::<serde_json::Value>(&output.stdout).unwrap()
+    };
+    let listing = listing_of();
+    let prefixes: Vec<&str> = listing["semaphores"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["prefix"].as_str().unwrap())
+        .collect();
+    assert_eq!(prefixes, [world.prefix.as_str()], "{listing}");
+    assert_eq!(std::fs::read_dir(&unfinished).unwrap().count(), 0);
+    world.touch("go");
+    assert_eq!(finish(holder).status.code(), Some(0));
+    // The prefix's directory stays, idle: not listed.
+    assert!(base.join(world.prefix.replace('/', "%2F")).is_dir());
+    assert_eq!(listing_of()["semaphores"], serde_json::json!([]));
+    world.assert_clean();
+}

@@ -271,3 +271,84 @@ fn the_eviction_check_reads_the_node_that_holds_the_keys() {
     assert!(!world.exists("ran"));
     world.assert_clean();
 }
+
+/// A listing scans every primary: a semaphore on each is found, whether
+/// consem is given every node or one (which it learns is a cluster's).
+#[test]
+fn status_lists_the_semaphores_of_every_primary() {
+    let world = World::redis_cluster("list-primaries");
+    let root = bare(&world);
+    let primaries: Vec<usize> = (0..world.store.nodes.len())
+        .filter(|&i| world.store.is_primary(i))
+        .collect();
+    assert_eq!(primaries.len(), 3);
+    // A prefix whose slot each primary serves.
+    let prefixes: Vec<String> = primaries
+        .iter()
+        .map(|&primary| {
+            (0..)
+                .map(|n| format!("{{{root}/{n}}}"))
+                .find(|prefix| world.store.primary_of(&format!("semaphore:{prefix}")) == primary)
+                .unwrap()
+        })
+        .collect();
+    let holders: Vec<Child> = prefixes
+        .iter()
+        .enumerate()
+        .map(|(i, prefix)| {
+            world
+                .consem_command()
+                .args([
+                    "run",
+                    "--store",
+                    &every_node(&world.store),
+                    "--prefix",
+                    prefix,
+                ])
+                .args(["--limit", "2", "--"])
+                .args(world.held_until(&format!("ready-{i}"), "go", 0))
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    wait_until(PROMPT, "every holder's command to start", || {
+        (0..prefixes.len()).all(|i| world.exists(&format!("ready-{i}")))
+    });
+    for store in [every_node(&world.store), world.store.url_of(primaries[0])] {
+        let output = world
+            .consem_command()
+            .args([
+                "status",
+                "--store",
+                &store,
+                "--prefix",
+                &format!("{root}/"),
+                "--json",
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{store}: {}",
+            stderr(&output)
+        );
+        let listing: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        let listed: Vec<&str> = listing["semaphores"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["prefix"].as_str().unwrap())
+            .collect();
+        let mut expected: Vec<&str> = prefixes.iter().map(String::as_str).collect();
+        expected.sort();
+        assert_eq!(listed, expected, "{store}: {listing}");
+    }
+    world.touch("go");
+    for holder in holders {
+        let output = finish(holder);
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    }
+}

@@ -904,8 +904,8 @@ fn rediss_presents_the_client_certificate_of_cert_and_key() {
     );
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     assert!(world.exists("ran"));
-    // The operators' commands present them too (`status` exits 1: nothing
-    // is at the prefix once the run left).
+    // The operators' commands present them too (`status` finds the
+    // prefix idle once the run left).
     let status = |extra: &[&str]| {
         std::process::Command::new(env!("CARGO_BIN_EXE_consem"))
             .args(["status", "--prefix", &world.prefix, "--store", &store])
@@ -915,7 +915,7 @@ fn rediss_presents_the_client_certificate_of_cert_and_key() {
             .unwrap()
     };
     let output = status(&["--cacert", &ca, "--cert", &cert, "--key", &key]);
-    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     assert!(stderr(&output).is_empty(), "{}", stderr(&output));
     let output = status(&["--cacert", &ca]);
     let text = stderr(&output);
@@ -1677,4 +1677,54 @@ fn a_grant_the_replica_acknowledged_survives_a_failover() {
         (Some(75), Some(76)),
         "with the option, the promoted replica keeps the permit"
     );
+}
+
+/// A listing only reads: a Redis user that may read and nothing else
+/// lists the semaphores, and what it lists is what is held.
+#[test]
+fn a_listing_needs_no_permission_to_write() {
+    let world = World::redis("list-read-only");
+    let holder = hold_slot(&world, 2, "ready", "go");
+    let mut connection = world.store.connection().unwrap();
+    let _: () = redis::cmd("ACL")
+        .arg(
+            &[
+                "SETUSER",
+                "reader",
+                "on",
+                ">reader-pw",
+                "~*",
+                "-@all",
+                "+@read",
+                "+info",
+                "+time",
+                "+hello",
+                "+ping",
+            ][..],
+        )
+        .query(&mut connection)
+        .unwrap();
+    let root = world.prefix.rsplit_once('/').unwrap().0.to_string();
+    let output = world
+        .consem_command()
+        .args(["status", "--prefix", &format!("{root}/"), "--json"])
+        .arg(format!(
+            "--store=redis://reader:reader-pw@127.0.0.1:{}",
+            world.store.port
+        ))
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let listing: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let ours = listing["semaphores"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["prefix"] == world.prefix.as_str())
+        .unwrap_or_else(|| panic!("{} not listed: {listing}", world.prefix));
+    assert_eq!((&ours["limit"], &ours["held"]), (&2.into(), &1.into()));
+    assert_eq!(ours["oldest_holder"]["pid"], holder.id());
+    world.touch("go");
+    assert_eq!(finish(holder).status.code(), Some(0));
+    world.assert_clean();
 }
