@@ -26,7 +26,7 @@ Register-ArgumentCompleter -Native -CommandName 'consem' -ScriptBlock {
             [CompletionResult]::new('-V', '-V ', [CompletionResultType]::ParameterName, 'Print version')
             [CompletionResult]::new('--version', '--version', [CompletionResultType]::ParameterName, 'Print version')
             [CompletionResult]::new('run', 'run', [CompletionResultType]::ParameterValue, 'Run a command while holding a slot')
-            [CompletionResult]::new('status', 'status', [CompletionResultType]::ParameterValue, 'Show the semaphore at a prefix (limit, holders, waiters), or list every semaphore under a root')
+            [CompletionResult]::new('status', 'status', [CompletionResultType]::ParameterValue, 'Show a semaphore (limit, holders, waiters), or list every one under a root')
             [CompletionResult]::new('release', 'release', [CompletionResultType]::ParameterValue, 'Free a slot: take a holder out of the record (Consul: and destroy its session)')
             [CompletionResult]::new('reset', 'reset', [CompletionResultType]::ParameterValue, 'Drop the limit record once no live holder remains, so that a new limit can be used')
             [CompletionResult]::new('completions', 'completions', [CompletionResultType]::ParameterValue, 'Print a shell completion script')
@@ -76,7 +76,7 @@ Register-ArgumentCompleter -Native -CommandName 'consem' -ScriptBlock {
             break
         }
         'consem;status' {
-            [CompletionResult]::new('--prefix', '--prefix', [CompletionResultType]::ParameterName, 'Name of the semaphore (a KV prefix on Consul); ending in `/`, or left out, every semaphore under it, or in the store')
+            [CompletionResult]::new('--prefix', '--prefix', [CompletionResultType]::ParameterName, 'Name of the semaphore (a KV prefix on Consul); ending in `/`, or left out: every one under it, or in the store')
             [CompletionResult]::new('--store', '--store', [CompletionResultType]::ParameterName, 'Where the semaphore lives: consul, local, redis://host:port, etcd://host:port, postgres://host/database or zk://host:port [default: CONSEM_STORE, else consul]')
             [CompletionResult]::new('--http-addr', '--http-addr', [CompletionResultType]::ParameterName, 'Consul HTTP API address: host:port, http://host:port or https://host:port (host:port means https with CONSUL_HTTP_SSL=true) [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]')
             [CompletionResult]::new('--token', '--token', [CompletionResultType]::ParameterName, 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]; HTTP basic auth, if the agent sits behind it, comes from CONSUL_HTTP_AUTH (user:password)')
@@ -164,7 +164,7 @@ Register-ArgumentCompleter -Native -CommandName 'consem' -ScriptBlock {
         }
         'consem;help' {
             [CompletionResult]::new('run', 'run', [CompletionResultType]::ParameterValue, 'Run a command while holding a slot')
-            [CompletionResult]::new('status', 'status', [CompletionResultType]::ParameterValue, 'Show the semaphore at a prefix (limit, holders, waiters), or list every semaphore under a root')
+            [CompletionResult]::new('status', 'status', [CompletionResultType]::ParameterValue, 'Show a semaphore (limit, holders, waiters), or list every one under a root')
             [CompletionResult]::new('release', 'release', [CompletionResultType]::ParameterValue, 'Free a slot: take a holder out of the record (Consul: and destroy its session)')
             [CompletionResult]::new('reset', 'reset', [CompletionResultType]::ParameterValue, 'Drop the limit record once no live holder remains, so that a new limit can be used')
             [CompletionResult]::new('completions', 'completions', [CompletionResultType]::ParameterValue, 'Print a shell completion script')

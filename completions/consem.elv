@@ -23,7 +23,7 @@ set edit:completion:arg-completer[consem] = {|@words|
             cand -V 'Print version'
             cand --version 'Print version'
             cand run 'Run a command while holding a slot'
-            cand status 'Show the semaphore at a prefix (limit, holders, waiters), or list every semaphore under a root'
+            cand status 'Show a semaphore (limit, holders, waiters), or list every one under a root'
             cand release 'Free a slot: take a holder out of the record (Consul: and destroy its session)'
             cand reset 'Drop the limit record once no live holder remains, so that a new limit can be used'
             cand completions 'Print a shell completion script'
@@ -71,7 +71,7 @@ set edit:completion:arg-completer[consem] = {|@words|
             cand --version 'Print version'
         }
         &'consem;status'= {
-            cand --prefix 'Name of the semaphore (a KV prefix on Consul); ending in `/`, or left out, every semaphore under it, or in the store'
+            cand --prefix 'Name of the semaphore (a KV prefix on Consul); ending in `/`, or left out: every one under it, or in the store'
             cand --store 'Where the semaphore lives: consul, local, redis://host:port, etcd://host:port, postgres://host/database or zk://host:port [default: CONSEM_STORE, else consul]'
             cand --http-addr 'Consul HTTP API address: host:port, http://host:port or https://host:port (host:port means https with CONSUL_HTTP_SSL=true) [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]'
             cand --token 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]; HTTP basic auth, if the agent sits behind it, comes from CONSUL_HTTP_AUTH (user:password)'
@@ -155,7 +155,7 @@ set edit:completion:arg-completer[consem] = {|@words|
         }
         &'consem;help'= {
             cand run 'Run a command while holding a slot'
-            cand status 'Show the semaphore at a prefix (limit, holders, waiters), or list every semaphore under a root'
+            cand status 'Show a semaphore (limit, holders, waiters), or list every one under a root'
             cand release 'Free a slot: take a holder out of the record (Consul: and destroy its session)'
             cand reset 'Drop the limit record once no live holder remains, so that a new limit can be used'
             cand completions 'Print a shell completion script'

@@ -27,7 +27,7 @@ end
 complete -c consem -n "__fish_consem_needs_command" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c consem -n "__fish_consem_needs_command" -s V -l version -d 'Print version'
 complete -c consem -n "__fish_consem_needs_command" -f -a "run" -d 'Run a command while holding a slot'
-complete -c consem -n "__fish_consem_needs_command" -f -a "status" -d 'Show the semaphore at a prefix (limit, holders, waiters), or list every semaphore under a root'
+complete -c consem -n "__fish_consem_needs_command" -f -a "status" -d 'Show a semaphore (limit, holders, waiters), or list every one under a root'
 complete -c consem -n "__fish_consem_needs_command" -f -a "release" -d 'Free a slot: take a holder out of the record (Consul: and destroy its session)'
 complete -c consem -n "__fish_consem_needs_command" -f -a "reset" -d 'Drop the limit record once no live holder remains, so that a new limit can be used'
 complete -c consem -n "__fish_consem_needs_command" -f -a "completions" -d 'Print a shell completion script'
@@ -78,7 +78,7 @@ complete -c consem -n "__fish_consem_using_subcommand run" -l wait-group -d 'Kee
 complete -c consem -n "__fish_consem_using_subcommand run" -l redis-allow-eviction -d 'Run even where Redis may evict any key when its memory is full'
 complete -c consem -n "__fish_consem_using_subcommand run" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c consem -n "__fish_consem_using_subcommand run" -s V -l version -d 'Print version'
-complete -c consem -n "__fish_consem_using_subcommand status" -l prefix -d 'Name of the semaphore (a KV prefix on Consul); ending in `/`, or left out, every semaphore under it, or in the store' -r
+complete -c consem -n "__fish_consem_using_subcommand status" -l prefix -d 'Name of the semaphore (a KV prefix on Consul); ending in `/`, or left out: every one under it, or in the store' -r
 complete -c consem -n "__fish_consem_using_subcommand status" -l store -d 'Where the semaphore lives: consul, local, redis://host:port, etcd://host:port, postgres://host/database or zk://host:port [default: CONSEM_STORE, else consul]' -r -f -a "consul\t''
 local\t''
 local:\t''
@@ -179,7 +179,7 @@ complete -c consem -n "__fish_consem_using_subcommand reset" -s V -l version -d 
 complete -c consem -n "__fish_consem_using_subcommand completions" -s h -l help -d 'Print help'
 complete -c consem -n "__fish_consem_using_subcommand completions" -s V -l version -d 'Print version'
 complete -c consem -n "__fish_consem_using_subcommand help; and not __fish_seen_subcommand_from run status release reset completions help" -f -a "run" -d 'Run a command while holding a slot'
-complete -c consem -n "__fish_consem_using_subcommand help; and not __fish_seen_subcommand_from run status release reset completions help" -f -a "status" -d 'Show the semaphore at a prefix (limit, holders, waiters), or list every semaphore under a root'
+complete -c consem -n "__fish_consem_using_subcommand help; and not __fish_seen_subcommand_from run status release reset completions help" -f -a "status" -d 'Show a semaphore (limit, holders, waiters), or list every one under a root'
 complete -c consem -n "__fish_consem_using_subcommand help; and not __fish_seen_subcommand_from run status release reset completions help" -f -a "release" -d 'Free a slot: take a holder out of the record (Consul: and destroy its session)'
 complete -c consem -n "__fish_consem_using_subcommand help; and not __fish_seen_subcommand_from run status release reset completions help" -f -a "reset" -d 'Drop the limit record once no live holder remains, so that a new limit can be used'
 complete -c consem -n "__fish_consem_using_subcommand help; and not __fish_seen_subcommand_from run status release reset completions help" -f -a "completions" -d 'Print a shell completion script'

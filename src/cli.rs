@@ -79,7 +79,7 @@ pub enum Command {
     /// Run a command while holding a slot
     #[command(after_help = RUN_EXAMPLES_SHORT, after_long_help = format!("{RUN_EXAMPLES}\n\n{EXIT_CODES}"))]
     Run(RunArgs),
-    /// Show the semaphore at a prefix (limit, holders, waiters), or list every semaphore under a root
+    /// Show a semaphore (limit, holders, waiters), or list every one under a root
     #[command(after_help = STATUS_HELP)]
     Status(StatusArgs),
     /// Free a slot: take a holder out of the record (Consul: and destroy its session)
@@ -108,11 +108,12 @@ const STATUS_HELP: &str = "\
 Examples:
   consem status --prefix service/db
   consem status --prefix service/db --json | jq '.holders[].host'
-  consem status --prefix jobs/          (every semaphore under jobs/)
-  consem status                         (every semaphore in the store)
+  # Every semaphore under jobs/, then every one in the store, a line each:
+  consem status --prefix jobs/
+  consem status
 
 Exit codes:
-  0   the store answered (a semaphore nobody uses is idle: it says so, and is no error)
+  0   the store answered (a semaphore nobody uses is idle, which is no error)
   2   usage error
   65  the limit record at the prefix is not one consem can read
   69  the store unreachable or failing
@@ -121,7 +122,7 @@ Exit codes:
 /// `consem status`.
 #[derive(Debug, Args)]
 pub struct StatusArgs {
-    /// Name of the semaphore (a KV prefix on Consul); ending in `/`, or left out, every semaphore under it, or in the store
+    /// Name of the semaphore (a KV prefix on Consul); ending in `/`, or left out: every one under it, or in the store
     #[arg(long, value_name = "PREFIX")]
     pub prefix: Option<String>,
 
