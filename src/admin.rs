@@ -170,13 +170,19 @@ fn layout_words(layout: &str) -> Option<&'static str> {
 fn render(status: &Status, now: SystemTime) -> String {
     let (held, waiting) = (status.holders.len(), status.waiters.len());
     let mut out = match status.limit {
+        // Most stores keep nothing of a semaphore nobody uses; ZooKeeper
+        // keeps its limit record.
+        _ if held == 0 && waiting == 0 => format!(
+            "{}: idle, nobody holds a slot or waits for one ({} store{})\n",
+            status.prefix,
+            status.store,
+            status
+                .limit
+                .map(|limit| format!(", limit {limit} recorded"))
+                .unwrap_or_default()
+        ),
         Some(limit) => format!(
             "{}: {held} of {limit} slots held, {waiting} waiting ({} store)\n",
-            status.prefix, status.store
-        ),
-        // Nothing is kept of a semaphore nobody uses.
-        None if held == 0 && waiting == 0 => format!(
-            "{}: idle, nobody holds a slot or waits for one ({} store)\n",
             status.prefix, status.store
         ),
         None => format!(
