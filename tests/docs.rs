@@ -336,10 +336,13 @@ fn shell(exports: &[String], command: &str) -> Command {
 
 /// The pids of the consems that hold a slot of `prefix`, as `status --json`
 /// gives them.
-fn holder_pids(exports: &[String], prefix: &str) -> Vec<i32> {
-    let output = shell(exports, &format!("consem status --prefix {prefix} --json"))
-        .output()
-        .unwrap();
+fn holder_pids(exports: &[String], store: &str, prefix: &str) -> Vec<i32> {
+    let output = shell(
+        exports,
+        &format!("consem status --store {store} --prefix {prefix} --json"),
+    )
+    .output()
+    .unwrap();
     let Ok(status) = serde_json::from_slice::<serde_json::Value>(&output.stdout) else {
         return Vec::new();
     };
@@ -380,8 +383,9 @@ fn stop(pid: i32) {
 #[test]
 fn the_local_quick_start_runs_as_written() {
     let blocks = quick_start_blocks();
-    let shape = "the quick start is a session (an export, two commands in the background, \
-                 one in the foreground and its waiting line), `consem status` and its \
+    let shape = "the quick start is a session (two commands in the background, a `sleep` \
+                 for them to start, one in the foreground and its waiting line), `consem \
+                 status` and its \
                  output, then what the foreground command prints; tests/docs.rs follows \
                  that shape";
     assert_eq!(blocks.len(), 3, "{shape}: {blocks:#?}");
@@ -412,8 +416,11 @@ fn the_local_quick_start_runs_as_written() {
         .iter()
         .filter_map(|c| c.strip_suffix(" &"))
         .collect();
+    // A reader's pause for the two to start: the test waits for each
+    // instead, by polling.
+    let pauses = commands.iter().filter(|c| c.starts_with("sleep ")).count();
     assert_eq!(
-        exports.len() + background.len() + 1,
+        exports.len() + background.len() + pauses + 1,
         commands.len(),
         "{shape}: {commands:#?}"
     );
@@ -433,7 +440,7 @@ fn the_local_quick_start_runs_as_written() {
         groups.0.push(holder.id() as i32);
         holders.push(holder);
         wait_until(PROMPT, &format!("{command:?} to hold a slot"), || {
-            holder_pids(&exports, prefix).len() == count + 1
+            holder_pids(&exports, &store, prefix).len() == count + 1
         });
     }
 
@@ -477,7 +484,7 @@ fn the_local_quick_start_runs_as_written() {
 
     // The first holder ends (its `sleep` stopped early, not waited for):
     // the third takes the slot.
-    stop(holder_pids(&exports, prefix)[0]);
+    stop(holder_pids(&exports, &store, prefix)[0]);
     let ended = wait_with_deadline(&mut waiter, PROMPT, "the third copy to run");
     assert_eq!(ended.code(), Some(0), "{:?}", terminal.screen.text());
     terminal.screen.wait_closed();
@@ -489,7 +496,7 @@ fn the_local_quick_start_runs_as_written() {
         printed, blocks[2],
         "the third copy prints what README shows"
     );
-    for pid in holder_pids(&exports, prefix) {
+    for pid in holder_pids(&exports, &store, prefix) {
         stop(pid);
     }
     for mut holder in holders {
