@@ -430,7 +430,11 @@ fn render_listing(root: &str, store: &str, semaphores: &[Summary], now: SystemTi
             cells[4]
         )
     };
-    let mut out = format!("{} semaphore(s) in use under {place}\n\n", semaphores.len());
+    let count = match semaphores.len() {
+        1 => "1 semaphore".to_string(),
+        n => format!("{n} semaphores"),
+    };
+    let mut out = format!("{count} in use under {place}\n\n");
     out.push_str(&line(headers));
     for row in &rows {
         out.push_str(&line([&row[0], &row[1], &row[2], &row[3], &row[4]]));
@@ -693,7 +697,7 @@ WAITING (in arrival order)
         ];
         assert_eq!(
             render_listing("jobs", "redis", &semaphores, now()),
-            "2 semaphore(s) in use under jobs/ (redis store)
+            "2 semaphores in use under jobs/ (redis store)
 
 PREFIX        LIMIT  HELD  WAITING  OLDEST HOLDER
 jobs/nightly      2     2        1  web-3 pid 812, started 4m12s ago

@@ -707,6 +707,8 @@ fn a_stop_past_the_lease_is_never_resumed_into_a_lost_slot() {
         &strs(&heartbeat(&world, "beat", "pid")),
     );
     let pid = read_pid(&world, "pid");
+    // A command stopped before its first beat would leave nothing to read.
+    wait_until(PROMPT, "the command's first beat", || world.exists("beat"));
     // consem itself must refuse to continue the command: its watchdog,
     // which would end the command at the lease's stop point, is frozen
     // until the command is gone.

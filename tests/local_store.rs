@@ -479,8 +479,9 @@ fn a_waiter_whose_directory_is_made_again_never_takes_a_slot_in_it() {
     ];
     let mut waiters = ["ran0", "ran1"].map(|ran| {
         let script = format!("touch '{}'", world.path(ran));
-        let waiter = world.spawn(limit, &[], &["sh", "-c", &script]);
+        // Counted before the spawn: a waiter that joins at once is not missed.
         let joined = world.contender_keys() + 1;
+        let waiter = world.spawn(limit, &[], &["sh", "-c", &script]);
         wait_until(PROMPT, "the waiter to join the queue", || {
             world.contender_keys() == joined
         });
