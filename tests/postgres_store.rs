@@ -130,7 +130,8 @@ fn a_holder_cut_off_stops_its_command_before_the_waiter_starts() {
         assert_eq!(holder.try_wait().unwrap(), None, "the holder ended early");
         std::fs::read_to_string(&log).is_ok_and(|l| l.contains("holder-started"))
     });
-    proxy.swallow_requests_with("SELECT pg_backend_pid()\n");
+    // The keep-alive round trip, the last statement of its message.
+    proxy.swallow_requests_with("\nSELECT pg_backend_pid()\0");
     let waiter = world.spawn(
         1,
         &[],

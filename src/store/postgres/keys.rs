@@ -57,20 +57,90 @@ pub fn guarded(pid: i32, call: &str) -> String {
     format!("SELECT pg_backend_pid(), CASE WHEN pg_backend_pid() = {pid} THEN ({call})::text END")
 }
 
-/// Where a tag ends a statement: its description follows (see
-/// [`described`]).
-const TAG: &str = "\n-- consem ";
+/// The statements of a contender's first round trip, after the session's
+/// setup and [`SESSION_CHECK`] in the same message (one transaction, so
+/// one server session even behind a pooler): the mark, a look for another
+/// limit, the line and a free slot, tried without waiting; with a slot,
+/// the fence and letting the line go. Each statement gives one row; the
+/// second records what was taken (see [`Joined`]) for the last two, and
+/// nothing is taken on a session that is not fresh. An uncontended
+/// contender is done in this one round trip; any other goes on from where
+/// it stands, one statement at a time.
+pub fn join(key: i32, limit: u32) -> String {
+    let fresh = "current_setting('consem.fresh') = 'true'";
+    let slot_taken = "current_setting('consem.taken') ~ '^[0-9]+$'";
+    format!(
+        "SELECT CASE WHEN {fresh} THEN pg_advisory_lock_shared({key}, {mark})::text END;\n\
+         SELECT set_config('consem.taken', CASE WHEN NOT {fresh} THEN 'stale' \
+         WHEN EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 AND granted \
+         AND classid = {classid} AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+         AND objid BETWEEN {MARK} AND {last_mark} AND objid <> {mark}) THEN 'other limit' \
+         WHEN pg_try_advisory_lock({key}, {LINE}) THEN coalesce((SELECT k FROM generate_series(0, {last_slot}) AS k \
+         WHERE pg_try_advisory_lock({key}, k) LIMIT 1)::text, 'line') \
+         ELSE 'behind' END, true);\n\
+         SELECT CASE WHEN {slot_taken} THEN txid_current() END;\n\
+         SELECT CASE WHEN {slot_taken} THEN pg_advisory_unlock({key}, {LINE}) END",
+        mark = MARK + limit,
+        classid = classid(key),
+        last_mark = MARK + LARGEST_LIMIT,
+        last_slot = limit - 1,
+    )
+}
+
+/// The statement that reads the session's backend and whether the server
+/// is a standby, and records for the rest of its transaction, as
+/// `consem.fresh`, that the session may be used: on a primary, holding no
+/// advisory lock (a new session holds none; one that does was another
+/// client's, handed to us by a pooler).
+pub const SESSION_CHECK: &str = "SELECT pg_backend_pid(), pg_is_in_recovery(), \
+     set_config('consem.fresh', (NOT pg_is_in_recovery() AND NOT EXISTS \
+     (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()))::text, true)";
+
+/// What a contender's first round trip took (see [`join`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Joined {
+    /// A slot, and the fence read while holding it; the line let go.
+    Slot { slot: u32, fence: u64 },
+    /// The line, with every slot taken: the first waiter.
+    Line,
+    /// Someone else has the line.
+    Behind,
+    /// A contender with another limit is there (or was, as we looked).
+    OtherLimit,
+}
+
+impl Joined {
+    /// From the recorded outcome and the fence's row; `None` for a session
+    /// that was not fresh (nothing taken).
+    pub fn read(taken: &str, fence: Option<&str>) -> Option<Joined> {
+        Some(match taken {
+            "line" => Joined::Line,
+            "behind" => Joined::Behind,
+            "other limit" => Joined::OtherLimit,
+            slot => Joined::Slot {
+                slot: slot.parse().ok()?,
+                fence: fence?.parse().ok()?,
+            },
+        })
+    }
+}
+
+/// The comment that opens a described statement; the description
+/// follows, to the end of the line (see [`described`]).
+const TAG: &str = "-- consem ";
 
 /// The longest statement `pg_stat_activity.query` keeps by default
 /// (`track_activity_query_size`, 1024 bytes), less a margin: a longer
 /// description would be cut and unreadable.
 const SHOWN_QUERY: usize = 1000;
 
-/// `statement` with the contender's description after it, as a comment:
-/// `pg_stat_activity.query` shows a session's last statement, so that
-/// `consem status` reads who holds and who waits from there. The JSON is
-/// one line (serde escapes every control character), so that the comment
-/// cannot end early; a command too long for the statement is cut.
+/// `statement` with the contender's description before it, as a comment
+/// line: `pg_stat_activity.query` shows a session's last statement, so
+/// that `consem status` reads who holds and who waits from there. The
+/// description comes first because the server keeps only a statement's
+/// first kilobyte; the JSON is one line (serde escapes every control
+/// character), so that the comment cannot end early; a command too long
+/// for the kept part is cut.
 pub fn described(statement: &str, info: &ContenderInfo, prefix: &str) -> String {
     let mut info = info.clone();
     loop {
@@ -78,17 +148,16 @@ pub fn described(statement: &str, info: &ContenderInfo, prefix: &str) -> String 
         if prefix.len() <= NAMED_PREFIX {
             fields.insert(PREFIX_FIELD.into(), prefix.into());
         }
-        let json = serde_json::Value::Object(fields).to_string();
-        let text = format!("{statement}{TAG}{json}");
+        let comment = format!("{TAG}{}", serde_json::Value::Object(fields));
         match &mut info.command {
-            Some(command) if text.len() > SHOWN_QUERY && !command.is_empty() => {
-                let cut = (0..command.len().saturating_sub(text.len() - SHOWN_QUERY))
+            Some(command) if comment.len() > SHOWN_QUERY && !command.is_empty() => {
+                let cut = (0..command.len().saturating_sub(comment.len() - SHOWN_QUERY))
                     .rev()
                     .find(|&i| command.is_char_boundary(i))
                     .unwrap_or(0);
                 command.truncate(cut);
             }
-            _ => return text,
+            _ => return format!("{comment}\n{statement}"),
         }
     }
 }
@@ -102,19 +171,24 @@ const PREFIX_FIELD: &str = "Prefix";
 /// command out of the statement, and its semaphore is listed by its key.
 const NAMED_PREFIX: usize = 256;
 
+/// The description's JSON in a statement of [`described`].
+fn description_json(query: &str) -> Option<&str> {
+    let rest = query.strip_prefix(TAG)?;
+    Some(rest.split('\n').next().unwrap_or(rest))
+}
+
 /// The prefix a statement of [`described`] names, if its key is `key`.
 pub fn prefix_named(query: &str, key: i32) -> Option<String> {
-    let at = query.rfind(TAG)?;
     let fields: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_str(&query[at + TAG.len()..]).ok()?;
+        serde_json::from_str(description_json(query)?).ok()?;
     let prefix = fields.get(PREFIX_FIELD)?.as_str()?;
     (prefix_key(prefix) == key).then(|| prefix.to_string())
 }
 
 /// The description a statement of [`described`] carries.
 pub fn description(query: &str) -> ContenderInfo {
-    match query.rfind(TAG) {
-        Some(at) => ContenderInfo::parse(&query.as_bytes()[at + TAG.len()..]),
+    match description_json(query) {
+        Some(json) => ContenderInfo::parse(json.as_bytes()),
         None => ContenderInfo::default(),
     }
 }
@@ -310,18 +384,47 @@ mod tests {
             command: Some("echo 'x' \n-- consem {}\x1b".into()),
             started: Some("2026-11-27T10:00:00.000Z".into()),
         };
-        let text = described("SELECT 1", &info, "jobs/a");
-        assert!(text.starts_with("SELECT 1\n-- consem {"), "{text}");
-        assert_eq!(text.lines().count(), 2, "one comment line: {text:?}");
+        let text = described("SELECT 1;\nSELECT 2", &info, "jobs/a");
+        assert!(text.starts_with("-- consem {"), "{text}");
+        assert!(text.ends_with("}\nSELECT 1;\nSELECT 2"), "{text}");
+        assert_eq!(text.lines().count(), 3, "one comment line: {text:?}");
         assert_eq!(description(&text), info);
+        assert_eq!(
+            prefix_named(&text, prefix_key("jobs/a")),
+            Some("jobs/a".into())
+        );
+        assert_eq!(prefix_named(&text, prefix_key("jobs/b")), None);
         assert_eq!(description("SELECT 1"), ContenderInfo::default());
         let long = ContenderInfo {
             command: Some("é".repeat(2000)),
             ..info
         };
-        let text = described("SELECT 1", &long, "jobs/a");
-        assert!(text.len() <= SHOWN_QUERY, "{}", text.len());
-        assert!(description(&text).command.unwrap().starts_with('é'));
+        // The kept kilobyte holds the whole description, however long the
+        // statements after it.
+        let text = described(&"SELECT 1;".repeat(500), &long, "jobs/a");
+        let kept = &text[..SHOWN_QUERY];
+        assert!(description(kept).command.unwrap().starts_with('é'));
+    }
+
+    #[test]
+    fn the_first_round_trip_says_what_it_took() {
+        assert_eq!(
+            Joined::read("2", Some("7301")),
+            Some(Joined::Slot {
+                slot: 2,
+                fence: 7301
+            })
+        );
+        assert_eq!(Joined::read("line", None), Some(Joined::Line));
+        assert_eq!(Joined::read("behind", None), Some(Joined::Behind));
+        assert_eq!(Joined::read("other limit", None), Some(Joined::OtherLimit));
+        assert_eq!(Joined::read("stale", None), None);
+        assert_eq!(Joined::read("2", None), None);
+        let join = join(prefix_key("a"), 3);
+        assert_eq!(join.matches(";\n").count(), 3, "four statements: {join}");
+        assert!(join.contains("pg_advisory_lock_shared(-468965076, 1000000003)"));
+        assert!(join.contains("generate_series(0, 2)"));
+        assert!(join.contains("objid <> 1000000003"));
     }
 
     #[test]

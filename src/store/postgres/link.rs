@@ -10,6 +10,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{AsyncMessage, Client, SimpleQueryMessage};
 
+use super::keys::SESSION_CHECK;
 use super::tls::Tls;
 
 use crate::store::{network_cause, StoreError};
@@ -94,10 +95,25 @@ pub struct Link {
     pub pid: i32,
 }
 
+/// The statement that sets a session up for a TTL of `ttl` (see
+/// [`session_settings`]), one row.
+pub fn session_setup(ttl: Duration) -> String {
+    let pairs: Vec<String> = session_settings(ttl)
+        .iter()
+        .map(|(name, value)| format!("('{name}', '{value}')"))
+        .collect();
+    format!(
+        "SELECT count(set_config(s.name, s.value, false)) FROM (VALUES {}) AS s(name, value) \
+         WHERE current_setting(s.name, true) IS NOT NULL",
+        pairs.join(", ")
+    )
+}
+
 impl Link {
-    /// Connects and sets the session up for a TTL of `ttl`; refuses a
-    /// standby, whose locks the primary does not see.
-    pub fn open(connection: &Connection, ttl: Duration) -> Result<Link, StoreError> {
+    /// Connects, without a statement: the caller's first message sets the
+    /// session up ([`session_setup`], [`SESSION_CHECK`]) and hands the
+    /// check's row to [`Link::checked`].
+    pub fn connect(connection: &Connection) -> Result<Link, StoreError> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -126,41 +142,47 @@ impl Link {
             };
             let _ = ended_tx.send(Some(why));
         });
-        let mut link = Link {
+        Ok(Link {
             runtime,
             client: Some(client),
             ended,
             notes,
             tls: connection.tls.clone(),
             pid: 0,
-        };
-        let names: Vec<String> = session_settings(ttl)
-            .iter()
-            .map(|(name, value)| format!("('{name}', '{value}')"))
-            .collect();
-        let setup = format!(
-            "SELECT set_config(s.name, s.value, false) FROM (VALUES {}) AS s(name, value) WHERE s.name IN (SELECT name FROM pg_settings); \
-             SELECT pg_backend_pid(), pg_is_in_recovery(), \
-             (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid())",
-            names.join(", ")
-        );
+        })
+    }
+
+    /// Connects and sets the session up for a TTL of `ttl`, in one round
+    /// trip after the connection's.
+    pub fn open(connection: &Connection, ttl: Duration) -> Result<Link, StoreError> {
+        let mut link = Link::connect(connection)?;
         let rows = link
-            .run(&setup)
+            .run(&format!("{};\n{SESSION_CHECK}", session_setup(ttl)))
             .map_err(|error| failure(connection, "setting the session up", &error))?;
-        let last = rows.last().cloned().unwrap_or_default();
-        link.pid = number(&last, 0).unwrap_or_default() as i32;
-        if text(&last, 1) == "t" {
+        link.checked(connection, rows.last())?;
+        Ok(link)
+    }
+
+    /// Takes the session's backend from the row of [`SESSION_CHECK`], and
+    /// refuses a standby, whose locks the primary does not see, and a
+    /// session that is not fresh.
+    pub fn checked(
+        &mut self,
+        connection: &Connection,
+        row: Option<&Row>,
+    ) -> Result<(), StoreError> {
+        let row = row.cloned().unwrap_or_default();
+        self.pid = number(&row, 0).unwrap_or_default() as i32;
+        if text(&row, 1) == "t" {
             return Err(StoreError::config(format!(
                 "{} is a standby (in recovery): its advisory locks are not the primary's; point --store at the primary",
                 connection.shown
             )));
         }
-        // A new session holds no advisory lock: one that does was
-        // another client's, handed to us by a pooler.
-        if number(&last, 2) != Some(0) {
+        if text(&row, 2) != "true" {
             return Err(pooled(connection));
         }
-        Ok(link)
+        Ok(())
     }
 
     pub fn client(&self) -> &Client {

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use self::admin::PostgresAdmin;
-use self::keys::{LockRow, LINE, MARK};
+use self::keys::{Joined, LockRow, LINE, SESSION_CHECK};
 use self::link::{failure, number, Connection, Link, Row, Waited};
 use super::driver::{self, Gate, Grant, Recipe, Stop};
 use super::kind::{Lease, Store, StoreSettings};
@@ -211,36 +211,61 @@ impl PostgresSemaphore {
         Ok(())
     }
 
+    /// The first round trip (see [`keys::join`]): sets the session up,
+    /// checks it, and takes what it can without waiting.
+    fn join(&self, link: &mut Link) -> Result<(Joined, Instant), StoreError> {
+        let sql = self.sql(&format!(
+            "{};\n{SESSION_CHECK};\n{}",
+            link::session_setup(self.settings.ttl),
+            keys::join(self.key, self.limit)
+        ));
+        let sent = Instant::now();
+        let rows = link.run(&sql).map_err(|e| self.failed("joining", &e))?;
+        // One row per statement: the setup, the check, the mark, the
+        // outcome, the fence, the line let go.
+        let [_, check, _, taken, fence, _] = rows.as_slice() else {
+            return Err(self.pooled());
+        };
+        let connection = &self.settings.connection;
+        link.checked(connection, Some(check))?;
+        let taken = link::text(taken, 0);
+        Joined::read(taken, fence.first().cloned().flatten().as_deref())
+            .map(|joined| (joined, sent))
+            .ok_or_else(|| self.pooled())
+    }
+
     /// Joins, waits in line and takes a slot; see docs/design.md.
     fn contend_on(&self, link: &mut Link, mode: Contend) -> Result<(u32, u64, Instant), Stop> {
         let (p, limit) = (self.key, self.limit);
         // The mark first, then a look: a contender with another limit is
         // seen by us or sees us.
-        self.call(
-            link,
-            &format!("pg_advisory_lock_shared({p}, {})", MARK + limit),
-            "joining",
-        )?;
-        let seen = keys::contenders(&self.lock_rows(link)?);
-        if let Some(other) = keys::other_limit(&seen, limit, link.pid) {
-            return Err(Stop::Failed(self.conflict(other)));
-        }
-        let first = self.call(
-            link,
-            &format!("pg_try_advisory_lock({p}, {LINE})"),
-            "joining the line",
-        )?;
-        if first.as_deref() != Some("true") {
-            let picture = keys::progress(&seen, limit, link.pid);
-            if mode == Contend::Try {
-                return Err(Stop::NoSlot(picture));
+        let first = match self.join(link)? {
+            (Joined::Slot { slot, fence }, sent) => return Ok((slot, fence, sent)),
+            (Joined::Line, _) => true,
+            (Joined::Behind | Joined::OtherLimit, _) => false,
+        };
+        if !first {
+            let seen = keys::contenders(&self.lock_rows(link)?);
+            if let Some(other) = keys::other_limit(&seen, limit, link.pid) {
+                return Err(Stop::Failed(self.conflict(other)));
             }
-            self.gate.waiting(&self.prefix, picture);
-            self.wait_in_server(
+            let first = self.call(
                 link,
-                &format!("pg_advisory_lock({p}, {LINE})"),
-                "waiting in line",
+                &format!("pg_try_advisory_lock({p}, {LINE})"),
+                "joining the line",
             )?;
+            if first.as_deref() != Some("true") {
+                let picture = keys::progress(&seen, limit, link.pid);
+                if mode == Contend::Try {
+                    return Err(Stop::NoSlot(picture));
+                }
+                self.gate.waiting(&self.prefix, picture);
+                self.wait_in_server(
+                    link,
+                    &format!("pg_advisory_lock({p}, {LINE})"),
+                    "waiting in line",
+                )?;
+            }
         }
         // First in line: nobody else takes a slot now, holders only leave.
         let channel = keys::channel(p);
@@ -411,7 +436,7 @@ impl Recipe for PostgresSemaphore {
             self.finished(None, None);
             return Err(Stop::Closing);
         }
-        let mut link = match Link::open(&self.settings.connection, self.settings.ttl) {
+        let mut link = match Link::connect(&self.settings.connection) {
             Ok(link) => link,
             Err(error) => {
                 self.finished(None, None);
