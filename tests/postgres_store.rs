@@ -78,6 +78,40 @@ fn a_restart_of_the_server_is_a_loss_and_the_fence_still_grows() {
     world.assert_clean();
 }
 
+/// The server down while two wait: each waiter's session is gone, and
+/// each tries a new one for as long as the outage lasts no longer than
+/// its TTL: the one with a TTL of 2 s gives up (69), the other joins again
+/// once the server is back and runs; the holder lost its slot (76).
+#[test]
+fn a_waiter_joins_again_after_an_outage_shorter_than_its_ttl() {
+    let mut world = World::postgres("pg-outage-waiting");
+    let holder = hold_slot(&world, 1, "ready", "go");
+    let patient = world.spawn(1, &["--ttl", "30s"], &["touch", &world.path("patient-ran")]);
+    wait_until(PROMPT, "the first waiter to join", || {
+        world.contender_keys() == 2
+    });
+    let brief = world.spawn(1, &["--ttl", "2s"], &["touch", &world.path("brief-ran")]);
+    wait_until(PROMPT, "the second waiter to join", || {
+        world.contender_keys() == 3
+    });
+    world.store.stop();
+    let held = finish(holder);
+    assert_eq!(held.status.code(), Some(76), "{}", stderr(&held));
+    let gave_up = finish(brief);
+    assert_eq!(gave_up.status.code(), Some(69), "{}", stderr(&gave_up));
+    assert!(
+        stderr(&gave_up).contains("127.0.0.1"),
+        "names the server: {}",
+        stderr(&gave_up)
+    );
+    world.store.start_again();
+    let ran = finish(patient);
+    assert_eq!(ran.status.code(), Some(0), "{}", stderr(&ran));
+    assert!(world.exists("patient-ran"));
+    assert!(!world.exists("brief-ran"));
+    world.assert_clean();
+}
+
 /// consem SIGKILLed: its connection closes, the server drops its session
 /// and locks, and the waiter blocked on the slot in the server has it at
 /// once (its watchdog killed the old command at once too).

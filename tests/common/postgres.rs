@@ -259,6 +259,11 @@ impl PostgresServer {
     /// its port, with its data.
     pub fn restart(&mut self) {
         self.stop();
+        self.start_again();
+    }
+
+    /// Starts it again on its port, with its data, after [`Self::stop`].
+    pub fn start_again(&mut self) {
         let port = self.port;
         assert!(
             self.start_on(port),
@@ -266,7 +271,8 @@ impl PostgresServer {
         );
     }
 
-    fn stop(&mut self) {
+    /// Stops it (fast shutdown: sessions are ended).
+    pub fn stop(&mut self) {
         if let Some(mut process) = self.process.take() {
             // SAFETY: kill(2) on our child, not yet reaped.
             unsafe { libc::kill(process.id() as i32, libc::SIGINT) };

@@ -337,6 +337,21 @@ pub fn failure(connection: &Connection, doing: &str, error: &tokio_postgres::Err
     kind_error.caused_by(error_of(error))
 }
 
+/// Whether `error` ended the session or the connection (a restart, a
+/// failover, `pg_terminate_backend`, the network, a server refusing
+/// connections for now), rather than refusing what we asked.
+pub fn session_lost(error: &tokio_postgres::Error) -> bool {
+    match error.as_db_error() {
+        // Connection exceptions, operator intervention (shutdown,
+        // terminated, starting up), and no room for another connection.
+        Some(db) => {
+            let code = db.code().code();
+            code.starts_with("08") || code.starts_with("57") || code == "53300"
+        }
+        None => error.is_closed() || std::error::Error::source(error).is_some(),
+    }
+}
+
 /// The error of a session that is not ours: a pooler in the way.
 pub fn pooled(connection: &Connection) -> StoreError {
     StoreError::config(format!(

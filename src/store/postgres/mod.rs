@@ -20,9 +20,10 @@ use self::link::{failure, number, Connection, Link, Row, Waited};
 use super::driver::{self, Gate, Grant, Recipe, Stop};
 use super::kind::{Lease, Store, StoreSettings};
 use super::lease;
+use super::outage::Outage;
 use super::{
-    Admin, Contend, ContenderInfo, Notify, Progress, ReleaseError, Released, SlotBackend,
-    SlotEvent, StoreError, Unfinished,
+    Admin, Contend, ContenderInfo, ErrorKind, Notify, Progress, ReleaseError, Released,
+    SlotBackend, SlotEvent, StoreError, Unfinished,
 };
 use crate::report;
 
@@ -44,6 +45,25 @@ pub const STORE: Store = Store {
 /// again when no holder said it left: a holder whose session ended
 /// without a word (killed, cut off) sends no notification.
 const UNANNOUNCED_LOOK: Duration = Duration::from_millis(500);
+
+/// Why an attempt on one session ended without a slot.
+enum Attempt {
+    Stop(Stop),
+    /// The session or its connection ended: a new one may go on.
+    SessionLost(StoreError),
+}
+
+impl From<Stop> for Attempt {
+    fn from(stop: Stop) -> Attempt {
+        Attempt::Stop(stop)
+    }
+}
+
+impl From<StoreError> for Attempt {
+    fn from(error: StoreError) -> Attempt {
+        Attempt::Stop(Stop::Failed(error))
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -140,12 +160,27 @@ impl PostgresSemaphore {
         keys::described(statement, &self.info, &self.prefix)
     }
 
-    fn failed(&self, doing: &str, error: &tokio_postgres::Error) -> StoreError {
-        failure(&self.settings.connection, doing, error)
+    /// A failed statement while contending: a lost session (a restart,
+    /// a failover, a network failure) is worth a new one.
+    fn failed(&self, doing: &str, error: &tokio_postgres::Error) -> Attempt {
+        let failure = failure(&self.settings.connection, doing, error);
+        if link::session_lost(error) {
+            Attempt::SessionLost(failure)
+        } else {
+            Attempt::Stop(Stop::Failed(failure))
+        }
+    }
+
+    /// The server ended our session while we were `doing` something.
+    fn ended(&self, doing: &str, why: &str) -> Attempt {
+        Attempt::SessionLost(StoreError::unavailable(format!(
+            "{}: the server ended our session while {doing}: {why}",
+            self.settings.connection.shown
+        )))
     }
 
     /// The prefix's advisory locks, with their sessions.
-    fn lock_rows(&self, link: &Link) -> Result<Vec<LockRow>, StoreError> {
+    fn lock_rows(&self, link: &Link) -> Result<Vec<LockRow>, Attempt> {
         let rows = link
             .run(&self.sql(&admin::lock_rows_query(self.key)))
             .map_err(|e| self.failed("reading pg_locks", &e))?;
@@ -178,32 +213,29 @@ impl PostgresSemaphore {
 
     /// Runs `call` on our session (see [`keys::guarded`]) and returns its
     /// value as text.
-    fn call(&self, link: &Link, call: &str, doing: &str) -> Result<Option<String>, StoreError> {
+    fn call(&self, link: &Link, call: &str, doing: &str) -> Result<Option<String>, Attempt> {
         let rows = link
             .run(&self.sql(&keys::guarded(link.pid, call)))
             .map_err(|e| self.failed(doing, &e))?;
-        self.on_our_session(link, &rows)
+        Ok(self.on_our_session(link, &rows)?)
     }
 
     /// Runs `call`, which may wait in the server (a lock wait), until it
     /// answers, the connection ends, or release begins (the wait is then
     /// cancelled, so that the session leaves the lock queue at once).
-    fn wait_in_server(&self, link: &Link, call: &str, doing: &str) -> Result<(), Stop> {
+    fn wait_in_server(&self, link: &Link, call: &str, doing: &str) -> Result<(), Attempt> {
         let mut closing = self.closing.subscribe();
         let ended = link.ended();
         let sql = self.sql(&keys::guarded(link.pid, call));
         let rows = link.block_on(async {
             tokio::select! {
                 answer = link::rows(link.client(), &sql) => {
-                    answer.map_err(|e| Stop::Failed(self.failed(doing, &e)))
+                    answer.map_err(|e| self.failed(doing, &e))
                 }
-                why = ended => Err(Stop::Failed(StoreError::unavailable(format!(
-                    "{}: the server ended our session while {doing}: {why}",
-                    self.settings.connection.shown
-                )))),
+                why = ended => Err(self.ended(doing, &why)),
                 _ = closing.wait_for(|closing| *closing) => {
                     link.cancel().await;
-                    Err(Stop::Closing)
+                    Err(Attempt::Stop(Stop::Closing))
                 }
             }
         })?;
@@ -213,7 +245,7 @@ impl PostgresSemaphore {
 
     /// The first round trip (see [`keys::join`]): sets the session up,
     /// checks it, and takes what it can without waiting.
-    fn join(&self, link: &mut Link) -> Result<(Joined, Instant), StoreError> {
+    fn join(&self, link: &mut Link) -> Result<(Joined, Instant), Attempt> {
         let sql = self.sql(&format!(
             "{};\n{SESSION_CHECK};\n{}",
             link::session_setup(self.settings.ttl),
@@ -224,22 +256,30 @@ impl PostgresSemaphore {
         // One row per statement: the setup, the check, the mark, the
         // outcome, the fence, the line let go.
         let [_, check, _, taken, fence, _] = rows.as_slice() else {
-            return Err(self.pooled());
+            return Err(self.pooled().into());
         };
         let connection = &self.settings.connection;
         link.checked(connection, Some(check))?;
         let taken = link::text(taken, 0);
         Joined::read(taken, fence.first().cloned().flatten().as_deref())
             .map(|joined| (joined, sent))
-            .ok_or_else(|| self.pooled())
+            .ok_or_else(|| self.pooled().into())
     }
 
-    /// Joins, waits in line and takes a slot; see docs/design.md.
-    fn contend_on(&self, link: &mut Link, mode: Contend) -> Result<(u32, u64, Instant), Stop> {
+    /// Joins, waits in line and takes a slot; see docs/design.md. The
+    /// outage counts the join's answer as the server reached.
+    fn contend_on(
+        &self,
+        link: &mut Link,
+        mode: Contend,
+        outage: &mut Outage,
+    ) -> Result<(u32, u64, Instant), Attempt> {
         let (p, limit) = (self.key, self.limit);
         // The mark first, then a look: a contender with another limit is
         // seen by us or sees us.
-        let first = match self.join(link)? {
+        let joined = self.join(link)?;
+        outage.recovered();
+        let first = match joined {
             (Joined::Slot { slot, fence }, sent) => return Ok((slot, fence, sent)),
             (Joined::Line, _) => true,
             (Joined::Behind | Joined::OtherLimit, _) => false,
@@ -247,7 +287,7 @@ impl PostgresSemaphore {
         if !first {
             let seen = keys::contenders(&self.lock_rows(link)?);
             if let Some(other) = keys::other_limit(&seen, limit, link.pid) {
-                return Err(Stop::Failed(self.conflict(other)));
+                return Err(self.conflict(other).into());
             }
             let first = self.call(
                 link,
@@ -257,7 +297,7 @@ impl PostgresSemaphore {
             if first.as_deref() != Some("true") {
                 let picture = keys::progress(&seen, limit, link.pid);
                 if mode == Contend::Try {
-                    return Err(Stop::NoSlot(picture));
+                    return Err(Stop::NoSlot(picture).into());
                 }
                 self.gate.waiting(&self.prefix, picture);
                 self.wait_in_server(
@@ -277,7 +317,7 @@ impl PostgresSemaphore {
         let slot = loop {
             let seen = keys::contenders(&self.lock_rows(link)?);
             if let Some(other) = keys::other_limit(&seen, limit, link.pid) {
-                return Err(Stop::Failed(self.conflict(other)));
+                return Err(self.conflict(other).into());
             }
             link.forget_notes();
             let taken = self.call(
@@ -293,7 +333,7 @@ impl PostgresSemaphore {
             }
             let picture = keys::progress(&seen, limit, link.pid);
             if mode == Contend::Try {
-                return Err(Stop::NoSlot(picture));
+                return Err(Stop::NoSlot(picture).into());
             }
             self.gate
                 .waiting_if_changed(&self.prefix, picture, &mut told);
@@ -327,15 +367,29 @@ impl PostgresSemaphore {
     /// The first waiter of a limit above 1: sleeps until a holder says it
     /// left (a notification), the connection ends, release begins, or it
     /// is time to look for a slot freed without a word.
-    fn wait_for_a_departure(&self, link: &mut Link) -> Result<(), Stop> {
+    fn wait_for_a_departure(&self, link: &mut Link) -> Result<(), Attempt> {
         match link.wait_for_note(UNANNOUNCED_LOOK, self.closing.subscribe()) {
             Waited::Note | Waited::Timeout => Ok(()),
-            Waited::Closing => Err(Stop::Closing),
-            Waited::Ended(why) => Err(Stop::Failed(StoreError::unavailable(format!(
-                "{}: the server ended our session while we waited: {why}",
-                self.settings.connection.shown
-            )))),
+            Waited::Closing => Err(Stop::Closing.into()),
+            Waited::Ended(why) => Err(self.ended("we waited", &why)),
         }
+    }
+
+    /// Sleeps `pause` before a new attempt; false if release began.
+    fn pause(&self, pause: Duration) -> bool {
+        let mut closing = self.closing.subscribe();
+        let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+        else {
+            return false;
+        };
+        runtime.block_on(async {
+            tokio::select! {
+                _ = tokio::time::sleep(pause) => true,
+                _ = closing.wait_for(|closing| *closing) => false,
+            }
+        })
     }
 
     /// Holds the slot: a round trip every TTL/3, each confirmed one a
@@ -431,37 +485,61 @@ impl Recipe for PostgresSemaphore {
         &self.prefix
     }
 
+    /// Contends on a session of its own; a session lost while joining or
+    /// waiting (a restart, a failover, a network failure) is replaced, as
+    /// on every store, for as long as the outage lasts no longer than the
+    /// TTL, and the contender joins again at the end of the line (the
+    /// server's lock queue went with the session).
     fn acquire(self: &Arc<Self>, mode: Contend) -> Result<Grant<Held>, Stop> {
-        if *self.closing.borrow() {
-            self.finished(None, None);
-            return Err(Stop::Closing);
-        }
-        let mut link = match Link::connect(&self.settings.connection) {
-            Ok(link) => link,
-            Err(error) => {
-                self.finished(None, None);
-                return Err(Stop::Failed(error));
+        let mut outage = Outage::new(self.settings.ttl);
+        let stop = loop {
+            if *self.closing.borrow() {
+                break Stop::Closing;
+            }
+            let attempt = Link::connect(&self.settings.connection)
+                .map_err(|error| {
+                    if error.kind == ErrorKind::Unavailable {
+                        Attempt::SessionLost(error)
+                    } else {
+                        Attempt::Stop(Stop::Failed(error))
+                    }
+                })
+                .and_then(
+                    |mut link| match self.contend_on(&mut link, mode, &mut outage) {
+                        Ok(won) => Ok((link, won)),
+                        Err(attempt) => {
+                            link.close();
+                            Err(attempt)
+                        }
+                    },
+                );
+            match attempt {
+                Ok((link, (slot, fence, sent))) => {
+                    self.phase().held = true;
+                    return Ok(Grant {
+                        fence,
+                        lease: Some(lease::lease_end(sent, self.settings.ttl)),
+                        held: Held {
+                            link,
+                            slot,
+                            confirmed: sent,
+                        },
+                    });
+                }
+                Err(Attempt::Stop(stop)) => break stop,
+                Err(Attempt::SessionLost(error)) => {
+                    let Some(pause) = outage.retry_after() else {
+                        break Stop::Failed(error);
+                    };
+                    report::event("retry", &[("error", &error.to_string())]);
+                    if !self.pause(pause) {
+                        break Stop::Closing;
+                    }
+                }
             }
         };
-        match self.contend_on(&mut link, mode) {
-            Ok((slot, fence, sent)) => {
-                self.phase().held = true;
-                Ok(Grant {
-                    fence,
-                    lease: Some(lease::lease_end(sent, self.settings.ttl)),
-                    held: Held {
-                        link,
-                        slot,
-                        confirmed: sent,
-                    },
-                })
-            }
-            Err(stop) => {
-                link.close();
-                self.finished(None, None);
-                Err(stop)
-            }
-        }
+        self.finished(None, None);
+        Err(stop)
     }
 
     fn hold(self: &Arc<Self>, mut held: Held) -> Option<String> {
