@@ -78,6 +78,28 @@ fn a_restart_of_the_server_is_a_loss_and_the_fence_still_grows() {
     world.assert_clean();
 }
 
+/// An address nobody answers at: 69 at once, one line that says where
+/// the server was looked for and what to check, nothing run.
+#[test]
+fn an_address_nobody_answers_at_is_unavailable_69_with_a_hint() {
+    let world = World::postgres("pg-nobody");
+    let port = crate::common::redis::free_port();
+    let address = format!("postgres://postgres@127.0.0.1:{port}/postgres");
+    let output = run_at(&world, &address, 1, &["touch", &world.path("ran")])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(69), "{}", stderr(&output));
+    let said = stderr(&output);
+    assert_eq!(said.lines().count(), 1, "{said}");
+    assert!(
+        said.contains(&format!(
+            "cannot reach PostgreSQL at postgres://…@127.0.0.1:{port}/postgres: connection refused"
+        )) && said.contains("check --store, PGHOST and PGPORT"),
+        "{said}"
+    );
+    assert!(!world.exists("ran"));
+}
+
 /// The server down while two wait: each waiter's session is gone, and
 /// each tries a new one for as long as the outage lasts no longer than
 /// its TTL: the one with a TTL of 2 s gives up (69), the other joins again

@@ -13,7 +13,7 @@ use tokio_postgres::{AsyncMessage, Client, SimpleQueryMessage};
 use super::keys::SESSION_CHECK;
 use super::tls::Tls;
 
-use crate::store::{network_cause, StoreError};
+use crate::store::{network_cause, ErrorKind, StoreError};
 
 /// How a contender reaches the server, validated.
 #[derive(Debug, Clone)]
@@ -126,7 +126,7 @@ impl Link {
         }
         let (client, mut pending) = runtime
             .block_on(config.connect(connection.tls.clone()))
-            .map_err(|error| failure(connection, "connecting", &error))?;
+            .map_err(|error| connect_failure(connection, &error))?;
         let (ended_tx, ended) = watch::channel(None);
         let (notes_tx, notes) = mpsc::unbounded_channel();
         runtime.spawn(async move {
@@ -284,6 +284,24 @@ pub fn number(row: &Row, i: usize) -> Option<i64> {
 /// Column `i` of `row` as text ("" for NULL).
 pub fn text(row: &Row, i: usize) -> &str {
     row.get(i).and_then(|c| c.as_deref()).unwrap_or_default()
+}
+
+/// A failure to connect: one the server did not answer says where it was
+/// looked for, and what to check.
+fn connect_failure(connection: &Connection, error: &tokio_postgres::Error) -> StoreError {
+    let failed = failure(connection, "connecting", error);
+    if error.as_db_error().is_some() || failed.kind != ErrorKind::Unavailable {
+        return failed;
+    }
+    let mut cause = network_cause(&error.to_string());
+    if let Some(source) = std::error::Error::source(error) {
+        cause = network_cause(&source.to_string());
+    }
+    StoreError::unavailable(format!(
+        "cannot reach PostgreSQL at {}: {cause} (is the server running there? check --store, PGHOST and PGPORT)",
+        connection.shown
+    ))
+    .caused_by(error_of(error))
 }
 
 /// A failure of the server or of the connection to it while `doing`, in
