@@ -184,7 +184,7 @@ pub struct RunArgs {
     pub prefix: String,
 
     /// Number of slots; every contender on the prefix must use the same limit
-    #[arg(long, value_name = "N", value_parser = parse_limit)]
+    #[arg(long, value_name = "N", value_parser = parse_limit, allow_negative_numbers = true)]
     pub limit: u32,
 
     /// Give up waiting for a slot after this long, saying why (default: wait forever)
@@ -489,6 +489,13 @@ pub fn describe_error(error: &clap::Error) -> String {
                 suggestion.unwrap_or_default()
             )
         }
+        // `--timeout -5s`: a negative value, read as a short option.
+        ErrorKind::UnknownArgument
+            if matches!(error.get(ContextKind::InvalidArg), Some(ContextValue::String(arg))
+                if arg.strip_prefix('-').is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit()))) =>
+        {
+            format!("a limit or a duration is never negative; see {help}")
+        }
         ErrorKind::UnknownArgument if subcommand.as_deref() == Some("run") => {
             format!("the command goes after --, as in consem run --prefix P --limit N -- ./job.sh; see {help}")
         }
@@ -532,9 +539,13 @@ fn not_utf8_argument(args: impl Iterator<Item = OsString>) -> String {
 
 /// A limit: a whole number of slots, at least 1 (each store says its most).
 fn parse_limit(text: &str) -> Result<u32, String> {
-    match text.parse::<u32>() {
-        Ok(0) => Err("a limit is at least 1 slot".into()),
-        Ok(limit) => Ok(limit),
+    let largest = crate::options::stores::largest_limit();
+    match text.parse::<i128>() {
+        Ok(..=0) => Err("a limit is at least 1 slot".into()),
+        Ok(limit) => match u32::try_from(limit) {
+            Ok(limit) => Ok(limit),
+            Err(_) => Err(format!("no store takes more than {largest} slots")),
+        },
         Err(_) => Err("expected a whole number of slots, such as 2".into()),
     }
 }
@@ -547,6 +558,36 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 mod tests {
     use super::*;
     use clap::CommandFactory;
+
+    #[test]
+    fn a_negative_or_huge_limit_says_what_a_limit_is() {
+        assert_eq!(parse_limit("-1"), Err("a limit is at least 1 slot".into()));
+        assert_eq!(parse_limit("0"), Err("a limit is at least 1 slot".into()));
+        assert_eq!(parse_limit("3"), Ok(3));
+        assert_eq!(
+            parse_limit("99999999999"),
+            Err("no store takes more than 10000 slots".into())
+        );
+        let error = Cli::try_parse_from([
+            "consem", "run", "--prefix", "p", "--limit", "-1", "--", "true",
+        ])
+        .unwrap_err();
+        assert!(describe_error(&error).contains("a limit is at least 1 slot"));
+        let error = Cli::try_parse_from([
+            "consem",
+            "run",
+            "--prefix",
+            "p",
+            "--limit",
+            "1",
+            "--timeout",
+            "-5s",
+            "--",
+            "true",
+        ])
+        .unwrap_err();
+        assert!(describe_error(&error).contains("a limit or a duration is never negative"));
+    }
 
     #[test]
     fn the_argument_that_is_not_utf8_is_named_by_its_option() {

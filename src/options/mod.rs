@@ -135,6 +135,8 @@ pub enum OptionsError {
     NotAStore {
         source: &'static str,
         shown: String,
+        /// The way to write a store nearest to what was given.
+        nearest: Option<&'static str>,
     },
     /// An option of other stores' (`owners`, one or more) with the store
     /// chosen.
@@ -176,14 +178,27 @@ impl std::fmt::Display for OptionsError {
             ),
             OptionsError::PrefixEmpty { prefix } => write!(
                 f,
-                "--prefix '{prefix}' is empty once '/' are trimmed: name the semaphore, such as service/db"
+                "--prefix '{prefix}' is empty once '/' and spaces are trimmed: name the semaphore, such as service/db"
             ),
             OptionsError::PrefixSegment { prefix, store } => write!(
                 f,
                 "--prefix '{prefix}' has an empty, '.' or '..' segment, {}: write it like service/db",
                 store.segments_refused
             ),
-            OptionsError::NotAStore { source, shown } => write!(
+            OptionsError::NotAStore {
+                source,
+                shown,
+                nearest: Some(nearest),
+            } => write!(
+                f,
+                "{source} '{shown}' is not a store: did you mean {nearest}? (the stores: {})",
+                stores::every_way_to_write()
+            ),
+            OptionsError::NotAStore {
+                source,
+                shown,
+                nearest: None,
+            } => write!(
                 f,
                 "{source} '{shown}' is not a store: use {}",
                 stores::every_way_to_write()
@@ -287,6 +302,7 @@ fn choose_store(
         None => Err(OptionsError::NotAStore {
             source,
             shown: crate::store::without_credentials(text),
+            nearest: stores::nearest_way_to_write(text),
         }),
     }
 }
@@ -476,7 +492,10 @@ pub fn normalize_prefix(prefix: &str, store: &'static Entry) -> Result<String, O
         });
     }
     let trimmed = prefix.trim_matches('/');
-    if trimmed.is_empty() {
+    if prefix
+        .trim_matches(|c: char| c == '/' || c.is_whitespace())
+        .is_empty()
+    {
         return Err(OptionsError::PrefixEmpty {
             prefix: prefix.to_string(),
         });
@@ -485,7 +504,7 @@ pub fn normalize_prefix(prefix: &str, store: &'static Entry) -> Result<String, O
     // path, so keys under them cannot be written where they are named.
     if trimmed
         .split('/')
-        .any(|segment| segment.is_empty() || segment == "." || segment == "..")
+        .any(|segment| segment.trim().is_empty() || segment == "." || segment == "..")
     {
         return Err(OptionsError::PrefixSegment {
             prefix: prefix.to_string(),
@@ -537,6 +556,14 @@ mod tests {
         assert!(parse(&["--prefix", "//"], &[])
             .unwrap_err()
             .contains("empty"));
+        assert_eq!(
+            parse(&["--prefix", " / "], &[]).unwrap_err(),
+            "--prefix ' / ' is empty once '/' and spaces are trimmed: name the semaphore, such as service/db"
+        );
+        assert!(parse(&["--prefix", "a/  /b"], &[])
+            .unwrap_err()
+            .contains("has an empty, '.' or '..' segment"));
+        assert_eq!(parse(&["--prefix", "a b/c"], &[]).unwrap().prefix, "a b/c");
     }
 
     /// A prefix's message names the store in use, and Consul's API only
@@ -563,7 +590,7 @@ mod tests {
             assert!(!error.contains("Consul"), "{error}");
             assert_eq!(
                 refused(store, "//"),
-                "--prefix '//' is empty once '/' are trimmed: name the semaphore, such as service/db"
+                "--prefix '//' is empty once '/' and spaces are trimmed: name the semaphore, such as service/db"
             );
         }
     }
@@ -727,8 +754,11 @@ mod tests {
         );
         assert_eq!(
             choice(Some("redis:/:S3cret@h"), None).unwrap_err(),
-            "--store 'redis:…@h' is not a store: use consul, local, local:DIR, redis://host:port, etcd://host:port, postgres://user@host:port/database or zk://host:port[/chroot]"
+            "--store 'redis:…@h' is not a store: did you mean redis://host:port? (the stores: consul, local, local:DIR, redis://host:port, etcd://host:port, postgres://user@host:port/database or zk://host:port[/chroot])"
         );
+        assert!(choice(Some("lcoal"), None).unwrap_err().starts_with(
+            "--store 'lcoal' is not a store: did you mean local? (the stores: consul, "
+        ));
         assert!(parse(&["--prefix", "p", "--store", "local:"], &[])
             .unwrap_err()
             .contains("--store 'local:' names no directory"));

@@ -163,6 +163,35 @@ pub fn every_way_to_write() -> String {
     listed(&ways, "or")
 }
 
+/// The largest limit any store takes.
+pub fn largest_limit() -> u32 {
+    STORES
+        .iter()
+        .map(|entry| entry.store.largest_limit)
+        .max()
+        .unwrap_or(1)
+}
+
+/// The way to write a store nearest to `text`, which chooses none: by the
+/// name before `:` (`lcoal`: `local`; `redis`: `redis://host:port`),
+/// within two letters' edits.
+pub fn nearest_way_to_write(text: &str) -> Option<&'static str> {
+    let name = |way: &str| {
+        way.split(':')
+            .next()
+            .unwrap_or_default()
+            .to_ascii_lowercase()
+    };
+    let given = name(text);
+    STORES
+        .iter()
+        .flat_map(|entry| entry.written)
+        .map(|way| (strsim::levenshtein(&given, &name(way)), *way))
+        .filter(|(distance, _)| *distance <= 2)
+        .min_by_key(|(distance, _)| *distance)
+        .map(|(_, way)| way)
+}
+
 /// `items` as a sentence lists them: "a", "a and b", "a, b and c" (`last`
 /// the word before the last).
 pub fn listed(items: &[&str], last: &str) -> String {
