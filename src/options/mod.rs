@@ -212,12 +212,15 @@ impl std::fmt::Display for OptionsError {
                 let stores: Vec<&str> = owners.iter().map(|owner| owner.written[0]).collect();
                 write!(
                     f,
-                    "{option} is an option of the {} {}, and --store is {}: drop it, or use --store {}",
+                    "{option} is an option of the {} {}, and --store is {}: ",
                     titles.join(" and "),
                     if owners.len() == 1 { "store" } else { "stores" },
                     chosen.shown(),
-                    stores.join(" or ")
-                )
+                )?;
+                match chosen.same_as(option) {
+                    Some(ours) => write!(f, "the {} store's is {ours}", chosen.store.title),
+                    None => write!(f, "drop it, or use --store {}", stores.join(" or ")),
+                }
             }
             OptionsError::DoesNotApply { option, store } => {
                 let takers: Vec<&str> = STORES
@@ -755,6 +758,14 @@ mod tests {
         assert_eq!(
             choice(Some("redis:/:S3cret@h"), None).unwrap_err(),
             "--store 'redis:…@h' is not a store: did you mean redis://host:port? (the stores: consul, local, local:DIR, redis://host:port, etcd://host:port, postgres://user@host:port/database or zk://host:port[/chroot])"
+        );
+        assert_eq!(
+            parse(&["--prefix", "p", "--cacert", "/ca.pem"], &[]).unwrap_err(),
+            "--cacert is an option of the Redis and etcd stores, and --store is consul: the Consul store's is --ca-file"
+        );
+        assert_eq!(
+            parse(&["--prefix", "p", "--store", "etcd", "--client-key", "/k"], &[]).unwrap_err(),
+            "--client-key is an option of the Consul store, and --store is etcd://: the etcd store's is --key"
         );
         assert!(choice(Some("lcoal"), None).unwrap_err().starts_with(
             "--store 'lcoal' is not a store: did you mean local? (the stores: consul, "

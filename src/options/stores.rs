@@ -134,7 +134,25 @@ pub static SOME_STORES_OPTIONS: &[(&str, &str)] = &[
     ("--name", "whose slots are held by named sessions"),
 ];
 
+/// Options that mean the same on different stores, each group under the
+/// names the stores' own tools give them (etcdctl's, Consul's).
+static SAME_MEANING: &[&[&str]] = &[
+    &["--cacert", "--ca-file"],
+    &["--cert", "--client-cert"],
+    &["--key", "--client-key"],
+];
+
 impl Entry {
+    /// This store's name for what another store's `option` means.
+    pub fn same_as(&self, option: &str) -> Option<&'static str> {
+        SAME_MEANING
+            .iter()
+            .filter(|group| group.contains(&option))
+            .flat_map(|group| group.iter())
+            .find(|name| self.options.contains(name))
+            .copied()
+    }
+
     /// How a message names `--store` when it chose this store: by its
     /// scheme where it has an address (`redis://`), else by its name.
     pub fn shown(&self) -> &'static str {
