@@ -80,6 +80,18 @@ fn the_debian_package_installs_the_binary_man_pages_and_completions() {
         .env("DEBFULLNAME", "Fleet Operators")
         .env("DEBEMAIL", "ops@example.org"));
     let package = PathBuf::from(built.trim());
+    // The same sources build the same bytes (dates from the last commit).
+    let again = run(Command::new(root().join("scripts/deb"))
+        .arg(env!("CARGO_BIN_EXE_consem"))
+        .arg(world.dir.join("again"))
+        .env("DEBFULLNAME", "Fleet Operators")
+        .env("DEBEMAIL", "ops@example.org"));
+    assert!(
+        read(&package) == read(Path::new(again.trim())),
+        "two builds of the same sources differ: {} and {}",
+        package.display(),
+        again.trim()
+    );
     let arch = run(Command::new("dpkg").arg("--print-architecture"));
     assert_eq!(
         package.file_name().unwrap().to_str().unwrap(),
