@@ -62,6 +62,21 @@ fn promised() -> BTreeMap<String, (&'static str, Option<PathBuf>)> {
             ("-rw-r--r--", Some(root().join(committed))),
         );
     }
+    // The reference --help and the man pages name (docs/run.md, ...).
+    files.insert(
+        "./usr/share/doc/consem/README.md.gz".to_string(),
+        ("-rw-r--r--", Some(root().join("README.md"))),
+    );
+    for entry in std::fs::read_dir(root().join("docs")).unwrap() {
+        let page = entry.unwrap().path();
+        if page.extension().is_some_and(|e| e == "md") {
+            let name = page.file_name().unwrap().to_str().unwrap().to_string();
+            files.insert(
+                format!("./usr/share/doc/consem/docs/{name}.gz"),
+                ("-rw-r--r--", Some(page)),
+            );
+        }
+    }
     for doc in ["copyright", "changelog.gz"] {
         files.insert(
             format!("./usr/share/doc/consem/{doc}"),
