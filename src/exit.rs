@@ -65,7 +65,10 @@ pub fn of_run(ended: &Ended, no_slot: i32) -> Exit {
         Err(SuperviseError::Spawn { error, .. }) if error.kind() == io::ErrorKind::NotFound => {
             Exit::Code(NOT_FOUND)
         }
-        Err(SuperviseError::Spawn { .. }) => Exit::Code(NOT_EXECUTABLE),
+        // Found, but it cannot run: as shells report a bad interpreter.
+        Err(SuperviseError::Spawn { .. } | SuperviseError::Interpreter { .. }) => {
+            Exit::Code(NOT_EXECUTABLE)
+        }
         // The command cannot run guarded: consem cannot start, as when
         // its store cannot be used.
         Err(SuperviseError::Watchdog(_)) => Exit::Code(UNAVAILABLE),

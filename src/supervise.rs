@@ -121,6 +121,13 @@ pub enum SuperviseError {
     Store(StoreError),
     /// The command could not be started.
     Spawn { program: String, error: io::Error },
+    /// The command is a script whose `#!` line names an interpreter that
+    /// cannot run.
+    Interpreter {
+        program: String,
+        interpreter: String,
+        error: io::Error,
+    },
     /// The watchdog, which stops the command when consem cannot, could not
     /// be started: the command does not run unguarded.
     Watchdog(io::Error),
@@ -138,6 +145,14 @@ impl std::fmt::Display for SuperviseError {
                 };
                 write!(f, "cannot run '{program}': {error}; {hint}")
             }
+            SuperviseError::Interpreter {
+                program,
+                interpreter,
+                error,
+            } => write!(
+                f,
+                "cannot run '{program}': the interpreter its #! line names, {interpreter}, cannot run: {error}; check that line"
+            ),
             SuperviseError::Watchdog(error) => write!(
                 f,
                 "cannot start the watchdog that stops the command if consem cannot: {error}"
@@ -173,9 +188,18 @@ pub fn run(backend: Arc<dyn SlotBackend>, plan: &Plan) -> Ended {
     let handled = HANDLED_SIGNALS.iter().filter(|s| !ignored.contains(s));
     let signals = Signals::new(handled).expect("cannot install signal handlers");
     // A command that cannot run is refused before a slot is asked for.
-    if let Err(error) = sys::find_program(&plan.command[0], std::env::var_os("PATH").as_deref()) {
+    if let Err(not_runnable) =
+        sys::find_program(&plan.command[0], std::env::var_os("PATH").as_deref())
+    {
         let program = plan.command[0].to_string_lossy().into_owned();
-        return Err(SuperviseError::Spawn { program, error });
+        return Err(match not_runnable {
+            sys::NotRunnable::Program(error) => SuperviseError::Spawn { program, error },
+            sys::NotRunnable::Interpreter { interpreter, error } => SuperviseError::Interpreter {
+                program,
+                interpreter,
+                error,
+            },
+        });
     }
     let started = Instant::now();
     contend(&backend, plan, &events);

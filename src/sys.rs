@@ -122,15 +122,60 @@ extern "C" fn record_closed_standard_fds() {
     }
 }
 
-/// Starts the command: `argv[0]` is looked up in PATH as `execvp` does, and
-/// `env` is added to consem's environment. The child runs in a process group
+/// Why a command cannot run.
+#[derive(Debug)]
+pub enum NotRunnable {
+    /// As `execvp` reports it: `NotFound` for no such file,
+    /// `PermissionDenied` for one that cannot be executed (a directory, no
+    /// execute permission).
+    Program(io::Error),
+    /// A script whose `#!` line names an interpreter that cannot run.
+    Interpreter {
+        interpreter: String,
+        error: io::Error,
+    },
+}
+
 /// Finds the command as `execvp` would (a name with a `/` as it is, else
-/// in each directory of `path`, `/bin:/usr/bin` without one), so that a
-/// command that cannot run is refused before any slot is asked for: a cron
-/// line must not wait hours for a typo. `NotFound` for no such file,
-/// `PermissionDenied` for one that cannot be executed (a directory, no
-/// execute permission), as `execvp` reports them.
-pub fn find_program(program: &std::ffi::OsStr, path: Option<&std::ffi::OsStr>) -> io::Result<()> {
+/// in each directory of `path`, `/bin:/usr/bin` without one), and a
+/// script's interpreter (its `#!` line), so that a command that cannot run
+/// is refused before any slot is asked for: a cron line must not wait
+/// hours for a typo.
+pub fn find_program(
+    program: &std::ffi::OsStr,
+    path: Option<&std::ffi::OsStr>,
+) -> Result<(), NotRunnable> {
+    let found = find_file(program, path).map_err(NotRunnable::Program)?;
+    match interpreter_of(&found) {
+        Some(interpreter) => find_file(std::ffi::OsStr::new(&interpreter), None)
+            .map(drop)
+            .map_err(|error| NotRunnable::Interpreter { interpreter, error }),
+        None => Ok(()),
+    }
+}
+
+/// The interpreter a script's `#!` line names (a path, as the kernel
+/// takes it), if the file starts with one.
+fn interpreter_of(file: &std::path::Path) -> Option<String> {
+    use std::io::Read as _;
+    let mut head = [0u8; 256];
+    let read = std::fs::File::open(file).ok()?.read(&mut head).ok()?;
+    let line = head[..read].strip_prefix(b"#!")?;
+    let line = &line[..line.iter().position(|&b| b == b'\n')?];
+    let interpreter = String::from_utf8_lossy(line)
+        .split_whitespace()
+        .next()?
+        .to_string();
+    // A name without a `/` is not looked up in PATH by the kernel; leave
+    // it to the kernel to refuse.
+    interpreter.starts_with('/').then_some(interpreter)
+}
+
+/// The file `program` names, found as `execvp` finds it.
+fn find_file(
+    program: &std::ffi::OsStr,
+    path: Option<&std::ffi::OsStr>,
+) -> io::Result<std::path::PathBuf> {
     use std::os::unix::ffi::OsStrExt as _;
     let runnable = |candidate: &std::path::Path| -> io::Result<()> {
         let metadata = std::fs::metadata(candidate)?;
@@ -145,7 +190,8 @@ pub fn find_program(program: &std::ffi::OsStr, path: Option<&std::ffi::OsStr>) -
         }
     };
     if program.as_bytes().contains(&b'/') {
-        return runnable(std::path::Path::new(program));
+        let file = std::path::Path::new(program);
+        return runnable(file).map(|()| file.to_path_buf());
     }
     if program.is_empty() {
         return Err(io::Error::from_raw_os_error(libc::ENOENT));
@@ -157,7 +203,7 @@ pub fn find_program(program: &std::ffi::OsStr, path: Option<&std::ffi::OsStr>) -
         let dir = if dir.is_empty() { b".".as_slice() } else { dir };
         let candidate = std::path::Path::new(std::ffi::OsStr::from_bytes(dir)).join(program);
         match runnable(&candidate) {
-            Ok(()) => return Ok(()),
+            Ok(()) => return Ok(candidate),
             Err(error) if error.kind() == io::ErrorKind::PermissionDenied => denied = true,
             Err(_) => {}
         }
@@ -169,6 +215,8 @@ pub fn find_program(program: &std::ffi::OsStr, path: Option<&std::ffi::OsStr>) -
     }))
 }
 
+/// Starts the command: `argv[0]` is looked up in PATH as `execvp` does, and
+/// `env` is added to consem's environment. The child runs in a process group
 /// of its own (so that stopping it reaches everything it starts), dies with
 /// consem on Linux (parent-death signal), and, if asked, takes the terminal
 /// as its foreground group. Returns its pid.
@@ -538,8 +586,10 @@ mod tests {
         write(&second.join("job"), 0o755);
         write(&first.join("plain"), 0o644);
         let path = std::ffi::OsString::from(format!("{}:{}", first.display(), second.display()));
-        let find = |name: &str| {
-            find_program(std::ffi::OsStr::new(name), Some(&path)).map_err(|e| e.kind())
+        let find = |name: &str| match find_program(std::ffi::OsStr::new(name), Some(&path)) {
+            Ok(()) => Ok(()),
+            Err(NotRunnable::Program(error)) => Err(error.kind()),
+            Err(NotRunnable::Interpreter { interpreter, .. }) => panic!("{name}: {interpreter}"),
         };
         // Not executable in the first directory: found in the second.
         assert_eq!(find("job"), Ok(()));
@@ -554,6 +604,38 @@ mod tests {
         );
         assert_eq!(find(second.join("job").to_str().unwrap()), Ok(()));
         assert_eq!(find("/nonexistent/job"), Err(io::ErrorKind::NotFound));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_script_whose_interpreter_cannot_run_is_refused_naming_it() {
+        let dir = std::env::temp_dir().join(format!("consem-shebang-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let script = |name: &str, text: &str| {
+            let path = dir.join(name);
+            std::fs::write(&path, text).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+            path.into_os_string()
+        };
+        let missing = script("missing", "#!/nonexistent/sh -e\necho\n");
+        match find_program(&missing, None) {
+            Err(NotRunnable::Interpreter { interpreter, error }) => {
+                assert_eq!(interpreter, "/nonexistent/sh");
+                assert_eq!(error.kind(), io::ErrorKind::NotFound);
+            }
+            other => panic!("{other:?}"),
+        }
+        let not_executable = script("plain", &format!("#!{}\n", dir.join("missing").display()));
+        std::fs::set_permissions(dir.join("missing"), std::fs::Permissions::from_mode(0o644))
+            .unwrap();
+        assert!(matches!(
+            find_program(&not_executable, None),
+            Err(NotRunnable::Interpreter { error, .. }) if error.kind() == io::ErrorKind::PermissionDenied
+        ));
+        assert!(find_program(&script("sh", "#! /bin/sh\necho\n"), None).is_ok());
+        assert!(find_program(&script("env", "#!/usr/bin/env bash\n"), None).is_ok());
+        // No line end within the first bytes, or no #!: the kernel's call.
+        assert!(find_program(&script("binary", "\x7fELF"), None).is_ok());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

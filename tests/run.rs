@@ -1037,12 +1037,21 @@ fn an_heir_that_leaves_at_once_does_not_hand_the_slot_back() {
 
 /// A command that cannot run is refused before a slot is asked for: behind
 /// a busy slot it exits 127 or 126 at once, without joining the queue (a
-/// cron line must not wait hours for a typo).
+/// cron line must not wait hours for a typo), as does a script whose `#!`
+/// line names an interpreter that is not there (126, as shells say).
 #[test]
 fn a_command_that_cannot_run_is_refused_before_waiting() {
+    use std::os::unix::fs::PermissionsExt as _;
     let world = World::local("cannot-run");
+    let script = world.path("script");
+    std::fs::write(&script, "#!/no/such/interpreter\necho ran\n").unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
     let holder = hold_slot(&world, 1, "ready", "go");
-    for (command, code) in [("consem-no-such-command", 127), ("/", 126)] {
+    for (command, code) in [
+        ("consem-no-such-command", 127),
+        ("/", 126),
+        (script.as_str(), 126),
+    ] {
         let mut child = world.spawn(1, &[], &[command]);
         wait_with_deadline(&mut child, PROMPT, "consem to refuse the command at once");
         let output = child.wait_with_output().unwrap();
