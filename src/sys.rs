@@ -122,6 +122,35 @@ extern "C" fn record_closed_standard_fds() {
     }
 }
 
+/// A random UUID (version 4, RFC 9562's form), from the kernel's random
+/// source (a time- and pid-based value where it cannot be read): the ids
+/// of a contender's records.
+pub fn random_uuid() -> String {
+    let mut bytes = [0u8; 16];
+    if std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
+        .is_err()
+    {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos()
+            ^ u128::from(std::process::id());
+        bytes = seed.to_le_bytes();
+    }
+    bytes[6] = (bytes[6] & 0x0f) | 0x40;
+    bytes[8] = (bytes[8] & 0x3f) | 0x80;
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
+
 /// Why a command cannot run.
 #[derive(Debug)]
 pub enum NotRunnable {
@@ -605,6 +634,16 @@ mod tests {
         assert_eq!(find(second.join("job").to_str().unwrap()), Ok(()));
         assert_eq!(find("/nonexistent/job"), Err(io::ErrorKind::NotFound));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_random_uuid_is_version_4_and_differs_each_time() {
+        let uuid = random_uuid();
+        assert_eq!(uuid.len(), 36);
+        assert_eq!(uuid.matches('-').count(), 4);
+        assert_eq!(&uuid[14..15], "4");
+        assert!("89ab".contains(&uuid[19..20]), "{uuid}");
+        assert_ne!(uuid, random_uuid());
     }
 
     #[test]

@@ -578,7 +578,7 @@ impl RedisSemaphore {
     ) -> RedisSemaphore {
         RedisSemaphore {
             keys: Keys::new(prefix),
-            id: random_id(),
+            id: crate::sys::random_uuid(),
             info: serde_json::to_string(info).expect("a description always encodes"),
             prefix: prefix.to_string(),
             limit,
@@ -1070,33 +1070,6 @@ impl SlotBackend for RedisSemaphore {
     fn frees_slot_at_death(&self) -> bool {
         STORE.frees_slot_at_death
     }
-}
-
-/// A random permit id, as the common clients use (a UUID's form).
-fn random_id() -> String {
-    let mut bytes = [0u8; 16];
-    if std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
-        .is_err()
-    {
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos()
-            ^ u128::from(std::process::id());
-        bytes = seed.to_le_bytes();
-    }
-    bytes[6] = (bytes[6] & 0x0f) | 0x40;
-    bytes[8] = (bytes[8] & 0x3f) | 0x80;
-    let hex: Vec<String> = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        hex[0..4].concat(),
-        hex[4..6].concat(),
-        hex[6..8].concat(),
-        hex[8..10].concat(),
-        hex[10..16].concat()
-    )
 }
 
 /// The operators' commands on one Redis prefix.

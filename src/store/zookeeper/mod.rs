@@ -171,7 +171,7 @@ impl ZkSemaphore {
             locks: format!("{path}/{LOCKS}"),
             leases: format!("{path}/{LEASES}"),
             info: serde_json::to_vec(info).expect("a description always encodes"),
-            uuid: random_uuid(),
+            uuid: crate::sys::random_uuid(),
             prefix: prefix.to_string(),
             limit,
             settings,
@@ -675,33 +675,6 @@ fn pipe() -> Result<(OwnedFd, OwnedFd), StoreError> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
-/// A random UUID (version 4), for the protected names of our nodes.
-fn random_uuid() -> String {
-    let mut bytes = [0u8; 16];
-    if std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
-        .is_err()
-    {
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos()
-            ^ u128::from(std::process::id());
-        bytes = seed.to_le_bytes();
-    }
-    bytes[6] = (bytes[6] & 0x0f) | 0x40;
-    bytes[8] = (bytes[8] & 0x3f) | 0x80;
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &hex[0..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..32]
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -713,8 +686,5 @@ mod tests {
         assert_eq!(sequence("other", LEASE_NAME), None);
         assert_eq!(semaphore_path("a/b"), "/a/b");
         assert_eq!(semaphore_path("/a/b"), "/a/b");
-        let uuid = random_uuid();
-        assert_eq!(uuid.len(), 36);
-        assert_eq!(&uuid[14..15], "4");
     }
 }
