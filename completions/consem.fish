@@ -66,8 +66,8 @@ complete -c consem -n "__fish_consem_using_subcommand run" -l ca-path -d 'Direct
 complete -c consem -n "__fish_consem_using_subcommand run" -l client-cert -d 'PEM client certificate, for agents that verify clients (mTLS) [default: CONSUL_CLIENT_CERT]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand run" -l client-key -d 'PEM private key of the client certificate [default: CONSUL_CLIENT_KEY]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand run" -l tls-server-name -d 'Name to verify the agent\'s certificate against, instead of the address\'s host [default: CONSUL_TLS_SERVER_NAME]' -r
-complete -c consem -n "__fish_consem_using_subcommand run" -l user -d 'User to sign in as, with its password after a colon or in --password [default: ETCDCTL_USER]' -r
-complete -c consem -n "__fish_consem_using_subcommand run" -l password -d 'Password of --user [default: ETCDCTL_PASSWORD]' -r
+complete -c consem -n "__fish_consem_using_subcommand run" -l user -d 'User to sign in as, with its password after a colon or in --password (etcd; ZooKeeper\'s digest, as zkCli\'s addauth) [default: etcd: ETCDCTL_USER]' -r
+complete -c consem -n "__fish_consem_using_subcommand run" -l password -d 'Password of --user [default: etcd: ETCDCTL_PASSWORD]' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l cacert -d 'PEM file of the CA that signs the servers\' certificates (etcds://, rediss://) [default: etcd: ETCDCTL_CACERT; else the system\'s trust store]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand run" -l cert -d 'PEM client certificate, for servers that verify clients (etcds://, rediss://) [default: etcd: ETCDCTL_CERT]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand run" -l key -d 'PEM private key of the client certificate [default: etcd: ETCDCTL_KEY]' -r -F
@@ -102,8 +102,8 @@ complete -c consem -n "__fish_consem_using_subcommand status" -l ca-path -d 'Dir
 complete -c consem -n "__fish_consem_using_subcommand status" -l client-cert -d 'PEM client certificate, for agents that verify clients (mTLS) [default: CONSUL_CLIENT_CERT]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand status" -l client-key -d 'PEM private key of the client certificate [default: CONSUL_CLIENT_KEY]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand status" -l tls-server-name -d 'Name to verify the agent\'s certificate against, instead of the address\'s host [default: CONSUL_TLS_SERVER_NAME]' -r
-complete -c consem -n "__fish_consem_using_subcommand status" -l user -d 'User to sign in as, with its password after a colon or in --password [default: ETCDCTL_USER]' -r
-complete -c consem -n "__fish_consem_using_subcommand status" -l password -d 'Password of --user [default: ETCDCTL_PASSWORD]' -r
+complete -c consem -n "__fish_consem_using_subcommand status" -l user -d 'User to sign in as, with its password after a colon or in --password (etcd; ZooKeeper\'s digest, as zkCli\'s addauth) [default: etcd: ETCDCTL_USER]' -r
+complete -c consem -n "__fish_consem_using_subcommand status" -l password -d 'Password of --user [default: etcd: ETCDCTL_PASSWORD]' -r
 complete -c consem -n "__fish_consem_using_subcommand status" -l cacert -d 'PEM file of the CA that signs the servers\' certificates (etcds://, rediss://) [default: etcd: ETCDCTL_CACERT; else the system\'s trust store]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand status" -l cert -d 'PEM client certificate, for servers that verify clients (etcds://, rediss://) [default: etcd: ETCDCTL_CERT]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand status" -l key -d 'PEM private key of the client certificate [default: etcd: ETCDCTL_KEY]' -r -F
@@ -137,8 +137,8 @@ complete -c consem -n "__fish_consem_using_subcommand release" -l ca-path -d 'Di
 complete -c consem -n "__fish_consem_using_subcommand release" -l client-cert -d 'PEM client certificate, for agents that verify clients (mTLS) [default: CONSUL_CLIENT_CERT]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand release" -l client-key -d 'PEM private key of the client certificate [default: CONSUL_CLIENT_KEY]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand release" -l tls-server-name -d 'Name to verify the agent\'s certificate against, instead of the address\'s host [default: CONSUL_TLS_SERVER_NAME]' -r
-complete -c consem -n "__fish_consem_using_subcommand release" -l user -d 'User to sign in as, with its password after a colon or in --password [default: ETCDCTL_USER]' -r
-complete -c consem -n "__fish_consem_using_subcommand release" -l password -d 'Password of --user [default: ETCDCTL_PASSWORD]' -r
+complete -c consem -n "__fish_consem_using_subcommand release" -l user -d 'User to sign in as, with its password after a colon or in --password (etcd; ZooKeeper\'s digest, as zkCli\'s addauth) [default: etcd: ETCDCTL_USER]' -r
+complete -c consem -n "__fish_consem_using_subcommand release" -l password -d 'Password of --user [default: etcd: ETCDCTL_PASSWORD]' -r
 complete -c consem -n "__fish_consem_using_subcommand release" -l cacert -d 'PEM file of the CA that signs the servers\' certificates (etcds://, rediss://) [default: etcd: ETCDCTL_CACERT; else the system\'s trust store]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand release" -l cert -d 'PEM client certificate, for servers that verify clients (etcds://, rediss://) [default: etcd: ETCDCTL_CERT]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand release" -l key -d 'PEM private key of the client certificate [default: etcd: ETCDCTL_KEY]' -r -F
@@ -168,8 +168,8 @@ complete -c consem -n "__fish_consem_using_subcommand reset" -l ca-path -d 'Dire
 complete -c consem -n "__fish_consem_using_subcommand reset" -l client-cert -d 'PEM client certificate, for agents that verify clients (mTLS) [default: CONSUL_CLIENT_CERT]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand reset" -l client-key -d 'PEM private key of the client certificate [default: CONSUL_CLIENT_KEY]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand reset" -l tls-server-name -d 'Name to verify the agent\'s certificate against, instead of the address\'s host [default: CONSUL_TLS_SERVER_NAME]' -r
-complete -c consem -n "__fish_consem_using_subcommand reset" -l user -d 'User to sign in as, with its password after a colon or in --password [default: ETCDCTL_USER]' -r
-complete -c consem -n "__fish_consem_using_subcommand reset" -l password -d 'Password of --user [default: ETCDCTL_PASSWORD]' -r
+complete -c consem -n "__fish_consem_using_subcommand reset" -l user -d 'User to sign in as, with its password after a colon or in --password (etcd; ZooKeeper\'s digest, as zkCli\'s addauth) [default: etcd: ETCDCTL_USER]' -r
+complete -c consem -n "__fish_consem_using_subcommand reset" -l password -d 'Password of --user [default: etcd: ETCDCTL_PASSWORD]' -r
 complete -c consem -n "__fish_consem_using_subcommand reset" -l cacert -d 'PEM file of the CA that signs the servers\' certificates (etcds://, rediss://) [default: etcd: ETCDCTL_CACERT; else the system\'s trust store]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand reset" -l cert -d 'PEM client certificate, for servers that verify clients (etcds://, rediss://) [default: etcd: ETCDCTL_CERT]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand reset" -l key -d 'PEM private key of the client certificate [default: etcd: ETCDCTL_KEY]' -r -F

@@ -293,8 +293,9 @@ pub struct StoreArgs {
     /// ETCDCTL_ENDPOINTS); postgres://[user[:password]@]host[:port][/database]
     /// or postgresql://... (libpq's PG* variables and ~/.pgpass fill in what
     /// it leaves out; postgres alone: those variables);
-    /// zk://host:port[,host:port...][/chroot] (ZooKeeper, shared with Apache
-    /// Curator's InterProcessSemaphoreV2 at --prefix).
+    /// zk://[user:password@]host:port[,host:port...][/chroot] (ZooKeeper,
+    /// shared with Apache Curator's InterProcessSemaphoreV2 at --prefix; the
+    /// user and password are zkCli's addauth digest).
     #[arg(long, value_name = "STORE", value_parser = StoreText, hide_possible_values = true)]
     pub store: Option<String>,
 
@@ -404,11 +405,11 @@ pub struct ConsulArgs {
 #[command(next_help_heading = "etcd options")]
 pub struct EtcdArgs {
     /// User to sign in as, with its password after a colon or in --password
-    /// [default: ETCDCTL_USER]
+    /// (etcd; ZooKeeper's digest, as zkCli's addauth) [default: etcd: ETCDCTL_USER]
     #[arg(long, value_name = "USER[:PASSWORD]", hide_short_help = true)]
     pub user: Option<String>,
 
-    /// Password of --user [default: ETCDCTL_PASSWORD]
+    /// Password of --user [default: etcd: ETCDCTL_PASSWORD]
     #[arg(long, value_name = "PASSWORD", hide_short_help = true)]
     pub password: Option<String>,
 }

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use crate::common::wait_until;
 use crate::common::world::*;
 use crate::common::zookeeper::CuratorHolder;
+use consem::store::zookeeper::client::ZkError;
 
 /// Bound for one consem run; every test stays well under nextest's 60 s.
 const RUN_DEADLINE: Duration = Duration::from_secs(30);
@@ -351,4 +352,258 @@ fn a_waiter_whose_connection_was_forgotten_resumes_and_gets_the_slot() {
         left.elapsed()
     );
     world.assert_clean();
+}
+
+/// The digest user of the tests that sign in.
+const ALICE: &str = "alice:s3cret-zk";
+
+/// `consem run --limit 1` at the world's prefix on `store` with `extra`,
+/// its command touching `ran`.
+fn run_on(world: &World<ZkServer>, store: &str, extra: &[&str], ran: &str) -> std::process::Output {
+    world
+        .consem_command()
+        .args(["run", "--prefix", &world.prefix, "--limit", "1"])
+        .args(["--store", store])
+        .args(extra)
+        .args(["--", "touch", &world.path(ran)])
+        .output()
+        .unwrap()
+}
+
+/// Digest credentials, in the URL or in --user: the nodes consem creates
+/// are its user's alone (CREATOR_ALL_ACL). The same user gets in; another
+/// user, a wrong password or none exits 77 naming the node and the right
+/// it lacks, runs nothing and leaves nothing; nobody else may delete a
+/// held lease; the password is never printed.
+#[test]
+fn digest_credentials_keep_other_users_off_the_nodes_consem_creates() {
+    let world = World::zookeeper("digest");
+    let server = world.store.address();
+    let alice = format!("zk://{ALICE}@{server}");
+    let path = consem::store::zookeeper::semaphore_path(&world.prefix);
+    let created = run_on(&world, &alice, &["-v"], "alice-ran");
+    assert_eq!(created.status.code(), Some(0), "{}", stderr(&created));
+    assert!(world.exists("alice-ran"));
+    assert!(!stderr(&created).contains("s3cret"), "{}", stderr(&created));
+    let mut anonymous = world.store.session().unwrap();
+    let refused = anonymous.children(&format!("{path}/leases"), false);
+    assert!(
+        matches!(refused, Err(ZkError::NoAuth { .. })),
+        "the leases are open to all: {refused:?}"
+    );
+    let _ = anonymous.close();
+    let plain = world.store.url();
+    for (store, extra) in [
+        (format!("zk://alice:wrong-pw@{server}"), vec![]),
+        (plain.clone(), vec![]),
+        (plain.clone(), vec!["--user", "bob:bobs-pw"]),
+    ] {
+        let output = run_on(&world, &store, &extra, "intruder-ran");
+        let text = stderr(&output);
+        assert_eq!(output.status.code(), Some(77), "{store} {extra:?}: {text}");
+        assert_eq!(text.lines().count(), 1, "{text}");
+        assert!(
+            text.contains(&format!("create nodes under {path}/locks")) && text.contains("CREATE"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("wrong-pw") && !text.contains("bobs-pw"),
+            "{text}"
+        );
+        assert!(!world.exists("intruder-ran"));
+    }
+    let status = world.admin("status", &[]).output().unwrap();
+    assert_eq!(status.status.code(), Some(77), "{}", stderr(&status));
+    assert!(
+        stderr(&status).contains(&format!("read {path}/leases")),
+        "{}",
+        stderr(&status)
+    );
+    // The same user in --user works as in the URL, and holds a lease that
+    // nobody else may delete.
+    let holder = world
+        .consem_command()
+        .args(["run", "--prefix", &world.prefix, "--limit", "1"])
+        .args([
+            "--store",
+            &plain,
+            "--user",
+            "alice",
+            "--password",
+            "s3cret-zk",
+        ])
+        .arg("--")
+        .args(world.held_until("ready", "go", 0))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until(PROMPT, "the holder's command to start", || {
+        world.exists("ready")
+    });
+    let leases = world
+        .store
+        .children_as(Some(ALICE), &world.prefix, "leases");
+    assert_eq!(leases.len(), 1, "{leases:?}");
+    let mut anonymous = world.store.session().unwrap();
+    let deleted = anonymous.delete(&format!("{path}/leases/{}", leases[0]));
+    assert!(
+        matches!(deleted, Err(ZkError::NoAuth { .. })),
+        "{deleted:?}"
+    );
+    let _ = anonymous.close();
+    let release = world
+        .admin("release", &["--session", &leases[0]])
+        .output()
+        .unwrap();
+    assert_eq!(release.status.code(), Some(77), "{}", stderr(&release));
+    let status = world
+        .admin("status", &["--json", "--user", ALICE])
+        .output()
+        .unwrap();
+    assert_eq!(status.status.code(), Some(0), "{}", stderr(&status));
+    let json: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(json["holders"].as_array().map(Vec::len), Some(1), "{json}");
+    world.touch("go");
+    let held = finish_within(holder, "the holder");
+    assert_eq!(held.status.code(), Some(0), "{}", stderr(&held));
+    for parent in ["leases", "locks"] {
+        assert_eq!(
+            world.store.children_as(Some(ALICE), &world.prefix, parent),
+            Vec::<String>::new(),
+            "{parent} left"
+        );
+    }
+}
+
+/// consem and Curator signed in as one digest user share a semaphore
+/// whose nodes are that user's: mixed holders at limit 1 take turns. A
+/// Curator without the credentials cannot take a lease there.
+#[test]
+fn consem_and_curator_signed_in_as_one_user_share_a_protected_semaphore() {
+    let world = World::zookeeper("curator-digest");
+    let curator = CuratorHolder::compile(&world.dir);
+    let server = world.store.address();
+    let alice = format!("zk://{ALICE}@{server}");
+    let first = run_on(&world, &alice, &[], "first");
+    assert_eq!(first.status.code(), Some(0), "{}", stderr(&first));
+    let path = format!("/{}", world.prefix);
+    let mut stranger = curator.spawn(
+        &server,
+        &path,
+        1,
+        Duration::from_millis(100),
+        &world.dir.join("stranger"),
+    );
+    let mut jvms: Vec<Child> = (0..2)
+        .map(|i| {
+            curator.spawn_as(
+                &server,
+                &path,
+                1,
+                Duration::from_millis(500),
+                &world.dir.join(format!("log-curator-{i}")),
+                Some(ALICE),
+            )
+        })
+        .collect();
+    let consems: Vec<Child> = (0..2)
+        .map(|i| {
+            let log = world.path(&format!("log-consem-{i}"));
+            world
+                .consem_command()
+                .args(["run", "--prefix", &world.prefix, "--limit", "1"])
+                .args(["--store", &alice, "--"])
+                .args(logged_hold(&log, "0.5"))
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for consem in consems {
+        let output = finish_within(consem, "a consem holder");
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    }
+    for jvm in jvms.iter_mut() {
+        let status = wait_with_deadline(jvm, RUN_DEADLINE, "a Curator holder");
+        assert!(status.success(), "a Curator holder failed");
+    }
+    let refused = wait_with_deadline(
+        &mut stranger,
+        RUN_DEADLINE,
+        "the Curator without credentials",
+    );
+    assert!(
+        !refused.success(),
+        "a Curator without credentials took a lease"
+    );
+    assert!(!world.dir.join("stranger").exists());
+    let (runs, most) = most_at_once(&world.dir);
+    assert_eq!(runs, 4, "every holder ran once");
+    assert_eq!(most, 1, "{most} held at once, for a limit of 1");
+    for parent in ["leases", "locks"] {
+        assert_eq!(
+            world.store.children_as(Some(ALICE), &world.prefix, parent),
+            Vec::<String>::new(),
+            "{parent} left"
+        );
+    }
+}
+
+/// A chroot in the URL: the semaphore lives below it (created where
+/// missing, as Curator's namespace is), and run, status, release and reset
+/// all find it there, and only there.
+#[test]
+fn a_chroot_holds_the_semaphore_below_it_for_every_command() {
+    let world = World::zookeeper("chroot");
+    let chrooted = format!("{}/apps/team", world.store.url());
+    let admin = |subcommand: &str, extra: &[&str], store: &str| {
+        world
+            .consem_command()
+            .args([subcommand, "--prefix", &world.prefix, "--store", store])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let holder = world
+        .consem_command()
+        .args(["run", "--prefix", &world.prefix, "--limit", "1"])
+        .args(["--store", &chrooted, "--"])
+        .args(world.held_until("ready", "go", 0))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until(PROMPT, "the holder's command to start", || {
+        world.exists("ready")
+    });
+    let below = format!("apps/team/{}", world.prefix);
+    let leases = world.store.children(&below, "leases");
+    assert_eq!(leases.len(), 1, "{leases:?}");
+    assert_eq!(
+        world.store.children(&world.prefix, "leases"),
+        Vec::<String>::new()
+    );
+    let holders = |store: &str| {
+        let status = admin("status", &["--json"], store);
+        assert_eq!(status.status.code(), Some(0), "{}", stderr(&status));
+        let json: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+        json["holders"].as_array().map_or(0, Vec::len)
+    };
+    assert_eq!(holders(&chrooted), 1);
+    assert_eq!(holders(&world.store.url()), 0);
+    let released = admin("release", &["--session", &leases[0]], &chrooted);
+    assert_eq!(released.status.code(), Some(0), "{}", stderr(&released));
+    let lost = finish_within(holder, "the released holder");
+    assert_eq!(lost.status.code(), Some(76), "{}", stderr(&lost));
+    assert_eq!(holders(&chrooted), 0);
+    let mut session = world.store.session().unwrap();
+    let record = format!("/{below}/leases");
+    assert_eq!(session.get_data(&record).unwrap().0, b"1");
+    let reset = admin("reset", &[], &chrooted);
+    assert_eq!(reset.status.code(), Some(0), "{}", stderr(&reset));
+    assert_eq!(session.get_data(&record).unwrap().0, b"");
+    let _ = session.close();
+    world.store.assert_clean(&below);
 }

@@ -812,7 +812,7 @@ mod tests {
             .starts_with("--name applies to Consul, whose slots are held by named sessions; the local store's slot is"));
         assert_eq!(
             local(&["--user", "u"]).unwrap_err(),
-            "--user is an option of the etcd store, and --store is local: drop it, or use --store etcd://host:port"
+            "--user is an option of the etcd and ZooKeeper stores, and --store is local: drop it, or use --store etcd://host:port or zk://host:port[/chroot]"
         );
         let redis = parse(
             &["--prefix", "p", "--store", "redis://h", "--name", "n"],

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use consem::store::zookeeper::client::{Connection, Session, ZkError, NO_NODE};
+use consem::store::zookeeper::client::{Connection, Digest, Session, ZkError, NO_NODE};
 use consem::store::zookeeper::{semaphore_path, LEASES, LOCKS};
 
 use super::redis::free_port;
@@ -162,11 +162,24 @@ impl ZkServer {
 
     /// A session of the test's own.
     pub fn session(&self) -> Result<Session, ZkError> {
+        self.session_as(None)
+    }
+
+    /// A session of the test's own signed in with `digest` (`user:password`).
+    pub fn session_as(&self, digest: Option<&str>) -> Result<Session, ZkError> {
+        let digest = digest.map(|text| {
+            let (user, password) = text.split_once(':').expect("user:password");
+            Digest {
+                user: user.to_string(),
+                password: password.to_string(),
+            }
+        });
         Session::open(
             &Connection {
                 servers: vec![format!("127.0.0.1:{}", self.port)],
-                chroot: String::new(),
                 request_timeout: Duration::from_secs(5),
+                digest,
+                ..Connection::default()
             },
             Duration::from_secs(10),
         )
@@ -174,7 +187,12 @@ impl ZkServer {
 
     /// The children of `<prefix's path>/<parent>`; none if it is missing.
     pub fn children(&self, prefix: &str, parent: &str) -> Vec<String> {
-        let mut session = self.session().unwrap();
+        self.children_as(None, prefix, parent)
+    }
+
+    /// [`ZkServer::children`], read by a session signed in with `digest`.
+    pub fn children_as(&self, digest: Option<&str>, prefix: &str, parent: &str) -> Vec<String> {
+        let mut session = self.session_as(digest).unwrap();
         let children =
             match session.children(&format!("{}/{parent}", semaphore_path(prefix)), false) {
                 Ok(children) => children,
@@ -340,6 +358,20 @@ impl CuratorHolder {
         hold: Duration,
         log: &Path,
     ) -> Child {
+        self.spawn_as(server, path, max_leases, hold, log, None)
+    }
+
+    /// [`CuratorHolder::spawn`] signed in with `digest` (`user:password`,
+    /// Curator's `authorization("digest", ...)`).
+    pub fn spawn_as(
+        &self,
+        server: &str,
+        path: &str,
+        max_leases: u32,
+        hold: Duration,
+        log: &Path,
+        digest: Option<&str>,
+    ) -> Child {
         let mut command = Command::new("java");
         command
             .args(["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-Xmx64m"])
@@ -347,6 +379,7 @@ impl CuratorHolder {
             .arg(max_leases.to_string())
             .arg(hold.as_millis().to_string())
             .arg(log)
+            .args(digest)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());

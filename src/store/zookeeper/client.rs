@@ -1,8 +1,9 @@
 //! A ZooKeeper client of what consem needs, over one blocking TCP
 //! connection: a session (its timeout negotiated, pings, resumed on another
-//! server after a broken connection), create (ephemeral-sequential, with
-//! the new node's stat), delete, getChildren and exists with a watch,
-//! getData, setData. ZooKeeper's jute encoding: big-endian
+//! server after a broken connection, digest credentials sent on each
+//! connection), create (ephemeral-sequential, with the new node's stat, and
+//! the ACL of the credentials), delete, getChildren and exists with a
+//! watch, getData, setData. ZooKeeper's jute encoding: big-endian
 //! integers, length-prefixed buffers, strings and vectors, each packet
 //! prefixed with its length. docs/design.md says why it is written here.
 
@@ -20,11 +21,16 @@ const OP_SET_DATA: i32 = 5;
 const OP_GET_CHILDREN: i32 = 8;
 const OP_PING: i32 = 11;
 const OP_CREATE2: i32 = 15;
+const OP_AUTH: i32 = 100;
 const OP_CLOSE_SESSION: i32 = -11;
 
-/// Reserved xids: watch events, ping replies.
+/// Reserved xids: watch events, ping replies, the answer to credentials.
 const XID_WATCH_EVENT: i32 = -1;
 const XID_PING: i32 = -2;
+const XID_AUTH: i32 = -4;
+
+/// Every permission (READ, WRITE, CREATE, DELETE, ADMIN).
+const PERMS_ALL: i32 = 31;
 
 /// Create modes.
 pub const PERSISTENT: i32 = 0;
@@ -40,6 +46,7 @@ pub const BAD_VERSION: i32 = -103;
 pub const NODE_EXISTS: i32 = -110;
 pub const NOT_EMPTY: i32 = -111;
 pub const SESSION_EXPIRED: i32 = -112;
+const AUTH_FAILED: i32 = -115;
 
 /// The largest packet accepted from a server (its own jute.maxbuffer
 /// default is 1 MiB; listings of many children are larger).
@@ -55,6 +62,16 @@ pub enum ZkError {
     Expired,
     /// The server refused the request with this code.
     Code(i32),
+    /// The node's ACL does not grant us `right` on `path` (the full path,
+    /// chroot included).
+    NoAuth {
+        path: String,
+        right: Right,
+        /// The digest user we signed in as, if any.
+        user: Option<String>,
+    },
+    /// The server refused our credentials (and closed the connection).
+    AuthFailed,
     /// The server said something this client cannot read.
     Protocol(String),
 }
@@ -74,6 +91,20 @@ impl std::fmt::Display for ZkError {
             ZkError::Connection(why) => f.write_str(why),
             ZkError::Expired => f.write_str("the ZooKeeper session expired"),
             ZkError::Code(code) => write!(f, "ZooKeeper answered {}", code_name(*code)),
+            ZkError::NoAuth { path, right, user } => {
+                let who = match user {
+                    Some(user) => format!("digest user '{user}'"),
+                    None => "a client without credentials".to_string(),
+                };
+                write!(
+                    f,
+                    "{who} may not {} (NoAuth: its ACL does not grant {right})",
+                    right.what(path)
+                )
+            }
+            ZkError::AuthFailed => {
+                f.write_str("ZooKeeper refused our digest credentials (AuthFailed)")
+            }
             ZkError::Protocol(why) => write!(f, "unreadable answer from ZooKeeper: {why}"),
         }
     }
@@ -96,6 +127,61 @@ fn code_name(code: i32) -> String {
     }
 }
 
+/// A permission of ZooKeeper's ACLs, as a refused request needed it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Right {
+    /// getData, getChildren on the node.
+    Read,
+    /// setData on the node.
+    Write,
+    /// create, on the parent.
+    Create,
+    /// delete, on the parent.
+    Delete,
+}
+
+impl Right {
+    /// What was refused on `path`, in words.
+    fn what(self, path: &str) -> String {
+        match self {
+            Right::Read => format!("read {path}"),
+            Right::Write => format!("write {path}"),
+            Right::Create => format!("create nodes under {path}"),
+            Right::Delete => format!("delete nodes under {path}"),
+        }
+    }
+}
+
+impl std::fmt::Display for Right {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Right::Read => "READ",
+            Right::Write => "WRITE",
+            Right::Create => "CREATE",
+            Right::Delete => "DELETE",
+        })
+    }
+}
+
+/// Credentials of ZooKeeper's digest scheme, as `addauth digest
+/// user:password` gives them: the server signs the session in as `user`
+/// (the password's hash names it in ACLs).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Digest {
+    pub user: String,
+    pub password: String,
+}
+
+/// Never the password.
+impl std::fmt::Debug for Digest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Digest")
+            .field("user", &self.user)
+            .field("password", &"…")
+            .finish()
+    }
+}
+
 /// The node's metadata, as far as consem reads it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Stat {
@@ -114,7 +200,7 @@ pub struct WatchEvent {
 }
 
 /// Where and how to reach an ensemble.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Connection {
     /// `host:port` of each server, in the order given.
     pub servers: Vec<String>,
@@ -122,6 +208,10 @@ pub struct Connection {
     pub chroot: String,
     /// How long to wait for a server's answer.
     pub request_timeout: Duration,
+    /// Sent on each connection; the nodes we create are then our user's
+    /// alone (CREATOR_ALL_ACL), else open to all (OPEN_ACL_UNSAFE), as
+    /// Curator creates them by default.
+    pub digest: Option<Digest>,
 }
 
 /// One session with the ensemble.
@@ -226,40 +316,67 @@ impl Session {
         }
     }
 
-    /// Creates `path` with `data`, open to all, in `mode`; its path (with
-    /// the sequence number) and stat.
+    /// Creates `path` with `data` in `mode`, with every permission for our
+    /// digest user (CREATOR_ALL_ACL) or, without credentials, for anyone
+    /// (OPEN_ACL_UNSAFE, what Curator's recipes create by default); its
+    /// path (with the sequence number) and stat.
     pub fn create(
         &mut self,
         path: &str,
         data: &[u8],
         mode: i32,
     ) -> Result<(String, Stat), ZkError> {
-        let mut body = Vec::new();
-        put_str(&mut body, &self.full_path(path));
-        put_bytes(&mut body, Some(data));
-        // One ACL: world:anyone with every permission (OPEN_ACL_UNSAFE),
-        // what Curator's recipes create by default.
-        put_i32(&mut body, 1);
-        put_i32(&mut body, 31);
-        put_str(&mut body, "world");
-        put_str(&mut body, "anyone");
-        put_i32(&mut body, mode);
-        let mut reply = self.call(OP_CREATE2, &body)?;
-        let created = reply.string()?;
-        let stat = reply.stat()?;
+        let (created, stat) = self.create_full(&self.full_path(path), data, mode)?;
         Ok((self.strip_chroot(created), stat))
     }
 
-    /// Creates `path` and each missing parent, persistent and empty; one
-    /// that exists is fine.
+    /// [`Session::create`] at a full path, chroot included.
+    fn create_full(
+        &mut self,
+        full: &str,
+        data: &[u8],
+        mode: i32,
+    ) -> Result<(String, Stat), ZkError> {
+        let mut body = Vec::new();
+        put_str(&mut body, full);
+        put_bytes(&mut body, Some(data));
+        put_i32(&mut body, 1);
+        put_i32(&mut body, PERMS_ALL);
+        if self.connection.digest.is_some() {
+            // The server puts the session's identities in place of
+            // `auth:`: our digest user.
+            put_str(&mut body, "auth");
+            put_str(&mut body, "");
+        } else {
+            put_str(&mut body, "world");
+            put_str(&mut body, "anyone");
+        }
+        put_i32(&mut body, mode);
+        let mut reply = self
+            .call(OP_CREATE2, &body)
+            .map_err(|e| self.denied(e, Right::Create, parent(full)))?;
+        let created = reply.string()?;
+        let stat = reply.stat()?;
+        Ok((created, stat))
+    }
+
+    /// Creates `path` and each missing parent, persistent and empty, the
+    /// chroot's own nodes too (as Curator's namespace is); one that exists
+    /// is fine, even where we may not create it (the server checks the
+    /// parent's ACL before it looks for the node).
     pub fn create_parents(&mut self, path: &str) -> Result<(), ZkError> {
         let mut at = String::new();
-        for segment in path.split('/').filter(|s| !s.is_empty()) {
+        for segment in self.full_path(path).split('/').filter(|s| !s.is_empty()) {
             at.push('/');
             at.push_str(segment);
-            match self.create(&at, &[], PERSISTENT) {
+            match self.create_full(&at, &[], PERSISTENT) {
                 Ok(_) => {}
                 Err(ZkError::Code(NODE_EXISTS)) => {}
+                Err(denied @ ZkError::NoAuth { .. }) => {
+                    if self.exists_at(&at, false)?.is_none() {
+                        return Err(denied);
+                    }
+                }
                 Err(error) => return Err(error),
             }
         }
@@ -268,17 +385,25 @@ impl Session {
 
     /// Deletes `path`, whatever its version.
     pub fn delete(&mut self, path: &str) -> Result<(), ZkError> {
+        let full = self.full_path(path);
         let mut body = Vec::new();
-        put_str(&mut body, &self.full_path(path));
+        put_str(&mut body, &full);
         put_i32(&mut body, -1);
-        self.call(OP_DELETE, &body).map(|_| ())
+        self.call(OP_DELETE, &body)
+            .map(|_| ())
+            .map_err(|e| self.denied(e, Right::Delete, parent(&full)))
     }
 
     /// The stat of `path`, or `None`; with `watch`, a watch on its
     /// creation, change or deletion.
     pub fn exists(&mut self, path: &str, watch: bool) -> Result<Option<Stat>, ZkError> {
+        self.exists_at(&self.full_path(path), watch)
+    }
+
+    /// [`Session::exists`] at a full path, chroot included.
+    fn exists_at(&mut self, full: &str, watch: bool) -> Result<Option<Stat>, ZkError> {
         let mut body = Vec::new();
-        put_str(&mut body, &self.full_path(path));
+        put_str(&mut body, full);
         body.push(u8::from(watch));
         match self.call(OP_EXISTS, &body) {
             Ok(mut reply) => Ok(Some(reply.stat()?)),
@@ -289,29 +414,38 @@ impl Session {
 
     /// The data and stat of `path`.
     pub fn get_data(&mut self, path: &str) -> Result<(Vec<u8>, Stat), ZkError> {
+        let full = self.full_path(path);
         let mut body = Vec::new();
-        put_str(&mut body, &self.full_path(path));
+        put_str(&mut body, &full);
         body.push(0);
-        let mut reply = self.call(OP_GET_DATA, &body)?;
+        let mut reply = self
+            .call(OP_GET_DATA, &body)
+            .map_err(|e| self.denied(e, Right::Read, &full))?;
         let data = reply.bytes()?.unwrap_or_default();
         Ok((data, reply.stat()?))
     }
 
     /// Sets `path`'s data if its version is still `version` (-1: any).
     pub fn set_data(&mut self, path: &str, data: &[u8], version: i32) -> Result<(), ZkError> {
+        let full = self.full_path(path);
         let mut body = Vec::new();
-        put_str(&mut body, &self.full_path(path));
+        put_str(&mut body, &full);
         put_bytes(&mut body, Some(data));
         put_i32(&mut body, version);
-        self.call(OP_SET_DATA, &body).map(|_| ())
+        self.call(OP_SET_DATA, &body)
+            .map(|_| ())
+            .map_err(|e| self.denied(e, Right::Write, &full))
     }
 
     /// The names of `path`'s children; with `watch`, a watch on them.
     pub fn children(&mut self, path: &str, watch: bool) -> Result<Vec<String>, ZkError> {
+        let full = self.full_path(path);
         let mut body = Vec::new();
-        put_str(&mut body, &self.full_path(path));
+        put_str(&mut body, &full);
         body.push(u8::from(watch));
-        let mut reply = self.call(OP_GET_CHILDREN, &body)?;
+        let mut reply = self
+            .call(OP_GET_CHILDREN, &body)
+            .map_err(|e| self.denied(e, Right::Read, &full))?;
         let count = reply.i32()?;
         (0..count.max(0)).map(|_| reply.string()).collect()
     }
@@ -370,6 +504,19 @@ impl Session {
     /// A watch event already received, if any.
     pub fn pending_event(&mut self) -> Option<WatchEvent> {
         self.events.pop_front()
+    }
+
+    /// A NoAuth answer as the right it needed on `path`; other errors as
+    /// they are.
+    fn denied(&self, error: ZkError, right: Right, path: &str) -> ZkError {
+        match error {
+            ZkError::Code(NO_AUTH) => ZkError::NoAuth {
+                path: path.to_string(),
+                right,
+                user: self.connection.digest.as_ref().map(|d| d.user.clone()),
+            },
+            other => other,
+        }
     }
 
     fn call(&mut self, op: i32, body: &[u8]) -> Result<Reader, ZkError> {
@@ -540,6 +687,19 @@ fn handshake(
         if granted <= 0 {
             return Err(ZkError::Expired);
         }
+        // Credentials belong to the connection, not the session: sent on
+        // each, before any request, as ZooKeeper's own client does.
+        if let Some(digest) = &connection.digest {
+            if let Err(error) = sign_in(&mut stream, digest, connection.request_timeout) {
+                match error {
+                    ZkError::Connection(_) => {
+                        last = error;
+                        continue;
+                    }
+                    refused => return Err(refused),
+                }
+            }
+        }
         return Ok((
             stream,
             Duration::from_millis(granted as u64),
@@ -549,6 +709,54 @@ fn handshake(
         ));
     }
     Err(last)
+}
+
+/// Sends `digest` (ZooKeeper's AuthPacket) and waits for its answer.
+fn sign_in(stream: &mut TcpStream, digest: &Digest, wait: Duration) -> Result<(), ZkError> {
+    let mut packet = Vec::new();
+    let mut body = Vec::new();
+    put_i32(&mut body, XID_AUTH);
+    put_i32(&mut body, OP_AUTH);
+    put_i32(&mut body, 0);
+    put_str(&mut body, "digest");
+    put_str(&mut body, &format!("{}:{}", digest.user, digest.password));
+    put_i32(&mut packet, body.len() as i32);
+    packet.extend_from_slice(&body);
+    stream
+        .set_write_timeout(Some(wait))
+        .and_then(|()| stream.write_all(&packet))
+        .map_err(|e| connection_error(&e))?;
+    let deadline = Instant::now() + wait;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(ZkError::Connection(
+                "no answer to our credentials in time".into(),
+            ));
+        }
+        let Some(answer) = read_packet(stream, left)? else {
+            continue;
+        };
+        let mut reader = Reader::new(answer);
+        if reader.i32()? != XID_AUTH {
+            // Nothing else is asked yet; whatever else comes is not ours.
+            continue;
+        }
+        let _zxid = reader.i64()?;
+        return match reader.i32()? {
+            0 => Ok(()),
+            AUTH_FAILED => Err(ZkError::AuthFailed),
+            code => Err(ZkError::Code(code)),
+        };
+    }
+}
+
+/// The parent of a full path (`/` for a node at the root).
+fn parent(path: &str) -> &str {
+    match path.rfind('/') {
+        Some(0) | None => "/",
+        Some(at) => &path[..at],
+    }
 }
 
 enum Readiness {

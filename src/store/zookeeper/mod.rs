@@ -113,12 +113,25 @@ pub fn recorded_limit(data: &[u8]) -> Result<Option<u32>, String> {
         .ok_or_else(|| String::from_utf8_lossy(data).into_owned())
 }
 
-/// What the server refused, as a failure of the run.
+/// What the server refused, as a failure of the run or an operator's
+/// command: a missing right or refused credentials are denials (77).
 fn failure(error: ZkError) -> StoreError {
-    let (kind, message) = match error.code() {
-        Some(client::NO_AUTH) => (
+    let (kind, message) = match &error {
+        ZkError::NoAuth { user: Some(user), right, .. } => (
             ErrorKind::Denied,
-            "ZooKeeper refused: the semaphore's path has an ACL that does not let anyone in (NoAuth); consem does not sign in yet: use a path open to all".to_string(),
+            format!(
+                "ZooKeeper refused: {error}: give the credentials of the user that created the node (zk://USER:PASSWORD@... or --user), or have its ACL grant {user} {right} (setAcl)"
+            ),
+        ),
+        ZkError::NoAuth { .. } => (
+            ErrorKind::Denied,
+            format!(
+                "ZooKeeper refused: {error}: sign in as the user that created the node (zk://USER:PASSWORD@... or --user USER:PASSWORD), or use a path open to all"
+            ),
+        ),
+        ZkError::AuthFailed => (
+            ErrorKind::Denied,
+            format!("{error}: check the user and password (zk://USER:PASSWORD@... or --user)"),
         ),
         _ => (ErrorKind::Unavailable, format!("ZooKeeper: {error}")),
     };
@@ -216,6 +229,7 @@ impl ZkSemaphore {
             match session.resume() {
                 Ok(()) => return Ok(()),
                 Err(ZkError::Expired) => return Err(CallError::Expired),
+                Err(refused @ ZkError::AuthFailed) => return Err(CallError::Refused(refused)),
                 Err(error) if Instant::now() >= gone => {
                     return Err(CallError::Unreachable(format!(
                         "{why}; no server answered again within the session timeout: {error}"
