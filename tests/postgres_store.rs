@@ -78,6 +78,93 @@ fn a_restart_of_the_server_is_a_loss_and_the_fence_still_grows() {
     world.assert_clean();
 }
 
+/// A Unix socket, as libpq reaches a local server, in each form libpq
+/// takes: the directory as the address's host, as `host=` (with
+/// `sslmode=require`, which libpq does not apply to a socket), and in
+/// PGHOST.
+#[test]
+fn a_unix_socket_is_reached_in_each_form_libpq_takes() {
+    let world = World::postgres("pg-socket");
+    let dir = world.store.socket_dir.to_str().unwrap().to_string();
+    let port = world.store.port.to_string();
+    let forms: [(String, &[(&str, &str)]); 3] = [
+        (
+            format!(
+                "postgres://postgres@{}:{port}/postgres",
+                dir.replace('/', "%2F")
+            ),
+            &[],
+        ),
+        (
+            format!("postgres:///postgres?host={dir}&port={port}&user=postgres&sslmode=require"),
+            &[],
+        ),
+        (
+            "postgres://".to_string(),
+            &[("PGUSER", "postgres"), ("PGDATABASE", "postgres")],
+        ),
+    ];
+    for (address, env) in forms {
+        let mut run = run_at(
+            &world,
+            &address,
+            1,
+            &["sh", "-c", "printf %s \"$CONSEM_FENCE\""],
+        );
+        run.envs(env.iter().copied());
+        if address == "postgres://" {
+            run.env("PGHOST", &dir).env("PGPORT", &port);
+        }
+        let output = run.output().unwrap();
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{address}: {}",
+            stderr(&output)
+        );
+        let fence = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert!(
+            fence.parse::<u64>().is_ok_and(|fence| fence > 0),
+            "{address}: {fence}"
+        );
+    }
+    world.assert_clean();
+}
+
+/// A schema ahead of pg_catalog in the search path (the address's
+/// `options`, or a role's setting) whose functions are named like the lock
+/// calls cannot stand in for them: consem's statements use the system's.
+/// The holder holds; the other contender finds no slot.
+#[test]
+fn a_search_path_cannot_replace_the_lock_functions() {
+    let world = World::postgres("pg-search-path");
+    world.store.psql(
+        "CREATE SCHEMA evil; \
+         CREATE FUNCTION evil.pg_try_advisory_lock(int, int) RETURNS boolean LANGUAGE sql AS 'SELECT true'; \
+         CREATE FUNCTION evil.pg_advisory_lock(int, int) RETURNS void LANGUAGE sql AS 'SELECT'; \
+         CREATE FUNCTION evil.pg_advisory_lock_shared(int, int) RETURNS void LANGUAGE sql AS 'SELECT'; \
+         CREATE ROLE shadowed LOGIN; ALTER ROLE shadowed SET search_path = evil, pg_catalog",
+    );
+    let holder = hold_slot(&world, 1, "ready", "go");
+    let port = world.store.port;
+    for address in [
+        format!("postgres://postgres@127.0.0.1:{port}/postgres?options=-c%20search_path%3Devil,pg_catalog"),
+        format!("postgres://shadowed@127.0.0.1:{port}/postgres"),
+    ] {
+        let output = world
+            .consem_command()
+            .args(["run", "--try", "--prefix", &world.prefix, "--limit", "1"])
+            .args(["--store", &address, "--", "touch", &world.path("shadowed-ran")])
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(75), "{address}: {}", stderr(&output));
+        assert!(!world.exists("shadowed-ran"), "{address} ran beside the holder");
+    }
+    world.touch("go");
+    assert_eq!(finish(holder).status.code(), Some(0));
+    world.assert_clean();
+}
+
 /// An address nobody answers at: 69 at once, one line that says where
 /// the server was looked for and what to check, nothing run.
 #[test]

@@ -148,6 +148,15 @@ fn connection(
         }
     }
 
+    // libpq uses no TLS over a Unix socket, whatever sslmode says (the
+    // server offers none there).
+    if config
+        .get_hosts()
+        .iter()
+        .all(|host| matches!(host, tokio_postgres::config::Host::Unix(_)))
+    {
+        config.ssl_mode(tokio_postgres::config::SslMode::Disable);
+    }
     if config.get_ports().is_empty() {
         if let Some(port) = var("PGPORT").and_then(|p| p.parse().ok()) {
             config.port(port);

@@ -54,6 +54,10 @@ const CLOSE_WAIT: Duration = Duration::from_secs(1);
 fn session_settings(ttl: Duration) -> Vec<(&'static str, String)> {
     let third = ttl.as_secs().div_ceil(3).max(1);
     vec![
+        // Every name consem's statements use is the system's: a schema
+        // earlier in a role's or the address's search_path could
+        // otherwise stand in a function of its own for the lock calls.
+        ("search_path", "pg_catalog, pg_temp".into()),
         ("statement_timeout", "0".into()),
         ("lock_timeout", "0".into()),
         ("idle_in_transaction_session_timeout", "0".into()),
@@ -103,8 +107,9 @@ pub fn session_setup(ttl: Duration) -> String {
         .map(|(name, value)| format!("('{name}', '{value}')"))
         .collect();
     format!(
-        "SELECT count(set_config(s.name, s.value, false)) FROM (VALUES {}) AS s(name, value) \
-         WHERE current_setting(s.name, true) IS NOT NULL",
+        "SELECT pg_catalog.count(pg_catalog.set_config(s.name, s.value, false)) \
+         FROM (VALUES {}) AS s(name, value) \
+         WHERE pg_catalog.current_setting(s.name, true) IS NOT NULL",
         pairs.join(", ")
     )
 }

@@ -349,18 +349,28 @@ impl PostgresSemaphore {
             }
             self.wait_for_a_departure(link)?;
         };
-        let sent = Instant::now();
-        let fence = self.call(link, "txid_current()", "reading the fence")?;
-        self.call(
-            link,
-            &format!("pg_advisory_unlock({p}, {LINE})"),
-            "leaving the line",
-        )?;
+        // The fence, then the line let go (and no more listening), in one
+        // message: its statements run in order, on our session.
+        let mut sql = format!(
+            "{};\n{}",
+            keys::guarded(link.pid, "txid_current()"),
+            keys::guarded(link.pid, &format!("pg_advisory_unlock({p}, {LINE})"))
+        );
         if limit > 1 {
-            link.run(&self.sql(&format!("UNLISTEN {channel}")))
-                .map_err(|e| self.failed("leaving the line", &e))?;
+            sql.push_str(&format!(";\nUNLISTEN {channel}"));
         }
-        let fence = fence.and_then(|f| f.parse().ok()).unwrap_or(0);
+        let sent = Instant::now();
+        let rows = link
+            .run(&self.sql(&sql))
+            .map_err(|e| self.failed("reading the fence and leaving the line", &e))?;
+        let [fence, line] = rows.as_slice() else {
+            return Err(self.pooled().into());
+        };
+        self.on_our_session(link, std::slice::from_ref(line))?;
+        let fence = self
+            .on_our_session(link, std::slice::from_ref(fence))?
+            .and_then(|f| f.parse().ok())
+            .unwrap_or(0);
         Ok((slot, fence, sent))
     }
 

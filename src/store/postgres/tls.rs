@@ -293,10 +293,11 @@ impl ServerCertVerifier for Unverified {
     }
 }
 
-/// One connection's handshake: the configuration and the host's name.
+/// One connection's handshake: the configuration and the host's name
+/// (none for a Unix socket, over which nothing asks for TLS).
 pub struct Connect {
     config: Option<Arc<rustls::ClientConfig>>,
-    name: ServerName<'static>,
+    name: Option<ServerName<'static>>,
 }
 
 impl<S> MakeTlsConnect<S> for Tls
@@ -310,7 +311,11 @@ where
     fn make_tls_connect(&mut self, domain: &str) -> Result<Connect, Self::Error> {
         Ok(Connect {
             config: self.config.clone(),
-            name: ServerName::try_from(domain.to_string())?,
+            // The client names no host for a Unix socket.
+            name: match domain {
+                "" => None,
+                domain => Some(ServerName::try_from(domain.to_string())?),
+            },
         })
     }
 }
@@ -328,8 +333,11 @@ where
             let config = self
                 .config
                 .ok_or_else(|| io::Error::other("TLS is disabled (sslmode=disable)"))?;
+            let name = self
+                .name
+                .ok_or_else(|| io::Error::other("no host name to check the certificate against"))?;
             let stream = tokio_rustls::TlsConnector::from(config)
-                .connect(self.name, stream)
+                .connect(name, stream)
                 .await?;
             Ok(RustlsStream(stream))
         })
