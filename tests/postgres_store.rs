@@ -58,7 +58,7 @@ fn a_terminated_session_is_a_loss_and_the_waiter_takes_the_slot() {
 }
 
 #[test]
-fn a_restart_of_the_server_is_a_loss_and_the_fence_still_grows() {
+fn a_restart_of_the_server_is_a_loss_and_the_fence_still_grows_across_crashes() {
     let mut world = World::postgres("pg-restart");
     let fence = |world: &World<PostgresServer>| -> u64 {
         let output = world
@@ -75,6 +75,15 @@ fn a_restart_of_the_server_is_a_loss_and_the_fence_still_grows() {
     assert_eq!(held.status.code(), Some(76), "{}", stderr(&held));
     let after = fence(&world);
     assert!(after > before, "{before} then {after} across the restart");
+    // A crash the moment after a run: the fence's commit was on disk
+    // before the command started, so that it is not handed out again.
+    let mut last = after;
+    for _ in 0..3 {
+        world.store.crash_and_start_again();
+        let next = fence(&world);
+        assert!(next > last, "{last} then {next} across a crash");
+        last = next;
+    }
     world.assert_clean();
 }
 

@@ -271,11 +271,23 @@ impl PostgresServer {
         );
     }
 
+    /// Stops it as a crash does (immediate shutdown: no checkpoint, what
+    /// was not written out of the server's memory is lost) and starts it
+    /// again, recovering from its log.
+    pub fn crash_and_start_again(&mut self) {
+        self.stop_with(libc::SIGQUIT);
+        self.start_again();
+    }
+
     /// Stops it (fast shutdown: sessions are ended).
     pub fn stop(&mut self) {
+        self.stop_with(libc::SIGINT);
+    }
+
+    fn stop_with(&mut self, signal: i32) {
         if let Some(mut process) = self.process.take() {
             // SAFETY: kill(2) on our child, not yet reaped.
-            unsafe { libc::kill(process.id() as i32, libc::SIGINT) };
+            unsafe { libc::kill(process.id() as i32, signal) };
             let deadline = Instant::now() + Duration::from_secs(10);
             while process.try_wait().unwrap().is_none() {
                 if Instant::now() > deadline {

@@ -61,7 +61,7 @@ pub fn guarded(pid: i32, call: &str) -> String {
 /// setup and [`SESSION_CHECK`] in the same message (one transaction, so
 /// one server session even behind a pooler): the mark, a look for another
 /// limit, the line and a free slot, tried without waiting; with a slot,
-/// the fence and letting the line go. Each statement gives one row; the
+/// the fence (and its [`FENCE_RECORD`]) and letting the line go. Each statement gives one row; the
 /// second records what was taken (see [`Joined`]) for the last two, and
 /// nothing is taken on a session that is not fresh. An uncontended
 /// contender is done in this one round trip; any other goes on from where
@@ -79,6 +79,7 @@ pub fn join(key: i32, limit: u32) -> String {
          WHERE pg_try_advisory_lock({key}, k) LIMIT 1)::text, 'line') \
          ELSE 'behind' END, true);\n\
          SELECT CASE WHEN {slot_taken} THEN txid_current() END;\n\
+         SELECT CASE WHEN {slot_taken} THEN {FENCE_RECORD} END;\n\
          SELECT CASE WHEN {slot_taken} THEN pg_advisory_unlock({key}, {LINE}) END",
         mark = MARK + limit,
         classid = classid(key),
@@ -86,6 +87,12 @@ pub fn join(key: i32, limit: u32) -> String {
         last_slot = limit - 1,
     )
 }
+
+/// A record written to the server's log in the transaction that reads the
+/// fence: a transaction that writes nothing commits without waiting for
+/// its commit to reach the disk, and a crash a moment later would hand
+/// its transaction id, the fence, out again.
+pub const FENCE_RECORD: &str = "pg_logical_emit_message(true, 'consem', 'fence')";
 
 /// The statement that reads the session's backend and whether the server
 /// is a standby, and records for the rest of its transaction, as
@@ -421,7 +428,7 @@ mod tests {
         assert_eq!(Joined::read("stale", None), None);
         assert_eq!(Joined::read("2", None), None);
         let join = join(prefix_key("a"), 3);
-        assert_eq!(join.matches(";\n").count(), 3, "four statements: {join}");
+        assert_eq!(join.matches(";\n").count(), 4, "five statements: {join}");
         assert!(join.contains("pg_advisory_lock_shared(-468965076, 1000000003)"));
         assert!(join.contains("generate_series(0, 2)"));
         assert!(join.contains("objid <> 1000000003"));

@@ -58,6 +58,8 @@ fn session_settings(ttl: Duration) -> Vec<(&'static str, String)> {
         // earlier in a role's or the address's search_path could
         // otherwise stand in a function of its own for the lock calls.
         ("search_path", "pg_catalog, pg_temp".into()),
+        // The fence's commit is on disk before the slot is taken.
+        ("synchronous_commit", "on".into()),
         ("statement_timeout", "0".into()),
         ("lock_timeout", "0".into()),
         ("idle_in_transaction_session_timeout", "0".into()),

@@ -254,8 +254,8 @@ impl PostgresSemaphore {
         let sent = Instant::now();
         let rows = link.run(&sql).map_err(|e| self.failed("joining", &e))?;
         // One row per statement: the setup, the check, the mark, the
-        // outcome, the fence, the line let go.
-        let [_, check, _, taken, fence, _] = rows.as_slice() else {
+        // outcome, the fence, its record, the line let go.
+        let [_, check, _, taken, fence, _, _] = rows.as_slice() else {
             return Err(self.pooled().into());
         };
         let connection = &self.settings.connection;
@@ -352,9 +352,10 @@ impl PostgresSemaphore {
         // The fence, then the line let go (and no more listening), in one
         // message: its statements run in order, on our session.
         let mut sql = format!(
-            "{};\n{}",
+            "{};\n{};\nSELECT {}",
             keys::guarded(link.pid, "txid_current()"),
-            keys::guarded(link.pid, &format!("pg_advisory_unlock({p}, {LINE})"))
+            keys::guarded(link.pid, &format!("pg_advisory_unlock({p}, {LINE})")),
+            keys::FENCE_RECORD
         );
         if limit > 1 {
             sql.push_str(&format!(";\nUNLISTEN {channel}"));
@@ -363,7 +364,7 @@ impl PostgresSemaphore {
         let rows = link
             .run(&self.sql(&sql))
             .map_err(|e| self.failed("reading the fence and leaving the line", &e))?;
-        let [fence, line] = rows.as_slice() else {
+        let [fence, line, _] = rows.as_slice() else {
             return Err(self.pooled().into());
         };
         self.on_our_session(link, std::slice::from_ref(line))?;
