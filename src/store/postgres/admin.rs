@@ -98,7 +98,7 @@ impl PostgresAdmin {
         })?;
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         while std::time::Instant::now() < deadline {
-            let left = keys::contenders(&self.read(link)?);
+            let left = keys::contenders(&self.prefix, &self.read(link)?);
             if !left.iter().any(|s| pids.contains(&s.pid)) {
                 break;
             }
@@ -116,7 +116,7 @@ impl Admin for PostgresAdmin {
 
     fn release(&self, session: &str) -> Result<(), StoreError> {
         let link = self.open()?;
-        let seen = keys::contenders(&self.read(&link)?);
+        let seen = keys::contenders(&self.prefix, &self.read(&link)?);
         match seen
             .iter()
             .find(|s| s.slot.is_some() && s.pid.to_string() == session)
@@ -128,7 +128,7 @@ impl Admin for PostgresAdmin {
 
     fn reset(&self, force: bool) -> Result<ResetOutcome, StoreError> {
         let link = self.open()?;
-        let seen = keys::contenders(&self.read(&link)?);
+        let seen = keys::contenders(&self.prefix, &self.read(&link)?);
         let Some(limit) = keys::limit_in_use(&seen) else {
             return Ok(ResetOutcome::Nothing);
         };

@@ -184,12 +184,16 @@ fn description_json(query: &str) -> Option<&str> {
     Some(rest.split('\n').next().unwrap_or(rest))
 }
 
-/// The prefix a statement of [`described`] names, if its key is `key`.
-pub fn prefix_named(query: &str, key: i32) -> Option<String> {
+/// The prefix a statement of [`described`] names.
+fn named_prefix(query: &str) -> Option<String> {
     let fields: serde_json::Map<String, serde_json::Value> =
         serde_json::from_str(description_json(query)?).ok()?;
-    let prefix = fields.get(PREFIX_FIELD)?.as_str()?;
-    (prefix_key(prefix) == key).then(|| prefix.to_string())
+    Some(fields.get(PREFIX_FIELD)?.as_str()?.to_string())
+}
+
+/// The prefix a statement of [`described`] names, if its key is `key`.
+pub fn prefix_named(query: &str, key: i32) -> Option<String> {
+    named_prefix(query).filter(|prefix| prefix_key(prefix) == key)
 }
 
 /// The description a statement of [`described`] carries.
@@ -227,9 +231,21 @@ pub struct Seen {
 /// The contenders of a prefix, in order of arrival: every session with a
 /// mark or a slot (a session that holds only the line, or waits for it, is
 /// still joining or has a mark too).
-pub fn contenders(rows: &[LockRow]) -> Vec<Seen> {
+/// Two prefixes whose keys collide share the lock rows: a contender whose
+/// description names another prefix is that one's, and left out.
+pub fn contenders(prefix: &str, rows: &[LockRow]) -> Vec<Seen> {
     let mut seen: Vec<Seen> = Vec::new();
-    for row in rows {
+    let others: std::collections::BTreeSet<i32> = rows
+        .iter()
+        .filter(|row| {
+            row.query
+                .as_deref()
+                .and_then(named_prefix)
+                .is_some_and(|named| named != prefix)
+        })
+        .map(|row| row.pid)
+        .collect();
+    for row in rows.iter().filter(|row| !others.contains(&row.pid)) {
         let index = match seen.iter().position(|s| s.pid == row.pid) {
             Some(index) => index,
             None => {
@@ -311,7 +327,7 @@ fn contender_status(seen: &Seen) -> ContenderStatus {
 
 /// `consem status` of a prefix, from its lock rows.
 pub fn status(prefix: &str, rows: &[LockRow]) -> Status {
-    let seen = contenders(rows);
+    let seen = contenders(prefix, rows);
     let limit = limit_in_use(&seen);
     let mut status = Status {
         prefix: prefix.to_string(),
@@ -457,12 +473,38 @@ mod tests {
         assert_eq!(pids(&status.holders), ["40", "10"]);
         assert_eq!(pids(&status.waiters), ["20", "30"]);
         assert_eq!(status.conflict, None);
-        let seen = contenders(&rows);
+        let seen = contenders("p", &rows);
         assert_eq!(progress(&seen, 2, 30).ahead, 1);
         assert_eq!(progress(&seen, 2, 20).ahead, 0);
         assert_eq!(progress(&seen, 2, 20).holders.len(), 2);
         assert_eq!(other_limit(&seen, 2, 20), None);
         assert_eq!(other_limit(&seen, 3, 20), Some(2));
+    }
+
+    /// Two prefixes whose keys collide share the lock rows: each sees only
+    /// the contenders whose descriptions name it (or name nothing).
+    #[test]
+    fn a_colliding_prefix_s_contenders_are_left_out() {
+        assert_eq!(prefix_key("p2039599"), prefix_key("p2222382"));
+        let info = ContenderInfo::default();
+        let described_row = |pid: i32, key: u32, prefix: &str| LockRow {
+            query: Some(described("SELECT 1", &info, prefix)),
+            ..row(pid, key, true, i64::from(pid))
+        };
+        let rows = [
+            described_row(1, MARK + 1, "p2039599"),
+            described_row(1, 0, "p2039599"),
+            described_row(2, MARK + 2, "p2222382"),
+            described_row(2, 1, "p2222382"),
+            row(3, MARK + 1, true, 3),
+        ];
+        let pids = |prefix: &str| -> Vec<i32> {
+            contenders(prefix, &rows).iter().map(|s| s.pid).collect()
+        };
+        assert_eq!(pids("p2039599"), [1, 3]);
+        assert_eq!(pids("p2222382"), [2, 3]);
+        assert_eq!(status("p2222382", &rows).holders.len(), 1);
+        assert_eq!(other_limit(&contenders("p2222382", &rows), 2, 9), None);
     }
 
     #[test]
@@ -474,7 +516,7 @@ mod tests {
             row(1, 0, true, 1),
             row(2, MARK + 3, true, 2),
         ];
-        let seen = contenders(&rows);
+        let seen = contenders("p", &rows);
         assert_eq!(other_limit(&seen, 2, 9), None);
         assert_eq!(other_limit(&seen, 3, 2), Some(2));
         assert_eq!(limit_in_use(&seen), Some(2));
@@ -484,7 +526,7 @@ mod tests {
             .contains("several limits (2, 3)"));
         // Nobody holds: any other limit among the contenders.
         let rows = [row(2, MARK + 3, true, 2)];
-        assert_eq!(other_limit(&contenders(&rows), 2, 9), Some(3));
-        assert_eq!(other_limit(&contenders(&rows), 3, 9), None);
+        assert_eq!(other_limit(&contenders("p", &rows), 2, 9), Some(3));
+        assert_eq!(other_limit(&contenders("p", &rows), 3, 9), None);
     }
 }

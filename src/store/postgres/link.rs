@@ -345,7 +345,8 @@ pub fn failure(connection: &Connection, doing: &str, error: &tokio_postgres::Err
         let right = if said.contains("database") {
             format!("the CONNECT right on database {database} (GRANT CONNECT ON DATABASE {database} TO {user})")
         } else if let Some(function) = said.strip_prefix("permission denied for function ") {
-            format!("the EXECUTE right on function {function} (GRANT EXECUTE ON FUNCTION {function} TO {user})")
+            let signature = function_signature(function);
+            format!("the EXECUTE right on function {function} (GRANT EXECUTE ON FUNCTION {signature} TO {user})")
         } else {
             format!("a right the server named: {said}")
         };
@@ -377,6 +378,22 @@ pub fn session_lost(error: &tokio_postgres::Error) -> bool {
     }
 }
 
+/// A function consem calls, with the arguments a `GRANT` must name (the
+/// advisory lock functions have several forms).
+fn function_signature(function: &str) -> String {
+    let arguments = match function {
+        "pg_advisory_lock"
+        | "pg_advisory_lock_shared"
+        | "pg_try_advisory_lock"
+        | "pg_advisory_unlock" => "integer, integer",
+        "pg_logical_emit_message" => "boolean, text, text",
+        "set_config" => "text, text, boolean",
+        "current_setting" => "text, boolean",
+        _ => "",
+    };
+    format!("pg_catalog.{function}({arguments})")
+}
+
 /// The error of a session that is not ours: a pooler in the way.
 pub fn pooled(connection: &Connection) -> StoreError {
     StoreError::config(format!(
@@ -393,6 +410,18 @@ fn error_of(error: &tokio_postgres::Error) -> StoreError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_grant_names_the_form_of_the_function_consem_calls() {
+        assert_eq!(
+            function_signature("pg_advisory_lock_shared"),
+            "pg_catalog.pg_advisory_lock_shared(integer, integer)"
+        );
+        assert_eq!(
+            function_signature("txid_current"),
+            "pg_catalog.txid_current()"
+        );
+    }
 
     #[test]
     fn the_server_drops_a_vanished_client_no_sooner_than_the_ttl() {

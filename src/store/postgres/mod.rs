@@ -285,7 +285,7 @@ impl PostgresSemaphore {
             (Joined::Behind | Joined::OtherLimit, _) => false,
         };
         if !first {
-            let seen = keys::contenders(&self.lock_rows(link)?);
+            let seen = keys::contenders(&self.prefix, &self.lock_rows(link)?);
             if let Some(other) = keys::other_limit(&seen, limit, link.pid) {
                 return Err(self.conflict(other).into());
             }
@@ -315,7 +315,7 @@ impl PostgresSemaphore {
         }
         let mut told: Option<Progress> = None;
         let slot = loop {
-            let seen = keys::contenders(&self.lock_rows(link)?);
+            let seen = keys::contenders(&self.prefix, &self.lock_rows(link)?);
             if let Some(other) = keys::other_limit(&seen, limit, link.pid) {
                 return Err(self.conflict(other).into());
             }
