@@ -51,6 +51,11 @@ fn a_terminated_session_is_a_loss_and_the_waiter_takes_the_slot() {
     let held = finish(holder);
     assert_eq!(held.status.code(), Some(76), "{}", stderr(&held));
     assert!(stderr(&held).contains("slot lost"), "{}", stderr(&held));
+    assert!(
+        stderr(&held).contains("terminating connection due to administrator command"),
+        "the server's reason: {}",
+        stderr(&held)
+    );
     let waited = finish(waiter);
     assert_eq!(waited.status.code(), Some(0), "{}", stderr(&waited));
     assert!(world.exists("waiter-ran"));

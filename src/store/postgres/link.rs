@@ -143,7 +143,13 @@ impl Link {
                         let _ = notes_tx.send(note.payload().to_string());
                     }
                     Some(Ok(_)) => {}
-                    Some(Err(error)) => break error.to_string(),
+                    // The server's own words where it gave a reason
+                    // (`terminating connection due to administrator
+                    // command`), not the client's "db error".
+                    Some(Err(error)) => match error.as_db_error() {
+                        Some(db) => break db.message().to_string(),
+                        None => break error.to_string(),
+                    },
                     None => break "the connection closed".to_string(),
                 }
             };
