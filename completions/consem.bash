@@ -208,7 +208,7 @@ _consem() {
                     return 0
                     ;;
                 --store)
-                    COMPREPLY=($(compgen -W "consul local local: redis:// rediss:// redis+sentinel:// rediss+sentinel:// etcd:// etcds:// postgres:// postgresql:// zk://" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "consul local local: redis:// rediss:// redis+sentinel:// rediss+sentinel:// etcd:// etcds:// postgres:// postgresql:// zk:// zks://" -- "${cur}"))
                     return 0
                     ;;
                 --http-addr)
@@ -294,7 +294,7 @@ _consem() {
                     return 0
                     ;;
                 --store)
-                    COMPREPLY=($(compgen -W "consul local local: redis:// rediss:// redis+sentinel:// rediss+sentinel:// etcd:// etcds:// postgres:// postgresql:// zk://" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "consul local local: redis:// rediss:// redis+sentinel:// rediss+sentinel:// etcd:// etcds:// postgres:// postgresql:// zk:// zks://" -- "${cur}"))
                     return 0
                     ;;
                 --http-addr)
@@ -420,7 +420,7 @@ _consem() {
                     return 0
                     ;;
                 --store)
-                    COMPREPLY=($(compgen -W "consul local local: redis:// rediss:// redis+sentinel:// rediss+sentinel:// etcd:// etcds:// postgres:// postgresql:// zk://" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "consul local local: redis:// rediss:// redis+sentinel:// rediss+sentinel:// etcd:// etcds:// postgres:// postgresql:// zk:// zks://" -- "${cur}"))
                     return 0
                     ;;
                 --http-addr)
@@ -506,7 +506,7 @@ _consem() {
                     return 0
                     ;;
                 --store)
-                    COMPREPLY=($(compgen -W "consul local local: redis:// rediss:// redis+sentinel:// rediss+sentinel:// etcd:// etcds:// postgres:// postgresql:// zk://" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "consul local local: redis:// rediss:// redis+sentinel:// rediss+sentinel:// etcd:// etcds:// postgres:// postgresql:// zk:// zks://" -- "${cur}"))
                     return 0
                     ;;
                 --http-addr)

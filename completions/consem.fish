@@ -54,7 +54,8 @@ etcd://\t''
 etcds://\t''
 postgres://\t''
 postgresql://\t''
-zk://\t''"
+zk://\t''
+zks://\t''"
 complete -c consem -n "__fish_consem_using_subcommand run" -l http-addr -d 'Consul HTTP API address: host:port, http://host:port or https://host:port (host:port means https with CONSUL_HTTP_SSL=true) [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l token -d 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]; HTTP basic auth, if the agent sits behind it, comes from CONSUL_HTTP_AUTH (user:password)' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l token-file -d 'File holding the ACL token; wins over a token [default: CONSUL_HTTP_TOKEN_FILE]' -r -F
@@ -68,8 +69,8 @@ complete -c consem -n "__fish_consem_using_subcommand run" -l client-key -d 'PEM
 complete -c consem -n "__fish_consem_using_subcommand run" -l tls-server-name -d 'Name to verify the agent\'s certificate against, instead of the address\'s host [default: CONSUL_TLS_SERVER_NAME]' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l user -d 'User to sign in as, with its password after a colon or in --password (etcd; ZooKeeper\'s digest, as zkCli\'s addauth) [default: etcd: ETCDCTL_USER]' -r
 complete -c consem -n "__fish_consem_using_subcommand run" -l password -d 'Password of --user [default: etcd: ETCDCTL_PASSWORD]' -r
-complete -c consem -n "__fish_consem_using_subcommand run" -l cacert -d 'PEM file of the CA that signs the servers\' certificates (etcds://, rediss://) [default: etcd: ETCDCTL_CACERT; else the system\'s trust store]' -r -F
-complete -c consem -n "__fish_consem_using_subcommand run" -l cert -d 'PEM client certificate, for servers that verify clients (etcds://, rediss://) [default: etcd: ETCDCTL_CERT]' -r -F
+complete -c consem -n "__fish_consem_using_subcommand run" -l cacert -d 'PEM file of the CA that signs the servers\' certificates (etcds://, rediss://, zks://) [default: etcd: ETCDCTL_CACERT; else the system\'s trust store]' -r -F
+complete -c consem -n "__fish_consem_using_subcommand run" -l cert -d 'PEM client certificate, for servers that verify clients (etcds://, rediss://, zks://) [default: etcd: ETCDCTL_CERT]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand run" -l key -d 'PEM private key of the client certificate [default: etcd: ETCDCTL_KEY]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand run" -l try -d 'Make one attempt and do not wait (quietly; -v says who held the slots)'
 complete -c consem -n "__fish_consem_using_subcommand run" -s v -l verbose -d 'Print lifecycle events on stderr, and why --try found no slot'
@@ -90,7 +91,8 @@ etcd://\t''
 etcds://\t''
 postgres://\t''
 postgresql://\t''
-zk://\t''"
+zk://\t''
+zks://\t''"
 complete -c consem -n "__fish_consem_using_subcommand status" -l http-addr -d 'Consul HTTP API address: host:port, http://host:port or https://host:port (host:port means https with CONSUL_HTTP_SSL=true) [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]' -r
 complete -c consem -n "__fish_consem_using_subcommand status" -l token -d 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]; HTTP basic auth, if the agent sits behind it, comes from CONSUL_HTTP_AUTH (user:password)' -r
 complete -c consem -n "__fish_consem_using_subcommand status" -l token-file -d 'File holding the ACL token; wins over a token [default: CONSUL_HTTP_TOKEN_FILE]' -r -F
@@ -104,8 +106,8 @@ complete -c consem -n "__fish_consem_using_subcommand status" -l client-key -d '
 complete -c consem -n "__fish_consem_using_subcommand status" -l tls-server-name -d 'Name to verify the agent\'s certificate against, instead of the address\'s host [default: CONSUL_TLS_SERVER_NAME]' -r
 complete -c consem -n "__fish_consem_using_subcommand status" -l user -d 'User to sign in as, with its password after a colon or in --password (etcd; ZooKeeper\'s digest, as zkCli\'s addauth) [default: etcd: ETCDCTL_USER]' -r
 complete -c consem -n "__fish_consem_using_subcommand status" -l password -d 'Password of --user [default: etcd: ETCDCTL_PASSWORD]' -r
-complete -c consem -n "__fish_consem_using_subcommand status" -l cacert -d 'PEM file of the CA that signs the servers\' certificates (etcds://, rediss://) [default: etcd: ETCDCTL_CACERT; else the system\'s trust store]' -r -F
-complete -c consem -n "__fish_consem_using_subcommand status" -l cert -d 'PEM client certificate, for servers that verify clients (etcds://, rediss://) [default: etcd: ETCDCTL_CERT]' -r -F
+complete -c consem -n "__fish_consem_using_subcommand status" -l cacert -d 'PEM file of the CA that signs the servers\' certificates (etcds://, rediss://, zks://) [default: etcd: ETCDCTL_CACERT; else the system\'s trust store]' -r -F
+complete -c consem -n "__fish_consem_using_subcommand status" -l cert -d 'PEM client certificate, for servers that verify clients (etcds://, rediss://, zks://) [default: etcd: ETCDCTL_CERT]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand status" -l key -d 'PEM private key of the client certificate [default: etcd: ETCDCTL_KEY]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand status" -l json -d 'Print JSON (a stable schema, see docs/operators.md) instead of a table'
 complete -c consem -n "__fish_consem_using_subcommand status" -s h -l help -d 'Print help (see more with \'--help\')'
@@ -125,7 +127,8 @@ etcd://\t''
 etcds://\t''
 postgres://\t''
 postgresql://\t''
-zk://\t''"
+zk://\t''
+zks://\t''"
 complete -c consem -n "__fish_consem_using_subcommand release" -l http-addr -d 'Consul HTTP API address: host:port, http://host:port or https://host:port (host:port means https with CONSUL_HTTP_SSL=true) [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]' -r
 complete -c consem -n "__fish_consem_using_subcommand release" -l token -d 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]; HTTP basic auth, if the agent sits behind it, comes from CONSUL_HTTP_AUTH (user:password)' -r
 complete -c consem -n "__fish_consem_using_subcommand release" -l token-file -d 'File holding the ACL token; wins over a token [default: CONSUL_HTTP_TOKEN_FILE]' -r -F
@@ -139,8 +142,8 @@ complete -c consem -n "__fish_consem_using_subcommand release" -l client-key -d 
 complete -c consem -n "__fish_consem_using_subcommand release" -l tls-server-name -d 'Name to verify the agent\'s certificate against, instead of the address\'s host [default: CONSUL_TLS_SERVER_NAME]' -r
 complete -c consem -n "__fish_consem_using_subcommand release" -l user -d 'User to sign in as, with its password after a colon or in --password (etcd; ZooKeeper\'s digest, as zkCli\'s addauth) [default: etcd: ETCDCTL_USER]' -r
 complete -c consem -n "__fish_consem_using_subcommand release" -l password -d 'Password of --user [default: etcd: ETCDCTL_PASSWORD]' -r
-complete -c consem -n "__fish_consem_using_subcommand release" -l cacert -d 'PEM file of the CA that signs the servers\' certificates (etcds://, rediss://) [default: etcd: ETCDCTL_CACERT; else the system\'s trust store]' -r -F
-complete -c consem -n "__fish_consem_using_subcommand release" -l cert -d 'PEM client certificate, for servers that verify clients (etcds://, rediss://) [default: etcd: ETCDCTL_CERT]' -r -F
+complete -c consem -n "__fish_consem_using_subcommand release" -l cacert -d 'PEM file of the CA that signs the servers\' certificates (etcds://, rediss://, zks://) [default: etcd: ETCDCTL_CACERT; else the system\'s trust store]' -r -F
+complete -c consem -n "__fish_consem_using_subcommand release" -l cert -d 'PEM client certificate, for servers that verify clients (etcds://, rediss://, zks://) [default: etcd: ETCDCTL_CERT]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand release" -l key -d 'PEM private key of the client certificate [default: etcd: ETCDCTL_KEY]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand release" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c consem -n "__fish_consem_using_subcommand release" -s V -l version -d 'Print version'
@@ -156,7 +159,8 @@ etcd://\t''
 etcds://\t''
 postgres://\t''
 postgresql://\t''
-zk://\t''"
+zk://\t''
+zks://\t''"
 complete -c consem -n "__fish_consem_using_subcommand reset" -l http-addr -d 'Consul HTTP API address: host:port, http://host:port or https://host:port (host:port means https with CONSUL_HTTP_SSL=true) [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]' -r
 complete -c consem -n "__fish_consem_using_subcommand reset" -l token -d 'ACL token, sent in the X-Consul-Token header [default: CONSUL_HTTP_TOKEN]; HTTP basic auth, if the agent sits behind it, comes from CONSUL_HTTP_AUTH (user:password)' -r
 complete -c consem -n "__fish_consem_using_subcommand reset" -l token-file -d 'File holding the ACL token; wins over a token [default: CONSUL_HTTP_TOKEN_FILE]' -r -F
@@ -170,8 +174,8 @@ complete -c consem -n "__fish_consem_using_subcommand reset" -l client-key -d 'P
 complete -c consem -n "__fish_consem_using_subcommand reset" -l tls-server-name -d 'Name to verify the agent\'s certificate against, instead of the address\'s host [default: CONSUL_TLS_SERVER_NAME]' -r
 complete -c consem -n "__fish_consem_using_subcommand reset" -l user -d 'User to sign in as, with its password after a colon or in --password (etcd; ZooKeeper\'s digest, as zkCli\'s addauth) [default: etcd: ETCDCTL_USER]' -r
 complete -c consem -n "__fish_consem_using_subcommand reset" -l password -d 'Password of --user [default: etcd: ETCDCTL_PASSWORD]' -r
-complete -c consem -n "__fish_consem_using_subcommand reset" -l cacert -d 'PEM file of the CA that signs the servers\' certificates (etcds://, rediss://) [default: etcd: ETCDCTL_CACERT; else the system\'s trust store]' -r -F
-complete -c consem -n "__fish_consem_using_subcommand reset" -l cert -d 'PEM client certificate, for servers that verify clients (etcds://, rediss://) [default: etcd: ETCDCTL_CERT]' -r -F
+complete -c consem -n "__fish_consem_using_subcommand reset" -l cacert -d 'PEM file of the CA that signs the servers\' certificates (etcds://, rediss://, zks://) [default: etcd: ETCDCTL_CACERT; else the system\'s trust store]' -r -F
+complete -c consem -n "__fish_consem_using_subcommand reset" -l cert -d 'PEM client certificate, for servers that verify clients (etcds://, rediss://, zks://) [default: etcd: ETCDCTL_CERT]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand reset" -l key -d 'PEM private key of the client certificate [default: etcd: ETCDCTL_KEY]' -r -F
 complete -c consem -n "__fish_consem_using_subcommand reset" -l force -d 'Release every live holder first (their commands are stopped, exit 76)'
 complete -c consem -n "__fish_consem_using_subcommand reset" -s h -l help -d 'Print help (see more with \'--help\')'

@@ -293,9 +293,10 @@ pub struct StoreArgs {
     /// ETCDCTL_ENDPOINTS); postgres://[user[:password]@]host[:port][/database]
     /// or postgresql://... (libpq's PG* variables and ~/.pgpass fill in what
     /// it leaves out; postgres alone: those variables);
-    /// zk://[user:password@]host:port[,host:port...][/chroot] (ZooKeeper,
-    /// shared with Apache Curator's InterProcessSemaphoreV2 at --prefix; the
-    /// user and password are zkCli's addauth digest).
+    /// zk://[user:password@]host:port[,host:port...][/chroot] or zks://...
+    /// (ZooKeeper, TLS to its secureClientPort; shared with Apache Curator's
+    /// InterProcessSemaphoreV2 at --prefix; the user and password are
+    /// zkCli's addauth digest).
     #[arg(long, value_name = "STORE", value_parser = StoreText, hide_possible_values = true)]
     pub store: Option<String>,
 
@@ -399,10 +400,10 @@ pub struct ConsulArgs {
     pub tls_server_name: Option<String>,
 }
 
-/// How to reach etcd (with `--store etcd://...`); each option's default
-/// comes from the variable etcdctl reads.
+/// How to sign in to etcd (with `--store etcd://...`; each option's default
+/// comes from the variable etcdctl reads) or ZooKeeper (`zk://...`).
 #[derive(Debug, Default, Args)]
-#[command(next_help_heading = "etcd options")]
+#[command(next_help_heading = "etcd and ZooKeeper options")]
 pub struct EtcdArgs {
     /// User to sign in as, with its password after a colon or in --password
     /// (etcd; ZooKeeper's digest, as zkCli's addauth) [default: etcd: ETCDCTL_USER]
@@ -414,18 +415,18 @@ pub struct EtcdArgs {
     pub password: Option<String>,
 }
 
-/// TLS files for `etcds://` and `rediss://`, named as etcdctl and redis-cli
-/// name them; etcd's defaults come from etcdctl's variables, read in
-/// `options::etcd` (redis-cli reads none).
+/// TLS files for `etcds://`, `rediss://` and `zks://`, named as etcdctl and
+/// redis-cli name them; etcd's defaults come from etcdctl's variables, read
+/// in `options::etcd` (redis-cli reads none, nor does consem for ZooKeeper).
 #[derive(Debug, Default, Args)]
-#[command(next_help_heading = "etcd and Redis TLS options")]
+#[command(next_help_heading = "etcd, Redis and ZooKeeper TLS options")]
 pub struct TlsFileArgs {
-    /// PEM file of the CA that signs the servers' certificates (etcds://, rediss://)
+    /// PEM file of the CA that signs the servers' certificates (etcds://, rediss://, zks://)
     /// [default: etcd: ETCDCTL_CACERT; else the system's trust store]
     #[arg(long, value_name = "PATH", hide_short_help = true)]
     pub cacert: Option<PathBuf>,
 
-    /// PEM client certificate, for servers that verify clients (etcds://, rediss://)
+    /// PEM client certificate, for servers that verify clients (etcds://, rediss://, zks://)
     /// [default: etcd: ETCDCTL_CERT]
     #[arg(long, value_name = "PATH", hide_short_help = true)]
     pub cert: Option<PathBuf>,
@@ -708,8 +709,8 @@ mod tests {
                 "Leases (Consul, Redis, etcd and ZooKeeper):",
                 "Consul options:",
                 "Redis options:",
-                "etcd options:",
-                "etcd and Redis TLS options:",
+                "etcd and ZooKeeper options:",
+                "etcd, Redis and ZooKeeper TLS options:",
                 "Examples:",
                 "Exit codes:",
             ],

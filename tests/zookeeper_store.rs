@@ -8,6 +8,7 @@
 use std::process::Child;
 use std::time::{Duration, Instant};
 
+use crate::common::pki::{PkiFiles, TestPki};
 use crate::common::wait_until;
 use crate::common::world::*;
 use crate::common::zookeeper::CuratorHolder;
@@ -606,4 +607,155 @@ fn a_chroot_holds_the_semaphore_below_it_for_every_command() {
     assert_eq!(session.get_data(&record).unwrap().0, b"");
     let _ = session.close();
     world.store.assert_clean(&below);
+}
+
+/// A ZooKeeper with a TLS port (its certificate signed by the test CA,
+/// trusting it for clients' certificates; with `client_auth`, it wants
+/// one), and the test PKI's files.
+fn tls_world(name: &str, client_auth: bool) -> (World<ZkServer>, PkiFiles) {
+    let mut written = None;
+    let world = World::with_store(name, |dir| {
+        let files = TestPki::new().write_to(&dir.join("pki"));
+        let server = ZkServer::start_tls(
+            &dir.join("zookeeper"),
+            (&files.server, &files.server_key),
+            &files.ca,
+            client_auth,
+        );
+        written = Some(files);
+        server
+    });
+    (world, written.expect("the PKI was written"))
+}
+
+fn path_text(path: &std::path::Path) -> String {
+    path.to_str().unwrap().to_string()
+}
+
+/// `zks://` speaks TLS to the secure client port with --cacert, and
+/// presents --cert and --key to a server that wants a client certificate
+/// (ZooKeeper's default). A missing certificate, another CA, the plain
+/// port or TLS files with zk:// are refused with one line saying what to
+/// change, before the command runs and with nothing left.
+#[test]
+fn zks_speaks_tls_to_the_secure_port_with_cacert_cert_and_key() {
+    let (world, files) = tls_world("zk-mtls", true);
+    let secure = world.store.secure.as_ref().unwrap().port;
+    let store = format!("zks://127.0.0.1:{secure}");
+    let (ca, cert, key) = (
+        path_text(&files.ca),
+        path_text(&files.client),
+        path_text(&files.client_key),
+    );
+    let other_ca = path_text(&files.other_ca);
+    let mutual = [
+        "--cacert",
+        ca.as_str(),
+        "--cert",
+        cert.as_str(),
+        "--key",
+        key.as_str(),
+    ];
+    let ran = run_on(&world, &store, &mutual, "ran");
+    assert_eq!(ran.status.code(), Some(0), "{}", stderr(&ran));
+    assert!(world.exists("ran"));
+    let status = world
+        .consem_command()
+        .args(["status", "--prefix", &world.prefix, "--store", &store])
+        .args(mutual)
+        .output()
+        .unwrap();
+    assert_eq!(status.status.code(), Some(0), "{}", stderr(&status));
+    let plain = world.store.url();
+    for (store, extra, code, says) in [
+        (
+            store.clone(),
+            vec!["--cacert", ca.as_str()],
+            69,
+            "pass --cert and --key",
+        ),
+        (
+            store.clone(),
+            vec![
+                "--cacert",
+                other_ca.as_str(),
+                "--cert",
+                cert.as_str(),
+                "--key",
+                key.as_str(),
+            ],
+            69,
+            "--cacert does not name the CA that signs it",
+        ),
+        (
+            format!("zks://127.0.0.1:{}", world.store.port),
+            mutual.to_vec(),
+            69,
+            "its plain clientPort (write zk://)",
+        ),
+        (
+            plain,
+            vec!["--cacert", ca.as_str()],
+            2,
+            "write zks://host:port",
+        ),
+        (
+            store.clone(),
+            vec!["--cert", cert.as_str()],
+            2,
+            "set both --cert and --key",
+        ),
+    ] {
+        let output = run_on(&world, &store, &extra, "refused-ran");
+        let text = stderr(&output);
+        assert_eq!(
+            output.status.code(),
+            Some(code),
+            "{store} {extra:?}: {text}"
+        );
+        assert_eq!(text.lines().count(), 1, "{text}");
+        assert!(text.contains(says), "{store} {extra:?}: {text}");
+        assert!(!world.exists("refused-ran"));
+    }
+    world.assert_clean();
+}
+
+/// Over TLS the session lives as over plain TCP: a holder whose command
+/// outlasts --ttl (4 s against 3 s) keeps its slot by its pings, a waiter queued behind it
+/// takes the slot when its watch fires, and digest credentials go over
+/// TLS too (a server that wants no client certificate).
+#[test]
+fn over_tls_a_holder_keeps_its_session_and_a_waiter_is_woken() {
+    let (world, files) = tls_world("zk-tls-session", false);
+    let secure = world.store.secure.as_ref().unwrap().port;
+    let store = format!("zks://{ALICE}@127.0.0.1:{secure}");
+    let ca = path_text(&files.ca);
+    let spawn = |log: &str, hold: &str| {
+        world
+            .consem_command()
+            .args(["run", "--prefix", &world.prefix, "--limit", "1"])
+            .args(["--store", &store, "--cacert", &ca, "--ttl", "3s"])
+            .args(["--kill-grace", "500ms", "--"])
+            .args(logged_hold(&world.path(log), hold))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let holder = spawn("log-holder", "4");
+    wait_until(PROMPT, "the holder to start", || world.exists("log-holder"));
+    let waiter = spawn("log-waiter", "0");
+    for (child, what) in [(holder, "the holder"), (waiter, "the waiter")] {
+        let output = finish_within(child, what);
+        assert_eq!(output.status.code(), Some(0), "{what}: {}", stderr(&output));
+    }
+    let (runs, most) = most_at_once(&world.dir);
+    assert_eq!((runs, most), (2, 1));
+    for parent in ["leases", "locks"] {
+        assert_eq!(
+            world.store.children_as(Some(ALICE), &world.prefix, parent),
+            Vec::<String>::new(),
+            "{parent} left"
+        );
+    }
 }

@@ -115,7 +115,7 @@ pub static STORES: &[Entry] = &[
     Entry {
         store: &zookeeper::STORE,
         written: &["zk://host:port[/chroot]"],
-        options: &["--user", "--password"],
+        options: &["--user", "--password", "--cacert", "--cert", "--key"],
         refuses: &["--name", "--monitor-retry"],
         slot_is: "a lease node of a ZooKeeper session, which the session's pings keep",
         segments_refused: "which ZooKeeper's paths do not take",

@@ -1,5 +1,6 @@
 //! The ZooKeeper store's settings: the servers and chroot of `--store
-//! zk://[user:password@]host:port[,host:port...][/chroot]`, and the digest
+//! zk://[user:password@]host:port[,host:port...][/chroot]` (`zks://` for
+//! TLS, with the files of `--cacert`, `--cert` and `--key`), and the digest
 //! credentials (zkCli's `addauth digest user:password`) of the URL or of
 //! `--user` and `--password`.
 
@@ -12,7 +13,11 @@ use crate::store::without_credentials;
 use crate::store::zookeeper::{
     self,
     client::{Connection, Digest},
+    tls::{TlsFiles, ZkTls},
 };
+
+/// The server of `--store zookeeper`.
+const DEFAULT_SERVER: &str = "127.0.0.1:2181";
 
 #[derive(Debug, PartialEq, Eq)]
 enum ZkFlagsError {
@@ -96,10 +101,15 @@ impl From<ZkFlagsError> for OptionsError {
 
 pub fn configure(flags: &StoreFlags<'_>) -> Result<Box<dyn StoreSettings>, OptionsError> {
     let ttl = flags.lease_ttl();
-    Ok(Box::new(zookeeper::Settings {
-        connection: connection(flags.text, flags.source, &flags.args.etcd, ttl)?,
-        ttl,
-    }))
+    let mut connection = connection(flags.text, flags.source, &flags.args.etcd, ttl)?;
+    let files = TlsFiles {
+        cacert: flags.args.tls.cacert.as_deref(),
+        cert: flags.args.tls.cert.as_deref(),
+        key: flags.args.tls.key.as_deref(),
+    };
+    connection.tls = ZkTls::load(&files, flags.text.starts_with("zks://"))
+        .map_err(|error| OptionsError::StoreFlags(Box::new(error)))?;
+    Ok(Box::new(zookeeper::Settings { connection, ttl }))
 }
 
 /// Reads `zk://[user[:password]@]host:port[,host:port...][/chroot]`, as
@@ -111,7 +121,14 @@ fn connection(
     args: &EtcdArgs,
     ttl: Duration,
 ) -> Result<Connection, ZkFlagsError> {
-    let rest = store.strip_prefix("zk://").unwrap_or("");
+    // `zookeeper` alone: the server zkCli.sh reaches without -server.
+    let rest = match store {
+        "zookeeper" => DEFAULT_SERVER,
+        _ => store
+            .strip_prefix("zk://")
+            .or_else(|| store.strip_prefix("zks://"))
+            .unwrap_or(""),
+    };
     // Credentials end at the last '@' before the path: a '/' in them is
     // written %2F, as in any URL.
     let authority_end = rest.find('/').unwrap_or(rest.len());
@@ -161,6 +178,7 @@ fn connection(
         // left for the next one, while the session still lasts.
         request_timeout: (ttl / 3).clamp(Duration::from_millis(500), Duration::from_secs(5)),
         digest,
+        tls: None,
     })
 }
 
@@ -288,6 +306,16 @@ mod tests {
         assert_eq!(
             connection("zk://a:2181", "--store", ttl).unwrap().chroot,
             ""
+        );
+        assert_eq!(
+            connection("zookeeper", "--store", ttl).unwrap().servers,
+            ["127.0.0.1:2181"]
+        );
+        assert_eq!(
+            connection("zks://a:2281/x", "--store", ttl)
+                .unwrap()
+                .servers,
+            ["a:2281"]
         );
         assert!(matches!(
             connection("zk://", "--store", ttl),

@@ -42,6 +42,17 @@ pub struct ZkServer {
     max_session: Duration,
     dir: PathBuf,
     process: Option<Child>,
+    /// Its TLS port (`secureClientPort`), if it serves one.
+    pub secure: Option<SecurePort>,
+}
+
+/// A TLS port beside the plain one: the server's certificate and the CA
+/// it trusts for clients' certificates, PEM, and whether it wants one.
+pub struct SecurePort {
+    pub port: u16,
+    keystore: PathBuf,
+    truststore: PathBuf,
+    client_auth: bool,
 }
 
 impl ZkServer {
@@ -52,12 +63,36 @@ impl ZkServer {
 
     /// One whose sessions last `max_session` at most.
     pub fn start_granting(dir: &Path, max_session: Duration) -> ZkServer {
+        ZkServer::start_with(dir, max_session, None)
+    }
+
+    /// One with a TLS port too (Netty's connection factory, PEM stores),
+    /// its certificate `server` (certificate, key), trusting `ca` for
+    /// clients' certificates; with `client_auth`, it wants one
+    /// (`ssl.clientAuth=need`, its default), else none.
+    pub fn start_tls(dir: &Path, server: (&Path, &Path), ca: &Path, client_auth: bool) -> ZkServer {
+        std::fs::create_dir_all(dir).unwrap();
+        let keystore = dir.join("keystore.pem");
+        let mut pem = std::fs::read_to_string(server.0).unwrap();
+        pem.push_str(&std::fs::read_to_string(server.1).unwrap());
+        std::fs::write(&keystore, pem).unwrap();
+        let secure = SecurePort {
+            port: free_port(),
+            keystore,
+            truststore: ca.to_path_buf(),
+            client_auth,
+        };
+        ZkServer::start_with(dir, Duration::from_secs(3600), Some(secure))
+    }
+
+    fn start_with(dir: &Path, max_session: Duration, secure: Option<SecurePort>) -> ZkServer {
         std::fs::create_dir_all(dir.join("data")).unwrap();
         let mut server = ZkServer {
             port: free_port(),
             max_session,
             dir: dir.to_path_buf(),
             process: None,
+            secure,
         };
         server.launch();
         server.wait_ready();
@@ -75,15 +110,21 @@ impl ZkServer {
     fn launch(&mut self) {
         let (dir, port) = (self.dir.clone(), self.port);
         let config = dir.join("zoo.cfg");
-        std::fs::write(
-            &config,
-            format!(
-                "tickTime=500\ndataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\nadmin.enableServer=false\n4lw.commands.whitelist=cons,ruok\nminSessionTimeout=1000\nmaxSessionTimeout={}\n",
-                dir.join("data").display(),
-                self.max_session.as_millis()
-            ),
-        )
-        .unwrap();
+        let mut text = format!(
+            "tickTime=500\ndataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\nadmin.enableServer=false\n4lw.commands.whitelist=cons,ruok\nminSessionTimeout=1000\nmaxSessionTimeout={}\n",
+            dir.join("data").display(),
+            self.max_session.as_millis()
+        );
+        if let Some(secure) = &self.secure {
+            text.push_str(&format!(
+                "secureClientPort={}\nsecureClientPortAddress=127.0.0.1\nserverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\nssl.keyStore.location={}\nssl.keyStore.type=PEM\nssl.trustStore.location={}\nssl.trustStore.type=PEM\nssl.clientAuth={}\n",
+                secure.port,
+                secure.keystore.display(),
+                secure.truststore.display(),
+                if secure.client_auth { "need" } else { "none" }
+            ));
+        }
+        std::fs::write(&config, text).unwrap();
         let classpath: Vec<String> = CLASSPATH
             .iter()
             .map(|jar| format!("/usr/share/java/{jar}"))

@@ -3,7 +3,8 @@
 //! server after a broken connection, digest credentials sent on each
 //! connection), create (ephemeral-sequential, with the new node's stat, and
 //! the ACL of the credentials), delete, getChildren and exists with a
-//! watch, getData, setData. ZooKeeper's jute encoding: big-endian
+//! watch, getData, setData; plain, or TLS on the server's secure port.
+//! ZooKeeper's jute encoding: big-endian
 //! integers, length-prefixed buffers, strings and vectors, each packet
 //! prefixed with its length. docs/design.md says why it is written here.
 
@@ -12,6 +13,8 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::time::{Duration, Instant};
+
+use super::tls::ZkTls;
 
 /// Operation codes of ZooKeeper's protocol.
 const OP_DELETE: i32 = 2;
@@ -200,7 +203,7 @@ pub struct WatchEvent {
 }
 
 /// Where and how to reach an ensemble.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Connection {
     /// `host:port` of each server, in the order given.
     pub servers: Vec<String>,
@@ -212,12 +215,84 @@ pub struct Connection {
     /// alone (CREATOR_ALL_ACL), else open to all (OPEN_ACL_UNSAFE), as
     /// Curator creates them by default.
     pub digest: Option<Digest>,
+    /// TLS (`zks://`), to each server's secure client port.
+    pub tls: Option<ZkTls>,
+}
+
+/// A connection to one server: plain, or TLS.
+enum Stream {
+    Plain(TcpStream),
+    Tls {
+        stream: Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>,
+        /// The TLS error that broke it, if one did: what a message explains.
+        failed: Option<rustls::Error>,
+    },
+}
+
+impl Stream {
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            Stream::Plain(tcp) => tcp,
+            Stream::Tls { stream, .. } => &stream.sock,
+        }
+    }
+
+    /// Whether TLS holds bytes already decrypted and not read: the socket
+    /// may have nothing more to say, and polling it would miss them.
+    fn buffered(&mut self) -> bool {
+        match self {
+            Stream::Plain(_) => false,
+            Stream::Tls { stream, .. } => stream
+                .conn
+                .process_new_packets()
+                .map_or(true, |state| state.plaintext_bytes_to_read() > 0),
+        }
+    }
+
+    /// Writes all of `bytes` within the socket's write timeout.
+    fn send_all(&mut self, bytes: &[u8], wait: Duration) -> std::io::Result<()> {
+        self.tcp().set_write_timeout(Some(wait))?;
+        let written = match self {
+            Stream::Plain(tcp) => tcp.write_all(bytes),
+            Stream::Tls { stream, .. } => stream.write_all(bytes).and_then(|()| stream.flush()),
+        };
+        self.note(written)
+    }
+
+    fn read_some(&mut self, buffer: &mut [u8]) -> std::io::Result<usize> {
+        let read = match self {
+            Stream::Plain(tcp) => tcp.read(buffer),
+            Stream::Tls { stream, .. } => stream.read(buffer),
+        };
+        self.note(read)
+    }
+
+    fn read_all(&mut self, buffer: &mut [u8]) -> std::io::Result<()> {
+        let read = match self {
+            Stream::Plain(tcp) => tcp.read_exact(buffer),
+            Stream::Tls { stream, .. } => stream.read_exact(buffer),
+        };
+        self.note(read)
+    }
+
+    /// Keeps the TLS error behind a failed read or write.
+    fn note<T>(&mut self, result: std::io::Result<T>) -> std::io::Result<T> {
+        if let (Stream::Tls { failed, .. }, Err(error)) = (&mut *self, &result) {
+            if let Some(tls) = error
+                .get_ref()
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+            {
+                *failed = Some(tls.clone());
+            }
+        }
+        result
+    }
 }
 
 /// One session with the ensemble.
 pub struct Session {
     connection: Connection,
-    stream: TcpStream,
+    stream: Stream,
     id: i64,
     password: Vec<u8>,
     /// The session timeout the server granted.
@@ -487,7 +562,11 @@ impl Session {
                 Some(sent) => until.min(sent + self.connection.request_timeout),
                 None => until.min(ping_due),
             };
-            match readable(&self.stream, wake, wake_at.saturating_duration_since(now)) {
+            match readable(
+                &mut self.stream,
+                wake,
+                wake_at.saturating_duration_since(now),
+            ) {
                 Readiness::Woken => return Ok(None),
                 Readiness::Nothing => {}
                 Readiness::Stream => {
@@ -534,8 +613,7 @@ impl Session {
         put_i32(&mut packet, op);
         packet.extend_from_slice(body);
         self.stream
-            .set_write_timeout(Some(self.connection.request_timeout))
-            .and_then(|()| self.stream.write_all(&packet))
+            .send_all(&packet, self.connection.request_timeout)
             .map_err(|e| connection_error(&e))
     }
 
@@ -622,7 +700,7 @@ fn handshake(
     id: i64,
     password: &[u8],
     last_zxid: i64,
-) -> Result<(TcpStream, Duration, i64, Vec<u8>, Instant), ZkError> {
+) -> Result<(Stream, Duration, i64, Vec<u8>, Instant), ZkError> {
     let address = &connection.servers[server];
     let addrs: Vec<SocketAddr> = address
         .to_socket_addrs()
@@ -636,8 +714,8 @@ fn handshake(
     let mut last = ZkError::Connection(format!("{address}: no address"));
     for addr in addrs {
         let sent = Instant::now();
-        let mut stream = match TcpStream::connect_timeout(&addr, connection.request_timeout) {
-            Ok(stream) => stream,
+        let tcp = match TcpStream::connect_timeout(&addr, connection.request_timeout) {
+            Ok(tcp) => tcp,
             Err(e) => {
                 last = ZkError::Connection(format!(
                     "{address}: {}",
@@ -646,7 +724,17 @@ fn handshake(
                 continue;
             }
         };
-        let _ = stream.set_nodelay(true);
+        let _ = tcp.set_nodelay(true);
+        let mut stream = match &connection.tls {
+            None => Stream::Plain(tcp),
+            Some(tls) => match start_tls(tls, tcp, address, connection.request_timeout) {
+                Ok(stream) => stream,
+                Err(error) => {
+                    last = error;
+                    continue;
+                }
+            },
+        };
         let mut body = Vec::new();
         put_i32(&mut body, 0);
         put_i64(&mut body, last_zxid);
@@ -660,11 +748,9 @@ fn handshake(
         let mut packet = Vec::new();
         put_i32(&mut packet, body.len() as i32);
         packet.extend_from_slice(&body);
-        let written = stream
-            .set_write_timeout(Some(connection.request_timeout))
-            .and_then(|()| stream.write_all(&packet));
+        let written = stream.send_all(&packet, connection.request_timeout);
         if let Err(e) = written {
-            last = connection_error(&e);
+            last = first_exchange_error(&stream, connection, address, connection_error(&e));
             continue;
         }
         let answer = match read_packet(&mut stream, connection.request_timeout) {
@@ -674,7 +760,7 @@ fn handshake(
                 continue;
             }
             Err(error) => {
-                last = error;
+                last = first_exchange_error(&stream, connection, address, error);
                 continue;
             }
         };
@@ -711,8 +797,83 @@ fn handshake(
     Err(last)
 }
 
+/// The host of `host:port` (an IPv6 address without its brackets), as a
+/// certificate names it.
+fn host_of(address: &str) -> &str {
+    let host = address.rsplit_once(':').map_or(address, |(host, _)| host);
+    host.trim_start_matches('[').trim_end_matches(']')
+}
+
+/// TLS over `tcp`, its handshake completed within `wait`; a failure says
+/// what it means for the options.
+fn start_tls(
+    tls: &ZkTls,
+    tcp: TcpStream,
+    address: &str,
+    wait: Duration,
+) -> Result<Stream, ZkError> {
+    let host = host_of(address);
+    let name = rustls::pki_types::ServerName::try_from(host.to_string()).map_err(|_| {
+        ZkError::Connection(format!("{address}: '{host}' is not a name TLS can check"))
+    })?;
+    let connection = rustls::ClientConnection::new(tls.config.clone(), name)
+        .map_err(|e| ZkError::Connection(tls.explain(&e, address, host)))?;
+    let mut stream = Box::new(rustls::StreamOwned::new(connection, tcp));
+    let timeouts = stream
+        .sock
+        .set_read_timeout(Some(wait))
+        .and_then(|()| stream.sock.set_write_timeout(Some(wait)));
+    timeouts.map_err(|e| connection_error(&e))?;
+    while stream.conn.is_handshaking() {
+        if let Err(e) = stream.conn.complete_io(&mut stream.sock) {
+            let tls_error = e
+                .get_ref()
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>());
+            return Err(ZkError::Connection(match tls_error {
+                Some(tls_error) => tls.explain(tls_error, address, host),
+                None if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+                {
+                    format!("{address}: no TLS handshake in time")
+                }
+                None => tls.closed_early(address, &super::super::network_cause(&e.to_string())),
+            }));
+        }
+    }
+    Ok(Stream::Tls {
+        stream,
+        failed: None,
+    })
+}
+
+/// What broke the first exchange on a new connection: over TLS, a refusal
+/// of the server's that the handshake did not show yet (under TLS 1.3 the
+/// server judges our certificate after our side is done), explained.
+fn first_exchange_error(
+    stream: &Stream,
+    connection: &Connection,
+    address: &str,
+    error: ZkError,
+) -> ZkError {
+    match (stream, &connection.tls) {
+        (
+            Stream::Tls {
+                failed: Some(tls_error),
+                ..
+            },
+            Some(tls),
+        ) => ZkError::Connection(tls.explain(tls_error, address, host_of(address))),
+        (Stream::Tls { .. }, Some(tls)) => {
+            ZkError::Connection(tls.closed_early(address, &error.to_string()))
+        }
+        _ => error,
+    }
+}
+
 /// Sends `digest` (ZooKeeper's AuthPacket) and waits for its answer.
-fn sign_in(stream: &mut TcpStream, digest: &Digest, wait: Duration) -> Result<(), ZkError> {
+fn sign_in(stream: &mut Stream, digest: &Digest, wait: Duration) -> Result<(), ZkError> {
     let mut packet = Vec::new();
     let mut body = Vec::new();
     put_i32(&mut body, XID_AUTH);
@@ -723,8 +884,7 @@ fn sign_in(stream: &mut TcpStream, digest: &Digest, wait: Duration) -> Result<()
     put_i32(&mut packet, body.len() as i32);
     packet.extend_from_slice(&body);
     stream
-        .set_write_timeout(Some(wait))
-        .and_then(|()| stream.write_all(&packet))
+        .send_all(&packet, wait)
         .map_err(|e| connection_error(&e))?;
     let deadline = Instant::now() + wait;
     loop {
@@ -766,10 +926,13 @@ enum Readiness {
 }
 
 /// Waits up to `wait` for `stream` to have something to read, or `wake`.
-fn readable(stream: &TcpStream, wake: Option<BorrowedFd<'_>>, wait: Duration) -> Readiness {
+fn readable(stream: &mut Stream, wake: Option<BorrowedFd<'_>>, wait: Duration) -> Readiness {
+    if stream.buffered() {
+        return Readiness::Stream;
+    }
     let mut fds = [
         libc::pollfd {
-            fd: stream.as_raw_fd(),
+            fd: stream.tcp().as_raw_fd(),
             events: libc::POLLIN,
             revents: 0,
         },
@@ -799,14 +962,15 @@ fn connection_error(error: &std::io::Error) -> ZkError {
 }
 
 /// One length-prefixed packet, or `None` if none began within `wait`.
-fn read_packet(stream: &mut TcpStream, wait: Duration) -> Result<Option<Vec<u8>>, ZkError> {
+fn read_packet(stream: &mut Stream, wait: Duration) -> Result<Option<Vec<u8>>, ZkError> {
     let mut length = [0u8; 4];
     stream
+        .tcp()
         .set_read_timeout(Some(wait.max(Duration::from_millis(1))))
         .map_err(|e| connection_error(&e))?;
     let mut got = 0;
     while got < 4 {
-        match stream.read(&mut length[got..]) {
+        match stream.read_some(&mut length[got..]) {
             Ok(0) => {
                 return Err(ZkError::Connection(
                     "ZooKeeper closed the connection".into(),
@@ -834,10 +998,11 @@ fn read_packet(stream: &mut TcpStream, wait: Duration) -> Result<Option<Vec<u8>>
     let mut packet = vec![0; length];
     // The rest of a packet that began follows at once.
     stream
+        .tcp()
         .set_read_timeout(Some(Duration::from_secs(10)))
         .map_err(|e| connection_error(&e))?;
     stream
-        .read_exact(&mut packet)
+        .read_all(&mut packet)
         .map_err(|e| connection_error(&e))?;
     Ok(Some(packet))
 }

@@ -16,6 +16,7 @@
 
 pub mod admin;
 pub mod client;
+pub mod tls;
 
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::sync::{Arc, Mutex};
@@ -40,7 +41,7 @@ pub use admin::ZkAdmin;
 pub const STORE: Store = Store {
     name: "zookeeper",
     title: "ZooKeeper",
-    schemes: &["zk://"],
+    schemes: &["zk://", "zks://"],
     largest_limit: 1024,
     lease: Some(Lease {
         shortest: Duration::from_secs(2),
