@@ -209,17 +209,21 @@ impl std::fmt::Display for OptionsError {
                 chosen,
             } => {
                 let titles: Vec<&str> = owners.iter().map(|owner| owner.store.title).collect();
-                let stores: Vec<&str> = owners.iter().map(|owner| owner.written[0]).collect();
+                let ways: Vec<&str> = owners.iter().map(|owner| owner.written[0]).collect();
                 write!(
                     f,
                     "{option} is an option of the {} {}, and --store is {}: ",
-                    titles.join(" and "),
+                    stores::listed(&titles, "and"),
                     if owners.len() == 1 { "store" } else { "stores" },
                     chosen.shown(),
                 )?;
                 match chosen.same_as(option) {
                     Some(ours) => write!(f, "the {} store's is {ours}", chosen.store.title),
-                    None => write!(f, "drop it, or use --store {}", stores.join(" or ")),
+                    None => write!(
+                        f,
+                        "drop it, or use --store {}",
+                        stores::listed(&ways, "or")
+                    ),
                 }
             }
             OptionsError::DoesNotApply { option, store } => {
@@ -761,7 +765,7 @@ mod tests {
         );
         assert_eq!(
             parse(&["--prefix", "p", "--cacert", "/ca.pem"], &[]).unwrap_err(),
-            "--cacert is an option of the Redis and etcd stores, and --store is consul: the Consul store's is --ca-file"
+            "--cacert is an option of the Redis, etcd and ZooKeeper stores, and --store is consul: the Consul store's is --ca-file"
         );
         assert_eq!(
             parse(&["--prefix", "p", "--store", "etcd", "--client-key", "/k"], &[]).unwrap_err(),
@@ -847,7 +851,7 @@ mod tests {
         // Shared by etcd and Redis: refused by the others, naming both.
         assert_eq!(
             local(&["--cert", "c.pem"]).unwrap_err(),
-            "--cert is an option of the Redis and etcd stores, and --store is local: drop it, or use --store redis://host:port or etcd://host:port"
+            "--cert is an option of the Redis, etcd and ZooKeeper stores, and --store is local: drop it, or use --store redis://host:port, etcd://host:port or zk://host:port[/chroot]"
         );
         assert_eq!(
             parse(
