@@ -508,9 +508,11 @@ pub fn reset(args: ResetArgs, given: &GivenOptions, env: impl Fn(&str) -> Option
                     n => format!("released {n} holders"),
                 };
                 match (limit, evicted) {
-                    (Some(limit), 0) => println!("reset {prefix}: deleted the limit record (Limit {limit})"),
+                    // Store-neutral words: not every store keeps the
+                    // limit in a record (PostgreSQL's contenders carry it).
+                    (Some(limit), 0) => println!("reset {prefix}: cleared the limit ({limit})"),
                     (Some(limit), n) => println!(
-                        "reset {prefix}: {}, deleted the limit record (Limit {limit})",
+                        "reset {prefix}: {}, cleared the limit ({limit})",
                         released(n)
                     ),
                     (None, 0) => println!("reset {prefix}: removed what was left; no limit was recorded"),
