@@ -1033,7 +1033,10 @@ fn reset_refuses_while_held_and_force_evicts_first<S: TestStore>(make: MakeWorld
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     assert_eq!(
         stdout(&output).trim_end(),
-        format!("reset {}: released 1 holder, cleared the limit (1)", world.prefix),
+        format!(
+            "reset {}: released 1 holder, cleared the limit (1)",
+            world.prefix
+        ),
     );
     assert_eq!(finish_within(holder, "the holder").status.code(), Some(76));
     world.assert_clean();

@@ -311,42 +311,42 @@ fn a_holder_cut_off_stops_its_command_before_the_waiter_starts() {
     world.assert_clean();
 }
 
-/// Behind PgBouncer in transaction pooling, a second contender is handed
-/// the server session whose locks the first holds (advisory locks are
-/// re-entrant: it would hold the same slot): it sees locks it did not
-/// take, and refuses, naming the pooling (78); the first holds on.
+/// Behind PgBouncer in transaction or statement pooling, a server session
+/// goes from client to client between transactions (advisory locks are
+/// re-entrant: two contenders on one session would hold the same slot).
+/// A lone contender refuses, naming the pooling (78), and leaves no lock
+/// in the session the pooler keeps; so does a second one joining while a
+/// first (on a direct connection) holds.
 #[test]
 fn pgbouncer_in_transaction_pooling_is_refused_with_its_name() {
     let world = World::postgres("pg-bouncer-transaction");
-    let bouncer = PgBouncer::start(&world.store, &world.dir.join("bouncer"), "transaction");
-    let holder = world
-        .consem_via(
-            &bouncer.address(),
-            1,
-            &["--ttl", "60s"],
-            &strs(&world.held_until("ready", "go", 0)),
-        )
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_until(PROMPT, "the holder's command to start", || {
-        world.exists("ready")
-    });
+    for mode in ["transaction", "statement"] {
+        let bouncer = PgBouncer::start(&world.store, &world.dir.join(mode), mode);
+        let lone = world
+            .consem_via(&bouncer.address(), 1, &[], &["touch", &world.path("ran")])
+            .output()
+            .unwrap();
+        assert_eq!(lone.status.code(), Some(78), "{mode}: {}", stderr(&lone));
+        assert!(
+            stderr(&lone).contains("pool_mode = transaction or statement"),
+            "{mode}: {}",
+            stderr(&lone)
+        );
+        assert!(!world.exists("ran"), "{mode}");
+        world.assert_clean();
+    }
+    let bouncer = PgBouncer::start(&world.store, &world.dir.join("beside"), "transaction");
+    let holder = hold_slot(&world, 1, "ready", "go");
     let second = world
         .consem_via(&bouncer.address(), 1, &[], &["touch", &world.path("ran")])
         .output()
         .unwrap();
     assert_eq!(second.status.code(), Some(78), "{}", stderr(&second));
-    assert!(
-        stderr(&second).contains("pool_mode = transaction"),
-        "{}",
-        stderr(&second)
-    );
     assert!(!world.exists("ran"));
     world.touch("go");
     let held = finish(holder);
     assert_eq!(held.status.code(), Some(0), "{}", stderr(&held));
+    world.assert_clean();
 }
 
 /// Behind PgBouncer in session pooling, each contender has a server

@@ -99,9 +99,13 @@ pub const FENCE_RECORD: &str = "pg_logical_emit_message(true, 'consem', 'fence')
 /// `consem.fresh`, that the session may be used: on a primary, holding no
 /// advisory lock (a new session holds none; one that does was another
 /// client's, handed to us by a pooler).
+/// Its last column is the port the server took the connection on (NULL
+/// on a Unix socket): another than the one consem dialed means something
+/// in between, maybe a pooler.
 pub const SESSION_CHECK: &str = "SELECT pg_backend_pid(), pg_is_in_recovery(), \
      set_config('consem.fresh', (NOT pg_is_in_recovery() AND NOT EXISTS \
-     (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()))::text, true)";
+     (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()))::text, true), \
+     inet_server_port()";
 
 /// What a contender's first round trip took (see [`join`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

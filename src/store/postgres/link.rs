@@ -39,6 +39,9 @@ impl Connection {
 /// unreachable, unless the address says otherwise (`connect_timeout`).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The port the client dials where the address names none.
+const DEFAULT_PORT: u16 = 5432;
+
 /// How long closing waits for the server to see us go.
 const CLOSE_WAIT: Duration = Duration::from_secs(1);
 
@@ -99,6 +102,9 @@ pub struct Link {
     tls: Tls,
     /// The session's backend process: its identifier in `status`.
     pub pid: i32,
+    /// The port the server took the connection on; `None` on a Unix
+    /// socket.
+    server_port: Option<u16>,
 }
 
 /// The statement that sets a session up for a TTL of `ttl` (see
@@ -162,6 +168,7 @@ impl Link {
             notes,
             tls: connection.tls.clone(),
             pid: 0,
+            server_port: None,
         })
     }
 
@@ -186,6 +193,7 @@ impl Link {
     ) -> Result<(), StoreError> {
         let row = row.cloned().unwrap_or_default();
         self.pid = number(&row, 0).unwrap_or_default() as i32;
+        self.server_port = number(&row, 3).and_then(|port| u16::try_from(port).ok());
         if text(&row, 1) == "t" {
             return Err(StoreError::config(format!(
                 "{} is a standby (in recovery): its advisory locks are not the primary's; point --store at the primary",
@@ -196,6 +204,25 @@ impl Link {
             return Err(pooled(connection));
         }
         Ok(())
+    }
+
+    /// Whether something stands between consem and the server: the
+    /// server took the connection on another port than any consem dialed
+    /// (or on a socket of another kind).
+    pub fn through_a_middleman(&self, connection: &Connection) -> bool {
+        use tokio_postgres::config::Host;
+        let ports = connection.config.get_ports();
+        let dialed_tcp = connection
+            .config
+            .get_hosts()
+            .iter()
+            .any(|host| matches!(host, Host::Tcp(_)));
+        match self.server_port {
+            None => dialed_tcp,
+            Some(_) if !dialed_tcp => true,
+            Some(port) if ports.is_empty() => port != DEFAULT_PORT,
+            Some(port) => !ports.contains(&port),
+        }
     }
 
     pub fn client(&self) -> &Client {

@@ -266,6 +266,30 @@ impl PostgresSemaphore {
             .ok_or_else(|| self.pooled().into())
     }
 
+    /// Behind a pooler, a lone contender's statements may land on one
+    /// server session that the pooler hands to the next client as soon as
+    /// each transaction ends (transaction or statement pooling), which
+    /// nothing else shows while no one else joins: a second connection
+    /// through it, made while ours is idle, is handed that same session
+    /// (PgBouncer gives out the one used last), and then we refuse. The
+    /// same statement lets our locks go there: closing our connection
+    /// would not end that session, which the pooler keeps.
+    fn refuse_a_sharing_pooler(&self, link: &Link) -> Result<(), Attempt> {
+        let mut probe = Link::connect(&self.settings.connection)?;
+        let rows = probe
+            .run(&format!(
+                "SELECT pg_catalog.pg_backend_pid(), CASE WHEN pg_catalog.pg_backend_pid() = {} \
+                 THEN pg_catalog.pg_advisory_unlock_all()::text END",
+                link.pid
+            ))
+            .map_err(|e| self.failed("looking for a pooler", &e));
+        probe.close();
+        match rows?.first().and_then(|row| number(row, 0)) {
+            Some(pid) if pid == i64::from(link.pid) => Err(self.pooled().into()),
+            _ => Ok(()),
+        }
+    }
+
     /// Joins, waits in line and takes a slot; see docs/design.md. The
     /// outage counts the join's answer as the server reached.
     fn contend_on(
@@ -279,6 +303,9 @@ impl PostgresSemaphore {
         // seen by us or sees us.
         let joined = self.join(link)?;
         outage.recovered();
+        if link.through_a_middleman(&self.settings.connection) {
+            self.refuse_a_sharing_pooler(link)?;
+        }
         let first = match joined {
             (Joined::Slot { slot, fence }, sent) => return Ok((slot, fence, sent)),
             (Joined::Line, _) => true,
