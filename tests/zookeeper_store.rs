@@ -2,13 +2,15 @@
 //! test's own: Curator's layout as the server shows it, the fence from the
 //! lease node, a server frozen or killed while a command runs, a frozen
 //! consem, and consem sharing one semaphore with Apache Curator's
-//! `InterProcessSemaphoreV2` in JVMs. The behaviour every store shares is
-//! in tests/conformance.rs.
+//! `InterProcessSemaphoreV2` in JVMs; and on an ensemble of three, the
+//! leader killed, a holder's member frozen, a holder cut off from every
+//! member. The behaviour every store shares is in tests/conformance.rs.
 
-use std::process::Child;
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::common::pki::{PkiFiles, TestPki};
+use crate::common::proxy::DelayingProxy;
 use crate::common::wait_until;
 use crate::common::world::*;
 use crate::common::zookeeper::CuratorHolder;
@@ -758,4 +760,314 @@ fn over_tls_a_holder_keeps_its_session_and_a_waiter_is_woken() {
             "{parent} left"
         );
     }
+}
+
+/// `consem run` against `store` (an ensemble's members in some order, or
+/// proxies in front of them) instead of the world's own, its output kept.
+fn spawn_on<S>(
+    world: &World<S>,
+    store: &str,
+    limit: u32,
+    extra: &[&str],
+    command: &[&str],
+) -> Child {
+    let mut run: Command = world.consem_command();
+    run.args(["run", "--prefix", &world.prefix])
+        .args(["--limit", &limit.to_string()])
+        .arg(format!("--store={store}"))
+        .args(extra)
+        .arg("--")
+        .args(command)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    run.spawn().unwrap()
+}
+
+/// A shell command that writes its pid to `pid-<name>`, logs its start to
+/// `log-<name>`, and runs until the test creates `go`, then logs its end.
+fn logged_until_go<S>(world: &World<S>, name: &str) -> Vec<String> {
+    let log = world.path(&format!("log-{name}"));
+    vec![
+        "sh".into(),
+        "-c".into(),
+        format!(
+            "echo $$ > '{}'; echo start $(date +%s%N) >> '{log}'; while [ ! -e '{}' ]; do sleep 0.02; done; echo end $(date +%s%N) >> '{log}'",
+            world.path(&format!("pid-{name}")),
+            world.path("go")
+        ),
+    ]
+}
+
+/// Checks `condition` every 20 ms until `until`, failing as soon as it
+/// does not hold.
+fn holds_until(until: Instant, what: &str, mut condition: impl FnMut() -> bool) {
+    while Instant::now() < until {
+        assert!(condition(), "{what} no longer holds");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Every contender's node (lease and lock) and the session that owns it.
+fn nodes_and_owners(world: &World<ZkEnsemble>) -> Vec<(String, i64)> {
+    let mut owners = world.store.owners(&world.prefix, "leases");
+    owners.extend(world.store.owners(&world.prefix, "locks"));
+    owners.sort();
+    owners
+}
+
+/// Waits until every node in `nodes` is still there, owned by the same
+/// session, and that session is connected to a member again: each
+/// contender resumed its own session after losing its connection.
+fn wait_for_every_session_resumed(world: &World<ZkEnsemble>, nodes: &[(String, i64)]) {
+    wait_until(PROMPT, "every contender to resume its session", || {
+        let connected = world.store.connected_sessions();
+        nodes_and_owners(world) == nodes && nodes.iter().all(|(_, owner)| connected.contains(owner))
+    });
+}
+
+/// Three members; the leader is killed while two holders keep both slots
+/// of a limit of 2 and two waiters queue, some starting out on the leader
+/// and some on a follower. Every member drops its clients while a new
+/// leader is elected; each consem resumes its session on a member left,
+/// in time (the new leader gives every session a fresh timeout), so the
+/// holders' commands run on past the moment their lease from before the
+/// kill ran out. A contender that comes after the election queues too,
+/// and once the holders leave the queue moves on: every contender runs,
+/// never more than two at once.
+#[test]
+fn the_leader_killed_under_holders_keeps_the_limit_and_the_queue_moves_on() {
+    let mut world = World::zookeeper_ensemble("zk-leader-killed");
+    let leader = world.store.leader();
+    let on_leader = world.store.url_starting_with(leader);
+    let on_follower = world.store.url_starting_with((leader + 1) % 3);
+    // Pings every 4 s; SIGTERM 9 s after the last answered one: at least
+    // 5 s after the kill for the election and the resumption.
+    let lease = ["--ttl", "12s", "--kill-grace", "1s"];
+    let holders: Vec<Child> = [&on_leader, &on_follower]
+        .into_iter()
+        .enumerate()
+        .map(|(n, store)| {
+            let command = logged_until_go(&world, &format!("holder-{n}"));
+            spawn_on(&world, store, 2, &lease, &strs(&command))
+        })
+        .collect();
+    let pids: Vec<i32> = (0..2)
+        .map(|n| read_pid(&world, &format!("pid-holder-{n}")))
+        .collect();
+    let waiter = |world: &World<ZkEnsemble>, store: &str, name: &str| {
+        let command = logged_hold(&world.path(&format!("log-{name}")), "0.3");
+        spawn_on(world, store, 2, &lease, &strs(&command))
+    };
+    let mut waiters = vec![waiter(&world, &on_leader, "waiter-0")];
+    wait_until(PROMPT, "the first waiter to queue", || {
+        world.contender_keys() == 3
+    });
+    waiters.push(waiter(&world, &on_follower, "waiter-1"));
+    wait_until(PROMPT, "the second waiter to queue", || {
+        world.contender_keys() == 4
+    });
+    let nodes = nodes_and_owners(&world);
+
+    let killed = Instant::now();
+    world.store.kill(leader);
+    assert_ne!(world.store.leader(), leader);
+    wait_for_every_session_resumed(&world, &nodes);
+    waiters.push(waiter(&world, &on_follower, "waiter-2"));
+    holds_until(
+        killed + Duration::from_millis(9500),
+        "both holders' commands running",
+        || pids.iter().all(|&pid| !process_gone(pid)),
+    );
+    assert_eq!(
+        world.contender_keys(),
+        5,
+        "the contender that came after the election queues"
+    );
+    // The old leader comes back, as a follower that sees every contender.
+    world.store.restart(leader);
+    assert_eq!(world.store.member(leader).contenders(&world.prefix), 5);
+
+    world.touch("go");
+    for child in holders.into_iter().chain(waiters) {
+        let output = finish_within(child, "a contender to finish");
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    }
+    let (runs, most) = most_at_once(&world.dir);
+    assert_eq!(runs, 5, "every contender ran once");
+    assert!(most <= 2, "{most} ran at once, for a limit of 2");
+    world.assert_clean();
+}
+
+/// At limit 1, two waiters queue behind a holder, both on the leader: the
+/// first watches the leases, the second the first's lock node. The leader
+/// is killed; each resumes its session on a member left, keeps its place
+/// (its nodes, its session), and watches again. Once the holder leaves,
+/// the first waiter runs promptly, then the second.
+#[test]
+fn waiters_ride_out_a_leader_loss_in_their_order() {
+    let mut world = World::zookeeper_ensemble("zk-waiters-leader-killed");
+    let leader = world.store.leader();
+    let on_leader = world.store.url_starting_with(leader);
+    let holder = spawn_on(
+        &world,
+        &world.store.url_starting_with((leader + 1) % 3),
+        1,
+        &[],
+        &strs(&logged_until_go(&world, "holder")),
+    );
+    read_pid(&world, "pid-holder");
+    let mut waiters = Vec::new();
+    for n in 0..2 {
+        let command = logged_hold(&world.path(&format!("log-waiter-{n}")), "0.1");
+        waiters.push(spawn_on(&world, &on_leader, 1, &[], &strs(&command)));
+        wait_until(PROMPT, "the waiter to queue", || {
+            world.contender_keys() == 2 + n
+        });
+    }
+    let nodes = nodes_and_owners(&world);
+
+    world.store.kill(leader);
+    assert_ne!(world.store.leader(), leader);
+    wait_for_every_session_resumed(&world, &nodes);
+    world.touch("go");
+    let output = finish_within(holder, "the holder");
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let left = Instant::now();
+    let first = finish_within(waiters.remove(0), "the first waiter");
+    assert_eq!(first.status.code(), Some(0), "{}", stderr(&first));
+    assert!(
+        left.elapsed() < PROMPT,
+        "the first waiter finished {:?} after the holder left",
+        left.elapsed()
+    );
+    let second = finish_within(waiters.remove(0), "the second waiter");
+    assert_eq!(second.status.code(), Some(0), "{}", stderr(&second));
+    let started = |name: &str| -> u128 {
+        let log = std::fs::read_to_string(world.path(&format!("log-{name}"))).unwrap();
+        log.split_whitespace().nth(1).unwrap().parse().unwrap()
+    };
+    assert!(
+        started("waiter-0") < started("waiter-1"),
+        "the waiters ran out of their order"
+    );
+    let (runs, most) = most_at_once(&world.dir);
+    assert_eq!((runs, most), (3, 1), "each ran once, one at a time");
+    world.assert_clean();
+}
+
+/// The member a holder talks to (a follower) is frozen (SIGSTOP) for
+/// longer than the session timeout: it keeps the connection open and
+/// answers nothing. consem leaves it once a ping goes a second without an
+/// answer and resumes its session on the next member in the list, before
+/// the lease it counts from the last answered ping runs out: the command
+/// keeps running, its lease node stays, and the waiter keeps waiting, past
+/// the session timeout. Thawed, the member rejoins; the holder leaves and
+/// the waiter follows.
+#[test]
+fn a_holder_whose_member_is_frozen_moves_to_another_and_keeps_its_slot() {
+    let mut world = World::zookeeper_ensemble("zk-member-frozen");
+    let leader = world.store.leader();
+    let frozen = (leader + 1) % 3;
+    // Pings every 3 s; the member left 4 s after the last answered one,
+    // SIGTERM due at 5.5 s (a ping left unanswered for a third of the
+    // session, as ZooKeeper's own client does, would be too late).
+    let ttl = Duration::from_secs(9);
+    let holder = spawn_on(
+        &world,
+        &world.store.url_starting_with(frozen),
+        1,
+        &["--ttl", "9s", "--kill-grace", "2s"],
+        &strs(&logged_until_go(&world, "holder")),
+    );
+    let pid = read_pid(&world, "pid-holder");
+    let waiter_log = world.path("log-waiter");
+    let waiter = spawn_on(
+        &world,
+        &world.store.url_starting_with((leader + 2) % 3),
+        1,
+        &[],
+        &strs(&logged_hold(&waiter_log, "0.1")),
+    );
+    wait_until(PROMPT, "the waiter to queue", || {
+        world.contender_keys() == 2
+    });
+    let nodes = nodes_and_owners(&world);
+
+    let froze = Instant::now();
+    world.store.freeze(frozen);
+    holds_until(
+        froze + ttl + Duration::from_secs(1),
+        "the holder's command running, the waiter waiting",
+        || !process_gone(pid) && !std::path::Path::new(&waiter_log).exists(),
+    );
+    wait_for_every_session_resumed(&world, &nodes);
+
+    world.store.thaw(frozen);
+    world.touch("go");
+    let output = finish_within(holder, "the holder");
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let output = finish_within(waiter, "the waiter");
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let (runs, most) = most_at_once(&world.dir);
+    assert_eq!((runs, most), (2, 1), "each ran once, one at a time");
+    world.assert_clean();
+}
+
+/// A holder that reaches every member through a proxy, all cut at once:
+/// nothing passes, nothing is closed. No member answers its ping nor its
+/// attempts to resume; its command is stopped before the session could
+/// expire on the ensemble, within the session timeout of the cut, and the
+/// waiter (which reaches the members directly) starts only after that:
+/// the command's own log shows no overlap. The holder exits 76.
+#[test]
+fn a_holder_cut_off_from_every_member_stops_its_command_before_the_next_starts() {
+    let world = World::zookeeper_ensemble("zk-cut-off");
+    let proxies: Vec<DelayingProxy> = (0..3)
+        .map(|member| DelayingProxy::start(&world.store.address(member)))
+        .collect();
+    let through: Vec<String> = proxies.iter().map(DelayingProxy::addr).collect();
+    let log = world.path("log-holder");
+    let script = format!(
+        "echo $$ > '{}'; trap 'echo end $(date +%s%N) >> {log}; exit 143' TERM; echo start $(date +%s%N) >> '{log}'; while :; do sleep 0.05; done",
+        world.path("pid")
+    );
+    let ttl = Duration::from_secs(6);
+    let holder = spawn_on(
+        &world,
+        &format!("zk://{}", through.join(",")),
+        1,
+        &["--ttl", "6s", "--kill-grace", "1s"],
+        &["sh", "-c", &script],
+    );
+    let pid = read_pid(&world, "pid");
+    let waiter = spawn_on(
+        &world,
+        &world.store.url_starting_with(0),
+        1,
+        &[],
+        &strs(&logged_hold(&world.path("log-waiter"), "0.1")),
+    );
+    wait_until(PROMPT, "the waiter to queue", || {
+        world.contender_keys() == 2
+    });
+
+    let cut = Instant::now();
+    for proxy in &proxies {
+        proxy.cut();
+    }
+    wait_until(PROMPT, "the holder's command to be stopped", || {
+        process_gone(pid)
+    });
+    assert!(
+        cut.elapsed() < ttl,
+        "the command ran {:?} after the cut, with a session of {ttl:?}",
+        cut.elapsed()
+    );
+    let output = finish_within(waiter, "the waiter");
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let output = finish_within(holder, "the holder");
+    assert_eq!(output.status.code(), Some(76), "{}", stderr(&output));
+    let (runs, most) = most_at_once(&world.dir);
+    assert_eq!((runs, most), (2, 1), "the waiter ran after the holder");
+    world.assert_clean();
 }

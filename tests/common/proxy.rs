@@ -4,7 +4,9 @@
 //! and the client learns late, as behind a congested or stalled link. It
 //! can also swallow the requests that carry a given text (and what follows
 //! them on their connection), as a middlebox that holds back streamed
-//! answers does: the client waits for an answer that never comes.
+//! answers does: the client waits for an answer that never comes. Or it
+//! can be cut, as a network is: nothing passes either way any more, on the
+//! connections it carries and on new ones, and none is closed.
 
 use std::io::{Read as _, Write as _};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -18,6 +20,7 @@ pub struct DelayingProxy {
     pub port: u16,
     delay: Arc<Mutex<Duration>>,
     swallowed: Arc<Mutex<Option<Vec<u8>>>>,
+    cut: Arc<AtomicBool>,
     closed: Arc<AtomicBool>,
 }
 
@@ -28,29 +31,44 @@ impl DelayingProxy {
         let port = listener.local_addr().unwrap().port();
         let delay = Arc::new(Mutex::new(Duration::ZERO));
         let swallowed = Arc::new(Mutex::new(None));
+        let cut = Arc::new(AtomicBool::new(false));
         let closed = Arc::new(AtomicBool::new(false));
-        let (shared, swallowing, done, upstream) = (
+        let (shared, swallowing, severed, done, upstream) = (
             Arc::clone(&delay),
             Arc::clone(&swallowed),
+            Arc::clone(&cut),
             Arc::clone(&closed),
             upstream.to_string(),
         );
         thread::spawn(move || {
+            // Connections accepted once cut: kept open, and silent.
+            let mut stranded = Vec::new();
             for client in listener.incoming() {
                 if done.load(Ordering::SeqCst) {
                     return;
                 }
                 let Ok(client) = client else { return };
+                if severed.load(Ordering::SeqCst) {
+                    stranded.push(client);
+                    continue;
+                }
                 let Ok(server) = TcpStream::connect(&upstream) else {
                     continue;
                 };
-                link(client, server, Arc::clone(&shared), Arc::clone(&swallowing));
+                link(
+                    client,
+                    server,
+                    Arc::clone(&shared),
+                    Arc::clone(&swallowing),
+                    Arc::clone(&severed),
+                );
             }
         });
         DelayingProxy {
             port,
             delay,
             swallowed,
+            cut,
             closed,
         }
     }
@@ -70,6 +88,12 @@ impl DelayingProxy {
     pub fn swallow_requests_with(&self, text: &str) {
         *self.swallowed.lock().unwrap() = Some(text.as_bytes().to_vec());
     }
+
+    /// From now on nothing passes, either way, on any connection: what was
+    /// sent is lost, and no connection is closed or refused.
+    pub fn cut(&self) {
+        self.cut.store(true, Ordering::SeqCst);
+    }
 }
 
 impl Drop for DelayingProxy {
@@ -82,12 +106,15 @@ impl Drop for DelayingProxy {
 
 /// Carries one connection: requests straight through (but those it is to
 /// swallow); answers through a queue that releases each chunk at its time.
+/// Once `cut`, neither passes.
 fn link(
     client: TcpStream,
     server: TcpStream,
     delay: Arc<Mutex<Duration>>,
     swallowed: Arc<Mutex<Option<Vec<u8>>>>,
+    cut: Arc<AtomicBool>,
 ) {
+    let cut_answers = Arc::clone(&cut);
     let (mut client_in, mut client_out) = (client.try_clone().unwrap(), client);
     let (mut server_in, mut server_out) = (server.try_clone().unwrap(), server);
     thread::spawn(move || {
@@ -101,7 +128,7 @@ fn link(
                     .unwrap()
                     .as_ref()
                     .is_some_and(|text| chunk.windows(text.len()).any(|w| w == &text[..]));
-            if swallowing {
+            if swallowing || cut.load(Ordering::SeqCst) {
                 continue;
             }
             if server_out.write_all(chunk).is_err() {
@@ -114,6 +141,9 @@ fn link(
     thread::spawn(move || {
         let mut buffer = [0u8; 16384];
         while let Ok(n @ 1..) = server_in.read(&mut buffer) {
+            if cut_answers.load(Ordering::SeqCst) {
+                continue;
+            }
             let due = Instant::now() + *delay.lock().unwrap();
             if chunks.send((due, buffer[..n].to_vec())).is_err() {
                 return;

@@ -12,7 +12,7 @@ pub use super::etcd::EtcdServer;
 pub use super::local::LocalStore;
 pub use super::postgres::PostgresServer;
 pub use super::redis::RedisServer;
-pub use super::zookeeper::ZkServer;
+pub use super::zookeeper::{ZkEnsemble, ZkServer};
 pub use super::TestConsul;
 
 use super::double::Fault;
@@ -309,6 +309,13 @@ impl World<ZkServer> {
     /// A world on a ZooKeeper server of its own.
     pub fn zookeeper(name: &str) -> World<ZkServer> {
         World::with_store(name, |dir| ZkServer::start(&dir.join("zookeeper")))
+    }
+}
+
+impl World<ZkEnsemble> {
+    /// A world on a ZooKeeper ensemble of its own, three members.
+    pub fn zookeeper_ensemble(name: &str) -> World<ZkEnsemble> {
+        World::with_store(name, |dir| ZkEnsemble::start(&dir.join("zookeeper")))
     }
 }
 

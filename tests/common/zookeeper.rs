@@ -1,8 +1,10 @@
 //! A real ZooKeeper server for one test (Debian's `zookeeperd`, run
 //! standalone): a free loopback port, a scratch data directory, a tick of
 //! 500 ms so that sessions expire promptly, session timeouts of 1 s to an
-//! hour; killed with the test, stopped when dropped. The checks read it
-//! with consem's own client.
+//! hour; killed with the test, stopped when dropped. Or an ensemble of
+//! three such servers, each with its quorum and election ports, which a
+//! test can kill, restart or freeze one by one. The checks read them with
+//! consem's own client.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -11,7 +13,9 @@ use std::time::{Duration, Instant};
 use consem::store::zookeeper::client::{Connection, Digest, Session, ZkError, NO_NODE};
 use consem::store::zookeeper::{semaphore_path, LEASES, LOCKS};
 
+use super::etcd::free_ports;
 use super::redis::free_port;
+use super::wait_until;
 use super::world::{LeasedStore, ServerStore, TestStore};
 
 /// Debian's jars that the standalone server needs.
@@ -41,6 +45,8 @@ pub struct ZkServer {
     /// Its maxSessionTimeout.
     max_session: Duration,
     dir: PathBuf,
+    /// Set for a member of an ensemble.
+    member: Option<Member>,
     process: Option<Child>,
     /// Its TLS port (`secureClientPort`), if it serves one.
     pub secure: Option<SecurePort>,
@@ -54,6 +60,21 @@ pub struct SecurePort {
     truststore: PathBuf,
     client_auth: bool,
 }
+
+/// What makes a server a member of an ensemble.
+struct Member {
+    /// Its `myid`, 1 to 3.
+    id: usize,
+    /// The ensemble's `server.<id>=127.0.0.1:<quorum>:<election>` lines.
+    servers: String,
+}
+
+/// An ensemble's timing: a tick of 250 ms, so that a session expires
+/// within a quarter second of its timeout; a member that says nothing for
+/// `syncLimit` ticks (2 s) is left by the others, and a member has
+/// `initLimit` ticks (5 s) to catch up with a new leader, room for a JVM on
+/// a loaded machine.
+const ENSEMBLE_TIMING: &str = "tickTime=250\ninitLimit=20\nsyncLimit=8\n";
 
 impl ZkServer {
     /// Starts one in `dir` and waits until it serves sessions.
@@ -86,17 +107,23 @@ impl ZkServer {
     }
 
     fn start_with(dir: &Path, max_session: Duration, secure: Option<SecurePort>) -> ZkServer {
-        std::fs::create_dir_all(dir.join("data")).unwrap();
-        let mut server = ZkServer {
-            port: free_port(),
-            max_session,
-            dir: dir.to_path_buf(),
-            process: None,
-            secure,
-        };
+        let mut server = ZkServer::new(dir, free_port(), max_session, None);
+        server.secure = secure;
         server.launch();
         server.wait_ready();
         server
+    }
+
+    fn new(dir: &Path, port: u16, max_session: Duration, member: Option<Member>) -> ZkServer {
+        std::fs::create_dir_all(dir.join("data")).unwrap();
+        ZkServer {
+            port,
+            max_session,
+            dir: dir.to_path_buf(),
+            member,
+            process: None,
+            secure: None,
+        }
     }
 
     /// Starts it again on its port and data (after [`ZkServer::stop`]):
@@ -110,13 +137,25 @@ impl ZkServer {
     fn launch(&mut self) {
         let (dir, port) = (self.dir.clone(), self.port);
         let config = dir.join("zoo.cfg");
-        let mut text = format!(
-            "tickTime=500\ndataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\nadmin.enableServer=false\n4lw.commands.whitelist=cons,ruok\nminSessionTimeout=1000\nmaxSessionTimeout={}\n",
+        let mut settings = format!(
+            "dataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\nadmin.enableServer=false\n4lw.commands.whitelist=cons,ruok,srvr\nminSessionTimeout=1000\nmaxSessionTimeout={}\n",
             dir.join("data").display(),
             self.max_session.as_millis()
         );
+        let main = match &self.member {
+            None => {
+                settings.push_str("tickTime=500\n");
+                "org.apache.zookeeper.server.ZooKeeperServerMain"
+            }
+            Some(member) => {
+                std::fs::write(dir.join("data").join("myid"), format!("{}\n", member.id)).unwrap();
+                settings.push_str(ENSEMBLE_TIMING);
+                settings.push_str(&member.servers);
+                "org.apache.zookeeper.server.quorum.QuorumPeerMain"
+            }
+        };
         if let Some(secure) = &self.secure {
-            text.push_str(&format!(
+            settings.push_str(&format!(
                 "secureClientPort={}\nsecureClientPortAddress=127.0.0.1\nserverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\nssl.keyStore.location={}\nssl.keyStore.type=PEM\nssl.trustStore.location={}\nssl.trustStore.type=PEM\nssl.clientAuth={}\n",
                 secure.port,
                 secure.keystore.display(),
@@ -124,7 +163,7 @@ impl ZkServer {
                 if secure.client_auth { "need" } else { "none" }
             ));
         }
-        std::fs::write(&config, text).unwrap();
+        std::fs::write(&config, settings).unwrap();
         let classpath: Vec<String> = CLASSPATH
             .iter()
             .map(|jar| format!("/usr/share/java/{jar}"))
@@ -140,7 +179,7 @@ impl ZkServer {
             // the serial collector, a small heap.
             .args(["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-Xmx128m"])
             .args(["-cp", &classpath.join(":")])
-            .arg("org.apache.zookeeper.server.ZooKeeperServerMain")
+            .arg(main)
             .arg(&config)
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
@@ -247,12 +286,35 @@ impl ZkServer {
     /// The server's `cons`: one line per connection, with its session's
     /// id (`sid=0x…`) and granted timeout (`to=…` ms).
     fn connections(&self) -> String {
+        self.four_letter_word("cons")
+            .unwrap_or_else(|| panic!("ZooKeeper on port {} did not answer cons", self.port))
+    }
+
+    /// The server's answer to a four-letter word; `None` from one that
+    /// does not answer within a second (stopped, frozen).
+    fn four_letter_word(&self, word: &str) -> Option<String> {
         use std::io::{Read as _, Write as _};
-        let mut stream = std::net::TcpStream::connect(("127.0.0.1", self.port)).unwrap();
-        stream.write_all(b"cons").unwrap();
+        let address = std::net::SocketAddr::from(([127, 0, 0, 1], self.port));
+        let mut stream =
+            std::net::TcpStream::connect_timeout(&address, Duration::from_secs(1)).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+        stream.write_all(word.as_bytes()).ok()?;
         let mut answer = String::new();
-        stream.read_to_string(&mut answer).unwrap();
-        answer
+        stream.read_to_string(&mut answer).ok()?;
+        Some(answer)
+    }
+
+    /// What a member of an ensemble is (`leader`, `follower`), as `srvr`
+    /// says; `None` while it serves no one (electing, frozen, stopped).
+    fn mode(&self) -> Option<String> {
+        let answer = self.four_letter_word("srvr")?;
+        let line = answer.lines().find(|line| line.starts_with("Mode: "))?;
+        Some(line["Mode: ".len()..].trim().to_string())
+    }
+
+    /// Whether its process runs (it may be frozen).
+    pub fn is_running(&self) -> bool {
+        self.process.is_some()
     }
 
     pub fn stop(&mut self) {
@@ -342,6 +404,190 @@ impl LeasedStore for ZkServer {
 impl Drop for ZkServer {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// Three servers in one ensemble on loopback, each with its client,
+/// quorum and election ports and its data directory, stopped when dropped.
+/// A test kills, restarts, freezes or thaws one member at a time, and finds
+/// the leader with `srvr`.
+pub struct ZkEnsemble {
+    members: Vec<ZkServer>,
+    /// Which members the test froze (SIGSTOP): no check asks them.
+    frozen: Vec<bool>,
+}
+
+impl ZkEnsemble {
+    /// Starts three members in subdirectories of `dir` and waits until each
+    /// serves sessions (they have elected a leader).
+    pub fn start(dir: &Path) -> ZkEnsemble {
+        let ports: [u16; 9] = free_ports();
+        let servers: String = (0..3)
+            .map(|i| {
+                format!(
+                    "server.{}=127.0.0.1:{}:{}\n",
+                    i + 1,
+                    ports[3 + i],
+                    ports[6 + i]
+                )
+            })
+            .collect();
+        let mut members: Vec<ZkServer> = (0..3)
+            .map(|i| {
+                let mut member = ZkServer::new(
+                    &dir.join(format!("member-{}", i + 1)),
+                    ports[i],
+                    Duration::from_secs(3600),
+                    Some(Member {
+                        id: i + 1,
+                        servers: servers.clone(),
+                    }),
+                );
+                member.launch();
+                member
+            })
+            .collect();
+        for member in &mut members {
+            member.wait_ready();
+        }
+        ZkEnsemble {
+            members,
+            frozen: vec![false; 3],
+        }
+    }
+
+    pub fn member(&self, member: usize) -> &ZkServer {
+        &self.members[member]
+    }
+
+    /// `127.0.0.1:<client port>` of `member`.
+    pub fn address(&self, member: usize) -> String {
+        self.members[member].address()
+    }
+
+    /// `zk://` with every member's address, `first` first: consem talks to
+    /// the first that answers, and moves on in the list's order.
+    pub fn url_starting_with(&self, first: usize) -> String {
+        let count = self.members.len();
+        let addresses: Vec<String> = (0..count)
+            .map(|step| self.address((first + step) % count))
+            .collect();
+        format!("zk://{}", addresses.join(","))
+    }
+
+    /// The index of the leader, once the members that run (and are not
+    /// frozen) agree: one leads, the others follow (after a kill, once
+    /// they elected another).
+    pub fn leader(&self) -> usize {
+        let mut leader = None;
+        wait_until(START_DEADLINE, "the members to agree on a leader", || {
+            let mut leaders = Vec::new();
+            for member in self.asked() {
+                match self.members[member].mode().as_deref() {
+                    Some("leader") => leaders.push(member),
+                    Some("follower") => {}
+                    _ => return false,
+                }
+            }
+            leader = (leaders.len() == 1).then(|| leaders[0]);
+            leader.is_some()
+        });
+        leader.unwrap()
+    }
+
+    /// The members a check may ask: running and not frozen.
+    fn asked(&self) -> Vec<usize> {
+        (0..self.members.len())
+            .filter(|&i| self.members[i].is_running() && !self.frozen[i])
+            .collect()
+    }
+
+    /// A member that serves, for the checks (call [`ZkEnsemble::leader`]
+    /// first after a kill: none serves during an election).
+    pub fn serving(&self) -> &ZkServer {
+        let member = self
+            .asked()
+            .into_iter()
+            .find(|&i| self.members[i].mode().is_some())
+            .expect("a member that serves");
+        &self.members[member]
+    }
+
+    /// The ids of the sessions connected to the members that serve, as
+    /// `cons` lists them.
+    pub fn connected_sessions(&self) -> Vec<i64> {
+        self.asked()
+            .into_iter()
+            .flat_map(|i| {
+                self.members[i]
+                    .connections()
+                    .lines()
+                    .filter_map(|line| {
+                        let id = line.split("sid=0x").nth(1)?.split([',', ')']).next()?;
+                        i64::from_str_radix(id, 16).ok()
+                    })
+                    .collect::<Vec<i64>>()
+            })
+            .collect()
+    }
+
+    /// The session that owns each node under `<prefix's path>/<parent>`,
+    /// by name.
+    pub fn owners(&self, prefix: &str, parent: &str) -> Vec<(String, i64)> {
+        let member = self.serving();
+        let mut session = member.session().unwrap();
+        let path = format!("{}/{parent}", semaphore_path(prefix));
+        let owners = member
+            .children(prefix, parent)
+            .into_iter()
+            .filter_map(|node| {
+                let stat = session.exists(&format!("{path}/{node}"), false).unwrap()?;
+                Some((node, stat.ephemeral_owner))
+            })
+            .collect();
+        let _ = session.close();
+        owners
+    }
+
+    /// Kills `member` (SIGKILL): its connections close at once.
+    pub fn kill(&mut self, member: usize) {
+        self.members[member].stop();
+    }
+
+    /// Starts `member` again on its ports and data, and waits until it
+    /// serves (it has joined the others).
+    pub fn restart(&mut self, member: usize) {
+        self.members[member].restart();
+    }
+
+    /// Freezes `member` (SIGSTOP): its connections stay open, and it
+    /// answers nobody, clients and members alike.
+    pub fn freeze(&mut self, member: usize) {
+        self.members[member].freeze();
+        self.frozen[member] = true;
+    }
+
+    pub fn thaw(&mut self, member: usize) {
+        self.members[member].thaw();
+        self.frozen[member] = false;
+    }
+}
+
+/// consem pointed at every member, the first first.
+impl TestStore for ZkEnsemble {
+    const NAME: &'static str = "zookeeper";
+    const HAS_LEASE: bool = true;
+
+    fn point(&self, command: &mut Command) {
+        command.arg(format!("--store={}", self.url_starting_with(0)));
+    }
+
+    fn contenders(&self, prefix: &str) -> usize {
+        self.serving().contenders(prefix)
+    }
+
+    fn assert_clean(&self, prefix: &str) {
+        self.serving().assert_clean(prefix);
     }
 }
 

@@ -51,6 +51,14 @@ pub const NOT_EMPTY: i32 = -111;
 pub const SESSION_EXPIRED: i32 = -112;
 const AUTH_FAILED: i32 = -115;
 
+/// The longest a ping's answer may take before its server is left for the
+/// next one in the list: a frozen or cut-off server is silent, and the
+/// session must be resumed on another while the holder's lease still
+/// covers its command (`--kill-grace` leaves at least a second after a
+/// ping is due: `lease::max_kill_grace`). A live server answers in
+/// milliseconds; leaving one that was merely slow costs a reconnection.
+const PING_ANSWER: Duration = Duration::from_secs(1);
+
 /// The largest packet accepted from a server (its own jute.maxbuffer
 /// default is 1 MiB; listings of many children are larger).
 const MAX_PACKET: usize = 64 << 20;
@@ -553,13 +561,14 @@ impl Session {
                 self.send(XID_PING, OP_PING, &[])?;
                 self.ping_sent = Some(now);
             }
+            let ping_answer = self.connection.request_timeout.min(PING_ANSWER);
             if let Some(sent) = self.ping_sent {
-                if now >= sent + self.connection.request_timeout {
+                if now >= sent + ping_answer {
                     return Err(ZkError::Connection("no answer to a ping in time".into()));
                 }
             }
             let wake_at = match self.ping_sent {
-                Some(sent) => until.min(sent + self.connection.request_timeout),
+                Some(sent) => until.min(sent + ping_answer),
                 None => until.min(ping_due),
             };
             match readable(
