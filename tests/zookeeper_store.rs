@@ -873,15 +873,15 @@ fn the_leader_killed_under_holders_keeps_the_limit_and_the_queue_moves_on() {
     assert_ne!(world.store.leader(), leader);
     wait_for_every_session_resumed(&world, &nodes);
     waiters.push(waiter(&world, &on_follower, "waiter-2"));
+    wait_until(
+        PROMPT,
+        "the contender that came after the election to queue",
+        || world.contender_keys() == 5,
+    );
     holds_until(
         killed + Duration::from_millis(9500),
         "both holders' commands running",
         || pids.iter().all(|&pid| !process_gone(pid)),
-    );
-    assert_eq!(
-        world.contender_keys(),
-        5,
-        "the contender that came after the election queues"
     );
     // The old leader comes back, as a follower that sees every contender.
     world.store.restart(leader);
