@@ -95,7 +95,7 @@ fn a_restart_of_the_server_is_a_loss_and_the_fence_still_grows_across_crashes() 
 /// A Unix socket, as libpq reaches a local server, in each form libpq
 /// takes: the directory as the address's host, as `host=` (with
 /// `sslmode=require`, which libpq does not apply to a socket), and in
-/// PGHOST.
+/// PGHOST (with `PGSSLMODE=verify-full` and no root certificate).
 #[test]
 fn a_unix_socket_is_reached_in_each_form_libpq_takes() {
     let world = World::postgres("pg-socket");
@@ -115,7 +115,11 @@ fn a_unix_socket_is_reached_in_each_form_libpq_takes() {
         ),
         (
             "postgres://".to_string(),
-            &[("PGUSER", "postgres"), ("PGDATABASE", "postgres")],
+            &[
+                ("PGUSER", "postgres"),
+                ("PGDATABASE", "postgres"),
+                ("PGSSLMODE", "verify-full"),
+            ],
         ),
     ];
     for (address, env) in forms {
@@ -176,6 +180,39 @@ fn a_search_path_cannot_replace_the_lock_functions() {
     }
     world.touch("go");
     assert_eq!(finish(holder).status.code(), Some(0));
+    world.assert_clean();
+}
+
+/// A join the server does not answer (a pooler waiting for a server that
+/// restarts, here a proxy that swallows it) is given up after the TTL:
+/// 69, naming the wait, rather than a grant that arrives after its lease.
+#[test]
+fn a_join_unanswered_within_the_ttl_is_unavailable_69() {
+    let world = World::postgres("pg-join-unanswered");
+    let proxy = DelayingProxy::start(&world.server_addr());
+    proxy.swallow_requests_with("consem.taken");
+    let started = Instant::now();
+    let output = world
+        .consem_via(
+            &proxy.addr(),
+            1,
+            &["--ttl", "2s"],
+            &["touch", &world.path("ran")],
+        )
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(69), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("no answer to joining within --ttl 2s"),
+        "{}",
+        stderr(&output)
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(!world.exists("ran"));
     world.assert_clean();
 }
 

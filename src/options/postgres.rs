@@ -118,7 +118,6 @@ fn connection(
             _ => Roots::None,
         },
     };
-    let tls = Tls::new(mode, &roots).map_err(|e| PostgresFlagsError::Tls(e.to_string()))?;
     let address = match var("PGPORT") {
         Some(port) if !names_a_port(&address) => with_port(&address, &port),
         _ => address,
@@ -130,7 +129,6 @@ fn connection(
             why: error.to_string(),
         }
     })?;
-    config.ssl_mode(mode.client_mode());
     if config.get_hosts().is_empty() {
         let hosts = var("PGHOST").unwrap_or_else(|| {
             if std::path::Path::new(DEFAULT_SOCKET_DIR).is_dir() {
@@ -149,14 +147,18 @@ fn connection(
     }
 
     // libpq uses no TLS over a Unix socket, whatever sslmode says (the
-    // server offers none there).
-    if config
+    // server offers none there), and so needs no root certificate.
+    let mode = if config
         .get_hosts()
         .iter()
         .all(|host| matches!(host, tokio_postgres::config::Host::Unix(_)))
     {
-        config.ssl_mode(tokio_postgres::config::SslMode::Disable);
-    }
+        SslMode::Disable
+    } else {
+        mode
+    };
+    config.ssl_mode(mode.client_mode());
+    let tls = Tls::new(mode, &roots).map_err(|e| PostgresFlagsError::Tls(e.to_string()))?;
     if config.get_ports().is_empty() {
         if let Some(port) = var("PGPORT").and_then(|p| p.parse().ok()) {
             config.port(port);

@@ -252,7 +252,20 @@ impl PostgresSemaphore {
             keys::join(self.key, self.limit)
         ));
         let sent = Instant::now();
-        let rows = link.run(&sql).map_err(|e| self.failed("joining", &e))?;
+        // A join takes no lock it would wait for; one unanswered for a TTL
+        // (a pooler waiting to reach a server that restarts) is an
+        // outage, and a grant that late would come after its lease.
+        let ttl = self.settings.ttl;
+        let rows = link
+            .block_on(async { tokio::time::timeout(ttl, link::rows(link.client(), &sql)).await })
+            .map_err(|_| {
+                Attempt::SessionLost(StoreError::unavailable(format!(
+                    "{}: no answer to joining within --ttl {}",
+                    self.settings.connection.shown,
+                    crate::duration::human(ttl)
+                )))
+            })?
+            .map_err(|e| self.failed("joining", &e))?;
         // One row per statement: the setup, the check, the mark, the
         // outcome, the fence, its record, the line let go.
         let [_, check, _, taken, fence, _, _] = rows.as_slice() else {
