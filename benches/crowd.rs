@@ -1,8 +1,9 @@
 //! Benchmark of a crowd on one prefix, on every store: N contenders started
 //! at once with `--limit 10`, each running the harness's child mode for
 //! 50 ms (it logs when its command starts and ends), for N=100 and N=1,000.
-//! Redis and etcd (one member) are servers the harness starts on free
-//! loopback ports with scratch directories; Consul is the real agent at
+//! Redis, etcd (one member) and ZooKeeper (standalone, Debian's jar) are
+//! servers the harness starts on free loopback ports with scratch
+//! directories; Consul is the real agent at
 //! `CONSEM_BENCH_CONSUL_ADDR` if set, else the in-process test double.
 //! Prints one table, then the goals judged on its figures:
 //!
@@ -38,7 +39,7 @@ use common::{consem_bin, ms, tree_cpu, yes, CHILD_GO_ENV, CHILD_LOG_ENV, CHILD_S
 use double::ConsulDouble;
 
 const QUICK_ENV: &str = "CONSEM_BENCH_QUICK";
-/// One store only: redis, local, etcd or consul.
+/// One store only: redis, local, etcd, consul or zookeeper.
 const ONLY_ENV: &str = "CONSEM_BENCH_ONLY";
 /// `host:port` of a real Consul agent to measure against.
 const REAL_CONSUL_ENV: &str = "CONSEM_BENCH_CONSUL_ADDR";
@@ -52,10 +53,17 @@ enum Store {
     Local,
     Etcd,
     Consul,
+    Zookeeper,
 }
 
 impl Store {
-    const ALL: [Store; 4] = [Store::Redis, Store::Local, Store::Etcd, Store::Consul];
+    const ALL: [Store; 5] = [
+        Store::Redis,
+        Store::Local,
+        Store::Etcd,
+        Store::Consul,
+        Store::Zookeeper,
+    ];
 
     fn name(self) -> &'static str {
         match self {
@@ -63,6 +71,7 @@ impl Store {
             Store::Local => "local",
             Store::Etcd => "etcd",
             Store::Consul => "consul",
+            Store::Zookeeper => "zookeeper",
         }
     }
 }
@@ -143,6 +152,58 @@ fn start_etcd(dir: &Path) -> (Process, String) {
         std::thread::sleep(Duration::from_millis(50));
     }
     (process, format!("etcd://127.0.0.1:{client}"))
+}
+
+/// A standalone ZooKeeper from Debian's jar. maxClientCnxns=0 lifts its
+/// limit of 60 connections from one address; forceSync=no keeps the disk
+/// out of the figures, as in benches/zookeeper.rs.
+fn start_zookeeper(dir: &Path) -> (Process, String) {
+    let port = free_port();
+    let data = dir.join("zookeeper-data");
+    std::fs::create_dir_all(&data).unwrap();
+    let config = dir.join("zoo.cfg");
+    std::fs::write(
+        &config,
+        format!(
+            "tickTime=2000\ndataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\nmaxClientCnxns=0\nforceSync=no\nadmin.enableServer=false\n",
+            data.display()
+        ),
+    )
+    .unwrap();
+    // Debian's jars that the server needs.
+    let jars = "zookeeper zookeeper-jute slf4j-api slf4j-nop netty-handler netty-transport \
+                netty-common netty-buffer netty-codec netty-resolver netty-transport-native-epoll \
+                netty-transport-native-unix-common commons-cli metrics-core snappy-java";
+    let classpath: Vec<String> = jars
+        .split_whitespace()
+        .map(|jar| format!("/usr/share/java/{jar}.jar"))
+        .collect();
+    let child = Command::new("java")
+        .args(["-Xmx512m", "-cp", &classpath.join(":")])
+        .arg("org.apache.zookeeper.server.ZooKeeperServerMain")
+        .arg(&config)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("zookeeper.log")).unwrap())
+        .spawn()
+        .expect("java is needed (apt-get install zookeeperd)");
+    let process = Process(child);
+    // It listens before it serves (and closes connections meanwhile):
+    // wait for a run of consem to pass.
+    let url = format!("zk://127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !Command::new(consem_bin())
+        .args(["run", "--store", &url, "--prefix", "consem-crowd-ready"])
+        .args(["--limit", "1", "--", "true"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+    {
+        assert!(Instant::now() < deadline, "zookeeper never served");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (process, url)
 }
 
 /// Where the crowd's contenders find their store.
@@ -581,7 +642,7 @@ fn main() {
         .collect();
     assert!(
         !stores.is_empty(),
-        "{ONLY_ENV} names one of redis, local, etcd, consul"
+        "{ONLY_ENV} names one of redis, local, etcd, consul, zookeeper"
     );
     let dir: PathBuf =
         std::env::temp_dir().join(format!("consem-bench-crowd-{}", std::process::id()));
@@ -625,6 +686,15 @@ fn main() {
                 server = Server::Process(process.0.id());
                 servers.push(process);
                 notes.push(format!("etcd: one member at {url}, started by the harness"));
+                Target::Url(url)
+            }
+            Store::Zookeeper => {
+                let (process, url) = start_zookeeper(&dir);
+                server = Server::Process(process.0.id());
+                servers.push(process);
+                notes.push(format!(
+                    "zookeeper: one standalone server at {url}, started by the harness"
+                ));
                 Target::Url(url)
             }
             Store::Consul => match std::env::var(REAL_CONSUL_ENV) {

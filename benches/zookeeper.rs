@@ -237,7 +237,11 @@ impl Ensemble {
                     children
                         .into_iter()
                         .filter(|node| node.starts_with(PROTECTED))
-                        .map(|node| node.get(..PROTECTED.len() + 36).unwrap_or(&node).to_string()),
+                        .map(|node| {
+                            node.get(..PROTECTED.len() + 36)
+                                .unwrap_or(&node)
+                                .to_string()
+                        }),
                 ),
                 Err(ZkError::Code(NO_NODE)) => {}
                 Err(error) => panic!("reading ZooKeeper: {error}"),
@@ -355,8 +359,14 @@ fn waiter_cpu(
     std::thread::sleep(waiting);
     let after = tree_cpu(waiter.id());
     std::fs::write(&go, "").unwrap();
-    assert!(holder.wait().unwrap().success(), "{name}: the holder failed");
-    assert!(waiter.wait().unwrap().success(), "{name}: the waiter failed");
+    assert!(
+        holder.wait().unwrap().success(),
+        "{name}: the holder failed"
+    );
+    assert!(
+        waiter.wait().unwrap().success(),
+        "{name}: the waiter failed"
+    );
     after.saturating_sub(before)
 }
 
