@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use common::{consem_bin, ms, percentile, tree_cpu, yes, CHILD_GO_ENV, CHILD_LOG_ENV};
 use consem::store::zookeeper::client::{Connection, Session, ZkError, NO_NODE};
-use consem::store::zookeeper::{semaphore_path, LEASES, LOCKS, PROTECTED};
+use consem::store::zookeeper::{semaphore_path, LEASES, LOCKS};
 
 const QUICK_ENV: &str = "CONSEM_BENCH_QUICK";
 const RUNNER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/CuratorRunner.java");
@@ -221,34 +221,32 @@ impl Ensemble {
         })
     }
 
-    /// Contenders under `name`, queued or holding: each one's nodes carry
-    /// its UUID (the protected prefix `_c_<uuid>-`, consem's and
-    /// Curator's alike), the head of the mutex's line has both a lock and
-    /// a lease node.
+    /// Contenders under `name`, queued or holding: the sessions that own
+    /// its lock and lease nodes (Curator names a contender's lock and
+    /// lease nodes with two UUIDs, consem with one: the owner is what
+    /// they share).
     fn contenders(&self, name: &str) -> usize {
         let Ok(mut session) = Ensemble::session_on(&self.servers()) else {
             return 0;
         };
         let path = semaphore_path(name);
-        let mut owners: Vec<String> = Vec::new();
+        let mut owners: Vec<i64> = Vec::new();
         for parent in [LOCKS, LEASES] {
-            match session.children(&format!("{path}/{parent}"), false) {
-                Ok(children) => owners.extend(
-                    children
-                        .into_iter()
-                        .filter(|node| node.starts_with(PROTECTED))
-                        .map(|node| {
-                            node.get(..PROTECTED.len() + 36)
-                                .unwrap_or(&node)
-                                .to_string()
-                        }),
-                ),
-                Err(ZkError::Code(NO_NODE)) => {}
+            let parent = format!("{path}/{parent}");
+            let children = match session.children(&parent, false) {
+                Ok(children) => children,
+                Err(ZkError::Code(NO_NODE)) => continue,
                 Err(error) => panic!("reading ZooKeeper: {error}"),
+            };
+            for node in children {
+                // One deleted meanwhile has no owner left.
+                if let Ok(Some(stat)) = session.exists(&format!("{parent}/{node}"), false) {
+                    owners.push(stat.ephemeral_owner);
+                }
             }
         }
         let _ = session.close();
-        owners.sort();
+        owners.sort_unstable();
         owners.dedup();
         owners.len()
     }
@@ -319,8 +317,10 @@ fn command(
 }
 
 /// One holder holds until the harness says; one waiter queues behind it;
-/// its CPU time (every thread, every descendant) over `waiting` from once
-/// it has queued: a JVM takes longer to queue than a fixed pause allows.
+/// its CPU time over `waiting` from once it has queued (a JVM takes longer
+/// to queue than a fixed pause allows): every thread's and descendant's,
+/// or where more, its process's in clock ticks, which keeps the time of
+/// threads that exited meanwhile.
 fn waiter_cpu(
     make: &common::Make,
     queued: &common::Queued,
@@ -355,9 +355,9 @@ fn waiter_cpu(
     until_queued(2);
     // What queuing cost is not waiting's: let it settle.
     std::thread::sleep(Duration::from_millis(300));
-    let before = tree_cpu(waiter.id());
+    let before = (tree_cpu(waiter.id()), ticks_cpu(waiter.id()));
     std::thread::sleep(waiting);
-    let after = tree_cpu(waiter.id());
+    let after = (tree_cpu(waiter.id()), ticks_cpu(waiter.id()));
     std::fs::write(&go, "").unwrap();
     assert!(
         holder.wait().unwrap().success(),
@@ -367,7 +367,32 @@ fn waiter_cpu(
         waiter.wait().unwrap().success(),
         "{name}: the waiter failed"
     );
-    after.saturating_sub(before)
+    after
+        .0
+        .saturating_sub(before.0)
+        .max(after.1.saturating_sub(before.1))
+}
+
+/// The CPU time of process `pid`, its exited threads' included, from
+/// /proc/<pid>/stat, in clock ticks: a thread that exits (the JVM ends
+/// its idle compiler threads) takes its /proc schedstat along, which
+/// `tree_cpu` sums, but its time stays in the process's.
+fn ticks_cpu(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command's name, which is in parentheses:
+    // utime and stime are the 14th and 15th of the line.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect());
+    let ticks: u64 = fields
+        .get(11..13)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|field| field.parse::<u64>().ok())
+        .sum();
+    // SAFETY: sysconf has no preconditions.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Duration::from_nanos(ticks * 1_000_000_000 / per_second)
 }
 
 /// A shell word of `text`.
@@ -405,6 +430,25 @@ fn main() {
         ensemble.connect(),
         ensemble.leader().map_or("?".to_string(), |i| (i + 1).to_string())
     );
+
+    // The servers are JVMs that compile their hot paths as they serve:
+    // warm them up before measuring.
+    let warm_up = if quick { 3 } else { 200 };
+    for tool in tools {
+        let make = |name: &str, limit: usize, run: &[String]| {
+            command(
+                &ensemble,
+                &classpath,
+                tool,
+                &format!("warm-{name}"),
+                limit,
+                run,
+            )
+        };
+        let runs = if tool == Tool::Curator { 3 } else { warm_up };
+        common::uncontended(&make, runs);
+    }
+    println!("(the ensemble warmed up by {warm_up} runs of consem and 3 of the Curator runner)");
 
     println!("\n## uncontended run of `true` ({runs} runs each)");
     println!("| tool | wall median | wall p90 | peak RSS |");
