@@ -179,6 +179,36 @@ fn the_fence_is_the_lease_node_s_creation_zxid() {
     world.assert_clean();
 }
 
+/// On a prefix in use, a run writes only what it must: its session, its
+/// lock node, its lease node, the lock node's deletion and the session's
+/// end, each a transaction the ensemble agrees on. The fences (the lease
+/// nodes' creation zxids) of two runs one after the other are as many
+/// transactions apart, none of them a create of a parent that exists.
+#[test]
+fn a_run_on_a_prefix_in_use_writes_only_its_own_nodes_and_session() {
+    let world = World::zookeeper("writes");
+    let fence = |run: usize| -> u64 {
+        let file = world.path(&format!("fence-{run}"));
+        let script = format!("echo $CONSEM_FENCE > '{file}'");
+        let output = finish_within(world.spawn(1, &[], &["sh", "-c", &script]), "a run");
+        assert_eq!(output.status.code(), Some(0), "{output:?}");
+        std::fs::read_to_string(&file)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    // The first run makes the semaphore's parents and records its limit.
+    fence(0);
+    let (first, second) = (fence(1), fence(2));
+    assert_eq!(
+        second - first,
+        5,
+        "transactions from one run's lease node to the next one's"
+    );
+    world.assert_clean();
+}
+
 /// Starts a holder with a 3 s session whose command writes its pid, then
 /// cuts it off from ZooKeeper with `cut_off`: the command must be gone
 /// before the session could expire on the server, within 3 s of the cut,

@@ -482,9 +482,17 @@ impl Recipe for ZkSemaphore {
             }
             *slot = Some(session);
         }
+        // Looked for first: a create that fails on a node that exists is
+        // a write all the same, agreed on by the ensemble's quorum, where
+        // a look is a read the server answers alone; after its first run,
+        // a prefix has both.
         self.call(|session| {
-            session.create_parents(&self.locks)?;
-            session.create_parents(&self.leases)
+            for parent in [&self.locks, &self.leases] {
+                if session.exists(parent, false)?.is_none() {
+                    session.create_parents(parent)?;
+                }
+            }
+            Ok(())
         })
         .map_err(CallError::into_stop)?;
         let mut told = None;
