@@ -26,11 +26,12 @@
 #[allow(dead_code)] // each harness uses a part of it
 mod common;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{consem_bin, ms, percentile, tree_cpu, yes, CHILD_GO_ENV, CHILD_LOG_ENV};
+use common::{consem_bin, ms, percentile, yes, CHILD_GO_ENV, CHILD_LOG_ENV};
 use consem::store::zookeeper::client::{Connection, Session, ZkError, NO_NODE};
 use consem::store::zookeeper::{semaphore_path, LEASES, LOCKS};
 
@@ -318,9 +319,7 @@ fn command(
 
 /// One holder holds until the harness says; one waiter queues behind it;
 /// its CPU time over `waiting` from once it has queued (a JVM takes longer
-/// to queue than a fixed pause allows): every thread's and descendant's,
-/// or where more, its process's in clock ticks, which keeps the time of
-/// threads that exited meanwhile.
+/// to queue than a fixed pause allows), thread by thread.
 fn waiter_cpu(
     make: &common::Make,
     queued: &common::Queued,
@@ -355,9 +354,9 @@ fn waiter_cpu(
     until_queued(2);
     // What queuing cost is not waiting's: let it settle.
     std::thread::sleep(Duration::from_millis(300));
-    let before = (tree_cpu(waiter.id()), ticks_cpu(waiter.id()));
+    let before = thread_cpu(waiter.id());
     std::thread::sleep(waiting);
-    let after = (tree_cpu(waiter.id()), ticks_cpu(waiter.id()));
+    let after = thread_cpu(waiter.id());
     std::fs::write(&go, "").unwrap();
     assert!(
         holder.wait().unwrap().success(),
@@ -367,32 +366,45 @@ fn waiter_cpu(
         waiter.wait().unwrap().success(),
         "{name}: the waiter failed"
     );
+    // Thread by thread: one that exits meanwhile (the JVM ends its idle
+    // compiler threads) would take its time out of a sum of the two
+    // looks. One that began since counts from its start; one that ended
+    // before the second look is not counted (they end once idle).
     after
-        .0
-        .saturating_sub(before.0)
-        .max(after.1.saturating_sub(before.1))
+        .iter()
+        .map(|(thread, &now)| now.saturating_sub(before.get(thread).copied().unwrap_or_default()))
+        .sum()
 }
 
-/// The CPU time of process `pid`, its exited threads' included, from
-/// /proc/<pid>/stat, in clock ticks: a thread that exits (the JVM ends
-/// its idle compiler threads) takes its /proc schedstat along, which
-/// `tree_cpu` sums, but its time stays in the process's.
-fn ticks_cpu(pid: u32) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // The fields after the command's name, which is in parentheses:
-    // utime and stime are the 14th and 15th of the line.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect());
-    let ticks: u64 = fields
-        .get(11..13)
-        .unwrap_or_default()
-        .iter()
-        .filter_map(|field| field.parse::<u64>().ok())
-        .sum();
-    // SAFETY: sysconf has no preconditions.
-    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-    Duration::from_nanos(ticks * 1_000_000_000 / per_second)
+/// The CPU time of each thread of `pid` and of its descendants, by
+/// thread id, from /proc schedstat.
+fn thread_cpu(pid: u32) -> HashMap<u32, Duration> {
+    let mut threads = HashMap::new();
+    let mut stack = vec![pid];
+    while let Some(pid) = stack.pop() {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            continue;
+        };
+        for task in tasks.flatten() {
+            let Some(thread) = task.file_name().to_str().and_then(|t| t.parse().ok()) else {
+                continue;
+            };
+            if let Some(ns) = std::fs::read_to_string(task.path().join("schedstat"))
+                .ok()
+                .and_then(|text| text.split(' ').next()?.parse::<u64>().ok())
+            {
+                threads.insert(thread, Duration::from_nanos(ns));
+            }
+            if let Ok(children) = std::fs::read_to_string(task.path().join("children")) {
+                stack.extend(
+                    children
+                        .split_whitespace()
+                        .filter_map(|c| c.parse::<u32>().ok()),
+                );
+            }
+        }
+    }
+    threads
 }
 
 /// A shell word of `text`.
