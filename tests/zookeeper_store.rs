@@ -1101,3 +1101,63 @@ fn a_holder_cut_off_from_every_member_stops_its_command_before_the_next_starts()
     assert_eq!((runs, most), (2, 1), "the waiter ran after the holder");
     world.assert_clean();
 }
+
+/// Credentials belong to a connection: a waiter signed in as the user whose
+/// nodes it queues under, whose connection the network forgot, resumes its
+/// session on a new connection, signs in again there (else its next read
+/// of the leases would be refused, 77), and takes the slot when the holder
+/// leaves.
+#[test]
+fn a_resumed_session_signs_in_again_and_keeps_reading_protected_nodes() {
+    let world = World::zookeeper("digest-resumed");
+    let proxy = crate::common::etcd::ForgetfulProxy::start(world.store.port);
+    let through = |port: u16| format!("zk://{ALICE}@127.0.0.1:{port}");
+    let spawn = |store: String, command: Vec<String>| {
+        world
+            .consem_command()
+            .args(["run", "--prefix", &world.prefix, "--limit", "1"])
+            .args([
+                "--store",
+                &store,
+                "--ttl",
+                "3s",
+                "--kill-grace",
+                "500ms",
+                "--",
+            ])
+            .args(command)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let holder = spawn(
+        through(world.store.port),
+        world.held_until("ready", "go", 0),
+    );
+    wait_until(PROMPT, "the holder's command to start", || {
+        world.exists("ready")
+    });
+    let waiter = spawn(
+        through(proxy.port),
+        vec!["touch".into(), world.path("waiter-ran")],
+    );
+    let queued = || {
+        world
+            .store
+            .children_as(Some(ALICE), &world.prefix, "locks")
+            .len()
+            + world
+                .store
+                .children_as(Some(ALICE), &world.prefix, "leases")
+                .len()
+    };
+    wait_until(PROMPT, "the waiter to queue", || queued() == 3);
+    proxy.forget_all();
+    world.touch("go");
+    assert_eq!(finish_within(holder, "the holder").status.code(), Some(0));
+    let waited = finish_within(waiter, "the waiter");
+    assert_eq!(waited.status.code(), Some(0), "{}", stderr(&waited));
+    assert!(world.exists("waiter-ran"));
+    assert_eq!(queued(), 0, "nodes left");
+}

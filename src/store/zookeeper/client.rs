@@ -1107,6 +1107,76 @@ impl Reader {
 mod tests {
     use super::*;
 
+    /// Two packets that arrive in one TLS record: once the first is read,
+    /// the second is already decrypted in rustls and the socket has nothing
+    /// more, so a wait must see it at once rather than poll the socket
+    /// (which would miss a watch event, or a ping's answer, until a timeout).
+    #[test]
+    fn a_packet_decrypted_with_another_is_ready_without_the_socket() {
+        use std::sync::Arc;
+        let certified = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        let cert = certified.cert.der().clone();
+        let key =
+            rustls::pki_types::PrivateKeyDer::Pkcs8(certified.signing_key.serialize_der().into());
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let server_config = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![cert.clone()], key)
+            .unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = std::thread::spawn(move || {
+            let (tcp, _) = listener.accept().unwrap();
+            let connection = rustls::ServerConnection::new(Arc::new(server_config)).unwrap();
+            let mut stream = rustls::StreamOwned::new(connection, tcp);
+            let mut two = Vec::new();
+            for word in ["first", "second"] {
+                let mut body = Vec::new();
+                put_str(&mut body, word);
+                put_i32(&mut two, body.len() as i32);
+                two.extend_from_slice(&body);
+            }
+            // One write: one record.
+            stream.write_all(&two).unwrap();
+            stream.flush().unwrap();
+            // Stay until the client is done.
+            let _ = stream.read(&mut [0u8; 1]);
+        });
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(cert).unwrap();
+        let tls = ZkTls {
+            config: Arc::new(
+                rustls::ClientConfig::builder_with_provider(provider)
+                    .with_safe_default_protocol_versions()
+                    .unwrap()
+                    .with_root_certificates(roots)
+                    .with_no_client_auth(),
+            ),
+            presents_certificate: false,
+            own_ca: true,
+        };
+        let tcp = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let wait = Duration::from_secs(5);
+        let mut stream = start_tls(&tls, tcp, &format!("localhost:{port}"), wait).unwrap();
+        let first = read_packet(&mut stream, wait).unwrap().unwrap();
+        assert_eq!(Reader::new(first).string().unwrap(), "first");
+        let asked = Instant::now();
+        assert!(matches!(
+            readable(&mut stream, None, wait),
+            Readiness::Stream
+        ));
+        assert!(
+            asked.elapsed() < wait,
+            "the wait missed the buffered packet"
+        );
+        let second = read_packet(&mut stream, wait).unwrap().unwrap();
+        assert_eq!(Reader::new(second).string().unwrap(), "second");
+        drop(stream);
+        server.join().unwrap();
+    }
+
     #[test]
     fn a_stat_reads_its_creation_zxid_and_owner_and_skips_the_rest() {
         let mut packet = Vec::new();
