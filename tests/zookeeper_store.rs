@@ -131,6 +131,13 @@ fn a_curator_lease_shows_in_status_and_holds_consem_off() {
     let status = world.admin("status", &["--json"]).output().unwrap();
     let json: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
     assert_eq!(json["holders"].as_array().map(Vec::len), Some(1), "{json}");
+    // What Curator writes in its node by default: its client's address.
+    assert!(
+        json["holders"][0]["host"]
+            .as_str()
+            .is_some_and(|host| !host.is_empty()),
+        "{json}"
+    );
     let consem_log = world.path("log-consem");
     let consem = world.spawn(1, &[], &strs(&logged_hold(&consem_log, "0.1")));
     let output = finish_within(consem, "consem after the Curator holder");

@@ -21,6 +21,25 @@ pub struct ZkAdmin {
     path: String,
 }
 
+/// Who a node's data says holds or waits: consem's description, or
+/// what Curator writes there by default, the client's IP address (any
+/// short line of text), shown as its host.
+fn described_by(data: &[u8]) -> ContenderInfo {
+    let info = ContenderInfo::parse(data);
+    if info != ContenderInfo::default() {
+        return info;
+    }
+    match std::str::from_utf8(data) {
+        Ok(text) if !text.is_empty() && text.len() <= 255 && !text.contains(char::is_control) => {
+            ContenderInfo {
+                host: Some(text.to_string()),
+                ..ContenderInfo::default()
+            }
+        }
+        _ => info,
+    }
+}
+
 impl ZkAdmin {
     pub fn new(settings: Settings, prefix: &str) -> ZkAdmin {
         ZkAdmin {
@@ -54,7 +73,7 @@ impl ZkAdmin {
             match session.get_data(&format!("{parent}/{node}")) {
                 Ok((data, stat)) => described.push(ContenderStatus::new(
                     node,
-                    ContenderInfo::parse(&data),
+                    described_by(&data),
                     stat.czxid as u64,
                 )),
                 Err(ZkError::Code(client::NO_NODE)) => {}
@@ -235,4 +254,19 @@ fn same_contender(a: &str, b: &str) -> bool {
             .map(str::to_string)
     };
     uuid(a).is_some() && uuid(a) == uuid(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_curator_node_is_described_by_the_address_it_holds() {
+        assert_eq!(described_by(b"10.0.4.7").host.as_deref(), Some("10.0.4.7"));
+        let ours = br#"{"Host":"web-3","Pid":812}"#;
+        assert_eq!(described_by(ours).host.as_deref(), Some("web-3"));
+        assert_eq!(described_by(ours).pid, Some(812));
+        assert_eq!(described_by(b""), ContenderInfo::default());
+        assert_eq!(described_by(b"\x00\x01binary"), ContenderInfo::default());
+    }
 }
