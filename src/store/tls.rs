@@ -165,12 +165,36 @@ impl TlsSettings {
     }
 }
 
-fn read(path: &Path, setting: &'static str) -> Result<Vec<u8>, TlsError> {
+/// The bytes of the file a TLS setting names; unreadable is an error
+/// naming the setting.
+pub fn read(path: &Path, setting: &'static str) -> Result<Vec<u8>, TlsError> {
     std::fs::read(path).map_err(|error| TlsError::Unreadable {
         path: path.to_path_buf(),
         setting,
         error,
     })
+}
+
+/// The certificates of a PEM text, for the stores that speak rustls
+/// themselves; none is an error naming the file.
+pub fn certificates(
+    pem: &[u8],
+    path: &Path,
+    setting: &'static str,
+) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, TlsError> {
+    use rustls::pki_types::pem::PemObject as _;
+    let found: Vec<rustls::pki_types::CertificateDer<'static>> =
+        rustls::pki_types::CertificateDer::pem_slice_iter(pem)
+            .filter_map(Result::ok)
+            .collect();
+    if found.is_empty() {
+        return Err(TlsError::NoCertificate {
+            path: path.to_path_buf(),
+            setting,
+            directory: false,
+        });
+    }
+    Ok(found)
 }
 
 fn read_certificates(

@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 
 use redis::{ClientTlsConfig, RedisError, TlsCertificates};
 use rustls::pki_types::pem::PemObject as _;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::PrivateKeyDer;
 
-use crate::store::tls::TlsError;
+use crate::store::tls::{certificates, read, TlsError};
 
 /// The files given, as paths.
 #[derive(Debug, Default)]
@@ -149,33 +149,6 @@ fn client_certificate(cert: &Path, key: &Path) -> Result<ClientTlsConfig, Client
         client_cert,
         client_key,
     })
-}
-
-fn read(path: &Path, setting: &'static str) -> Result<Vec<u8>, TlsError> {
-    std::fs::read(path).map_err(|error| TlsError::Unreadable {
-        path: path.to_path_buf(),
-        setting,
-        error,
-    })
-}
-
-/// The certificates of a PEM text; none is an error naming the file.
-fn certificates(
-    pem: &[u8],
-    path: &Path,
-    setting: &'static str,
-) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let found: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(pem)
-        .filter_map(Result::ok)
-        .collect();
-    if found.is_empty() {
-        return Err(TlsError::NoCertificate {
-            path: path.to_path_buf(),
-            setting,
-            directory: false,
-        });
-    }
-    Ok(found)
 }
 
 /// The TLS library's error behind a failed call, if TLS is what failed:

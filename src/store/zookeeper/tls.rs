@@ -10,9 +10,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rustls::pki_types::pem::PemObject as _;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::PrivateKeyDer;
 
-use crate::store::tls::TlsError;
+use crate::store::tls::{certificates, read, TlsError};
 
 /// The files given, as paths.
 #[derive(Debug, Default)]
@@ -231,31 +231,4 @@ impl ZkTls {
             "ZooKeeper at {address} wants a client certificate (ssl.clientAuth=need, its default): pass --cert and --key, a certificate signed by a CA of its ssl.trustStore, or have it set ssl.clientAuth=none"
         )
     }
-}
-
-fn read(path: &Path, setting: &'static str) -> Result<Vec<u8>, TlsError> {
-    std::fs::read(path).map_err(|error| TlsError::Unreadable {
-        path: path.to_path_buf(),
-        setting,
-        error,
-    })
-}
-
-/// The certificates of a PEM text; none is an error naming the file.
-fn certificates(
-    pem: &[u8],
-    path: &Path,
-    setting: &'static str,
-) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let found: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(pem)
-        .filter_map(Result::ok)
-        .collect();
-    if found.is_empty() {
-        return Err(TlsError::NoCertificate {
-            path: path.to_path_buf(),
-            setting,
-            directory: false,
-        });
-    }
-    Ok(found)
 }
